@@ -1,0 +1,30 @@
+"""ASGI entry point: HTTP and websockets.
+
+Two kinds of websocket clients, authorised differently:
+- agents on `/ws/agent/runs/<id>/` (`runs.api.routing`): bearer token, no Origin needed —
+  agents are not browsers;
+- browsers on the other `/ws/` routes (`console.routing`): the session, behind
+  `AllowedHostsOriginValidator`, each pattern wrapped by `console.routing.browser_only`.
+Both authorise per run, not per connection.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from console.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
+from runs.api.routing import agent_websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": URLRouter([*agent_websocket_urlpatterns, *browser_websocket_urlpatterns]),
+    }
+)

@@ -1,0 +1,75 @@
+"""Stop packets, resolutions of unknowns, and handoffs to humans (DESIGN §3, §4)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from runs.models import Run
+
+
+class StopPacket(models.Model):
+    """One immutable snapshot per stop epoch; resolution status is shown on top of it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stop_packets")
+    stop_epoch = models.PositiveIntegerField()
+    snapshot = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-stop_epoch"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "stop_epoch"], name="stoppacket_unique_run_epoch"),
+        ]
+
+
+class ResolutionTarget(models.TextChoices):
+    TOOL_CALL = "tool_call", "Tool call"
+    OUTBOX = "outbox", "Outbox item"
+
+
+class ResolutionDecision(models.TextChoices):
+    APPLIED = "applied", "Applied"
+    NOT_APPLIED = "not_applied", "Not applied"
+    COMPENSATED = "compensated", "Compensated"
+
+
+class Resolution(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="resolutions")
+    target = models.CharField(max_length=16, choices=ResolutionTarget.choices)
+    target_id = models.CharField(max_length=120)
+    decision = models.CharField(max_length=16, choices=ResolutionDecision.choices)
+    evidence = models.TextField()
+    by = models.CharField(max_length=150)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["at"]
+        constraints = [
+            # resolving twice (a double click) must not record two decisions
+            models.UniqueConstraint(fields=["run", "target", "target_id"], name="resolution_unique_target"),
+        ]
+
+
+class HandoffStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    ACCEPTED = "accepted", "Accepted"
+    COMPLETED = "completed", "Completed"
+    RETURNED = "returned", "Returned to automation"
+    CLOSED = "closed", "Closed"
+
+
+class Handoff(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="handoffs")
+    stop_packet = models.ForeignKey(StopPacket, on_delete=models.PROTECT, null=True, blank=True, related_name="handoffs")
+    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="handoffs")
+    created_by = models.CharField(max_length=150)
+    status = models.CharField(max_length=16, choices=HandoffStatus.choices, default=HandoffStatus.OPEN)
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "-created_at"], name="handoff_status_idx")]

@@ -1,0 +1,75 @@
+"""Typed domain errors. Each carries a stable code that the API turns into its `error` field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    code = "domain_error"
+    http_status = 400
+
+    def __init__(self, detail: str, *, status: str | None = None, stop_epoch: int | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.stop_epoch = stop_epoch
+        self.extra = extra
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": self.code, "detail": self.detail}
+        if self.status is not None:
+            body["status"] = self.status
+        if self.stop_epoch is not None:
+            body["stop_epoch"] = self.stop_epoch
+        body.update(self.extra)
+        return body
+
+
+class Conflict(DomainError):
+    http_status = 409
+
+
+class StaleEpoch(Conflict):
+    code = "stale_epoch"
+
+
+class RunNotRunning(Conflict):
+    code = "run_not_running"
+
+
+class LeaseHeld(Conflict):
+    code = "lease_held"
+
+
+class LeaseRevoked(Conflict):
+    code = "lease_revoked"
+
+
+class IllegalTransition(Conflict):
+    code = "illegal_transition"
+
+
+class AlreadyFinished(Conflict):
+    """A stop that arrived after the run already finished: answered, logged, no transition."""
+
+    code = "already_finished"
+
+
+class BudgetExhausted(Conflict):
+    code = "budget_exhausted"
+
+
+class NotFound(DomainError):
+    code = "not_found"
+    http_status = 404
+
+
+class InvalidInput(DomainError):
+    code = "invalid"
+    http_status = 400
+
+
+class Forbidden(DomainError):
+    code = "forbidden"
+    http_status = 403

@@ -1,0 +1,126 @@
+"""The tamper-evident ledger: an append-only, per-run hash chain.
+
+`ledger_append` is called by every transition inside its transaction, after the run row is
+locked, so the per-run chain is written by one transaction at a time. Entries without a run
+(token creation, …) form their own chain; a unique constraint on their sequence refuses a fork
+and the append is retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from runs.actors import Actor
+from runs.models import LedgerEntry, Run
+
+GENESIS_HASH = "0" * 64
+
+
+def _canonical(value: Any) -> Any:
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True))
+
+
+def entry_hash(
+    *, run_id: str | None, run_seq: int, at: str, actor_kind: str, actor_id: str, actor: str,
+    action: str, reason: str, payload: Any, prev_hash: str,
+) -> str:
+    body = json.dumps(
+        {
+            "run_id": run_id, "run_seq": run_seq, "at": at, "actor_kind": actor_kind,
+            "actor_id": actor_id, "actor": actor, "action": action, "reason": reason,
+            "payload": payload, "prev_hash": prev_hash,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        cls=DjangoJSONEncoder,
+    )
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _timestamp(at: Any) -> str:
+    return at.isoformat(timespec="microseconds")
+
+
+def ledger_append(
+    *, run: Run | None, actor: Actor, action: str, reason: str = "", payload: dict[str, Any] | None = None,
+    team_slug: str = "",
+) -> LedgerEntry:
+    """Append one entry. Call it inside the transition's transaction, after locking the run."""
+    payload = _canonical(payload or {})
+    if run is not None:
+        team_slug = team_slug or run.team.slug
+    for _attempt in range(5):
+        try:
+            with transaction.atomic():
+                return _insert_entry(run=run, actor=actor, action=action, reason=reason, payload=payload, team_slug=team_slug)
+        except IntegrityError:
+            if run is not None:
+                raise  # the run row lock makes a fork impossible; anything else is a real bug
+    raise RuntimeError("could not append to the global ledger chain")
+
+
+def _insert_entry(*, run: Run | None, actor: Actor, action: str, reason: str, payload: Any, team_slug: str) -> LedgerEntry:
+    last = LedgerEntry.objects.filter(run=run).order_by("-run_seq").only("run_seq", "hash").first()
+    run_seq = (last.run_seq + 1) if last else 1
+    prev_hash = last.hash if last else GENESIS_HASH
+    # Truncate to microseconds as stored, so the verifier recomputes the very same string.
+    at = timezone.now()
+    digest = entry_hash(
+        run_id=run.pk if run else None, run_seq=run_seq, at=_timestamp(at), actor_kind=actor.kind,
+        actor_id=actor.id, actor=actor.name, action=action, reason=reason, payload=payload, prev_hash=prev_hash,
+    )
+    return LedgerEntry.objects.create(
+        run=run, run_seq=run_seq, at=at, actor_kind=actor.kind, actor_id=actor.id, actor=actor.name,
+        team_slug=team_slug, action=action, reason=reason, payload=payload, prev_hash=prev_hash, hash=digest,
+    )
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    entry_id: int
+    run_id: str | None
+    run_seq: int
+    problem: str
+
+
+def ledger_verify(*, run_id: str | None = None) -> tuple[int, ChainBreak | None]:
+    """Walk every chain (or one run's); return (entries checked, first break or None)."""
+    entries = LedgerEntry.objects.order_by("run_id", "run_seq")
+    if run_id is not None:
+        entries = entries.filter(run_id=run_id)
+    checked = 0
+    current_run: object = object()
+    expected_prev = GENESIS_HASH
+    expected_seq = 1
+    for entry in entries.iterator(chunk_size=2000):
+        if entry.run_id != current_run:
+            current_run = entry.run_id
+            expected_prev, expected_seq = GENESIS_HASH, 1
+        checked += 1
+        problem = _entry_problem(entry, expected_prev, expected_seq)
+        if problem:
+            return checked, ChainBreak(entry.pk, entry.run_id, entry.run_seq, problem)
+        expected_prev, expected_seq = entry.hash, entry.run_seq + 1
+    return checked, None
+
+
+def _entry_problem(entry: LedgerEntry, expected_prev: str, expected_seq: int) -> str:
+    if entry.run_seq != expected_seq:
+        return f"sequence gap: expected {expected_seq}, found {entry.run_seq} (an entry was removed)"
+    if entry.prev_hash != expected_prev:
+        return "prev_hash does not match the previous entry's hash"
+    recomputed = entry_hash(
+        run_id=entry.run_id, run_seq=entry.run_seq, at=_timestamp(entry.at), actor_kind=entry.actor_kind,
+        actor_id=entry.actor_id, actor=entry.actor, action=entry.action, reason=entry.reason,
+        payload=entry.payload, prev_hash=entry.prev_hash,
+    )
+    if recomputed != entry.hash:
+        return "content does not match its hash (the row was changed)"
+    return ""

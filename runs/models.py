@@ -1,0 +1,513 @@
+"""The records of DESIGN §3: runs, steps, execution records, outbox, leases, stops, ledger.
+
+Invariants live in the database, not in Python: one live lease per run, unique
+(run, tool_call_id), unique (run, event_id), unique (run, idempotency_key) for outbox items,
+and an append-only ledger (a trigger installed by migration 0002 refuses UPDATE and DELETE).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+def new_run_id() -> str:
+    return "run_" + secrets.token_hex(6)
+
+
+class Team(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=120)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    REVIEWER = "reviewer", "Reviewer"
+    ADMIN = "admin", "Admin"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} as {self.role}"
+
+
+class TokenRole(models.TextChoices):
+    AGENT = "agent", "Agent"
+    REVIEWER = "reviewer", "Reviewer"
+
+
+class ApiToken(models.Model):
+    """A bearer token for an agent runtime or a reviewer script. Only its SHA-256 is stored."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=120)
+    role = models.CharField(max_length=16, choices=TokenRole.choices, default=TokenRole.AGENT)
+    prefix = models.CharField(max_length=16, db_index=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="apitoken_unique_team_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.team.slug}, {self.role})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUSPENDED = "suspended", "Suspended"
+    INTERRUPTED = "interrupted", "Interrupted"
+    CANCEL_REQUESTED = "cancel_requested", "Cancel requested"
+    DRAINING = "draining", "Draining"
+    STOPPED_CLEANLY = "stopped_cleanly", "Stopped cleanly"
+    STOPPED_DIRTY = "stopped_dirty", "Stopped dirty"
+    HANDED_OFF = "handed_off", "Handed off"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# Statuses in which the entrance is open only for a running worker; everything else refuses
+# permits, dispatch and new outbox items.
+STOPPABLE_STATUSES = frozenset(
+    {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.INTERRUPTED}
+)
+STOPPING_STATUSES = frozenset({RunStatus.CANCEL_REQUESTED, RunStatus.DRAINING})
+STOPPED_STATUSES = frozenset({RunStatus.STOPPED_CLEANLY, RunStatus.STOPPED_DIRTY})
+TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class StopReason(models.TextChoices):
+    USER_STOP = "user_stop", "User stop"
+    MANUAL_TAKEOVER = "manual_takeover", "Manual takeover"
+    BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
+    TIMEOUT = "timeout", "Timeout"
+    ADMIN_KILL = "admin_kill", "Admin kill"
+    DEPENDENCY_FAILURE = "dependency_failure", "Dependency failure"
+    LEASE_EXPIRED = "lease_expired", "Lease expired"
+    DRAIN_DEADLINE = "drain_deadline", "Drain deadline"
+
+
+# Reasons an agent token may use to stop its own run (DESIGN §5).
+AGENT_STOP_REASONS = frozenset(
+    {StopReason.BUDGET_EXHAUSTED, StopReason.TIMEOUT, StopReason.DEPENDENCY_FAILURE}
+)
+
+
+class Run(models.Model):
+    id = models.CharField(primary_key=True, max_length=32, default=new_run_id, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="runs")
+    title = models.CharField(max_length=300)
+    agent = models.CharField(max_length=120)
+    status = models.CharField(max_length=24, choices=RunStatus.choices, default=RunStatus.PENDING)
+    stop_epoch = models.PositiveIntegerField(default=1)
+    # Bumped on every committed change of the run or its children; websocket frames carry it
+    # so a viewer can detect a gap and refetch.
+    change_seq = models.PositiveBigIntegerField(default=0)
+    stop_reason = models.CharField(max_length=24, choices=StopReason.choices, blank=True)
+    stop_requested_by = models.CharField(max_length=150, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    max_seconds = models.PositiveIntegerField(null=True, blank=True)
+    max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
+    tool_calls_count = models.PositiveIntegerField(default=0)
+    resume_from = models.CharField(max_length=120, blank=True)
+    interruption = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    failure = models.JSONField(null=True, blank=True)
+    # Facts that arrived after the stop (e.g. a completion at a stale epoch): kept, never applied.
+    late_reports = models.JSONField(default=list, blank=True)
+    late_writes_rejected = models.PositiveIntegerField(default=0)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # runs page: newest first, keyset on (created_at, id), optionally per status
+            models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
+            models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
+            models.Index(fields=["team", "-created_at"], name="run_team_created_idx"),
+            # drain watchdog and budget enforcer scan only live runs
+            models.Index(
+                fields=["status", "stop_requested_at"],
+                name="run_stopping_idx",
+                condition=Q(status__in=["cancel_requested", "draining"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.title}"
+
+
+class StepKind(models.TextChoices):
+    MODEL_CALL = "model_call", "Model call"
+    TOOL_READ = "tool_read", "Tool (read)"
+    TOOL_WRITE = "tool_write", "Tool (write)"
+    EXTERNAL_ACTION = "external_action", "External action"
+
+
+class StepStatus(models.TextChoices):
+    PLANNED = "planned", "Planned"
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    UNKNOWN = "unknown", "Unknown"
+
+
+class Step(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField()
+    key = models.CharField(max_length=120)
+    name = models.CharField(max_length=300, blank=True)
+    kind = models.CharField(max_length=24, choices=StepKind.choices, default=StepKind.MODEL_CALL)
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PLANNED)
+    epoch = models.PositiveIntegerField(default=0)
+    detail = models.JSONField(default=dict, blank=True)
+    reported_after_stop = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="step_unique_run_seq"),
+            models.UniqueConstraint(fields=["run", "key"], name="step_unique_run_key"),
+        ]
+
+
+class SideEffect(models.TextChoices):
+    NONE = "none", "None"
+    WRITE = "write", "Write"
+
+
+class ExecutionState(models.TextChoices):
+    PERMITTED = "permitted", "Permitted"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    NOT_STARTED = "not_started", "Not started"
+    UNKNOWN = "unknown", "Unknown"
+
+
+class RemoteCancelState(models.TextChoices):
+    NOT_REQUESTED = "not_requested", "Not requested"
+    REQUESTED = "requested", "Requested"
+    CONFIRMED = "confirmed", "Confirmed"
+    REFUSED = "refused", "Refused"
+
+
+class SideEffectState(models.TextChoices):
+    NONE = "none", "None"
+    PENDING_VERIFICATION = "pending_verification", "Pending verification"
+    APPLIED = "applied", "Applied"
+    NOT_APPLIED = "not_applied", "Not applied"
+    COMPENSATED = "compensated", "Compensated"
+
+
+class RecoveryPolicy(models.TextChoices):
+    QUERY_ORIGINAL = "query_original", "Query the original operation"
+    REUSE_IDEMPOTENCY_KEY = "reuse_idempotency_key", "Reuse the idempotency key"
+    MANUAL_CONFIRMATION = "manual_confirmation", "Manual confirmation"
+    COMPENSATE = "compensate", "Compensate"
+
+
+class ExecutionRecord(models.Model):
+    """One tool call: intent written before it runs (the permit), result after."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="execution_records")
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="execution_records")
+    tool_call_id = models.CharField(max_length=120)
+    tool = models.CharField(max_length=120)
+    arguments = models.JSONField(default=dict, blank=True)
+    operation_id = models.CharField(max_length=200, blank=True)
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    side_effect = models.CharField(max_length=8, choices=SideEffect.choices, default=SideEffect.NONE)
+    permit_epoch = models.PositiveIntegerField()
+    execution_state = models.CharField(max_length=16, choices=ExecutionState.choices, default=ExecutionState.PERMITTED)
+    cancel_requested = models.BooleanField(default=False)
+    remote_cancel_state = models.CharField(max_length=16, choices=RemoteCancelState.choices, default=RemoteCancelState.NOT_REQUESTED)
+    side_effect_state = models.CharField(max_length=24, choices=SideEffectState.choices, default=SideEffectState.NONE)
+    last_observation = models.TextField(blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
+    observation_source = models.CharField(max_length=60, blank=True)
+    output_truncated = models.BooleanField(default=False)
+    recovery_policy = models.CharField(max_length=24, choices=RecoveryPolicy.choices, default=RecoveryPolicy.MANUAL_CONFIRMATION)
+    recovery_action = models.TextField(blank=True)
+    reported_after_stop = models.BooleanField(default=False)
+    resolved = models.BooleanField(default=False)
+    permitted_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["permitted_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "tool_call_id"], name="exec_unique_run_tool_call"),
+        ]
+        indexes = [
+            # the settle decision and the stop packet look for calls whose outcome is open
+            models.Index(
+                fields=["run", "execution_state"],
+                name="exec_open_idx",
+                condition=Q(execution_state__in=["permitted", "running", "unknown"]),
+            ),
+        ]
+
+    @property
+    def is_unconfirmed_side_effect(self) -> bool:
+        return self.side_effect_state == SideEffectState.PENDING_VERIFICATION
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    DISPATCHING = "dispatching", "Dispatching"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed"
+    FROZEN = "frozen", "Frozen"
+    UNKNOWN = "unknown", "Unknown"
+    RELEASED = "released", "Released"
+    DISCARDED = "discarded", "Discarded"
+
+
+class OutboxItem(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="outbox_items")
+    execution_record = models.ForeignKey(ExecutionRecord, on_delete=models.SET_NULL, null=True, blank=True, related_name="outbox_items")
+    transport = models.CharField(max_length=16)
+    destination = models.CharField(max_length=500)
+    payload = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
+    enqueue_epoch = models.PositiveIntegerField()
+    claim_epoch = models.PositiveIntegerField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=120, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    frozen_at = models.DateTimeField(null=True, blank=True)
+    frozen_by_epoch = models.PositiveIntegerField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    resolved = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "idempotency_key"], name="outbox_unique_run_key"),
+        ]
+        indexes = [
+            # outbox_claim_next: the dispatcher scans pending items oldest first
+            models.Index(fields=["created_at"], name="outbox_pending_idx", condition=Q(status="pending")),
+            # reaper: dispatching items whose claim is too old
+            models.Index(fields=["claimed_at"], name="outbox_dispatching_idx", condition=Q(status="dispatching")),
+        ]
+
+    @property
+    def public_id(self) -> str:
+        return f"outbox_{self.pk}"
+
+
+class LeaseReleaseReason(models.TextChoices):
+    RELEASED = "released", "Released"
+    REVOKED_BY_STOP = "revoked_by_stop", "Revoked by stop"
+    EXPIRED = "expired", "Expired"
+
+
+class Lease(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="leases")
+    worker_id = models.CharField(max_length=120)
+    epoch = models.PositiveIntegerField()
+    token = models.CharField(max_length=64, unique=True)
+    acquired_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    ttl_seconds = models.FloatField(default=30)
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.CharField(max_length=16, choices=LeaseReleaseReason.choices, blank=True)
+    # A worker fenced off without confirming it stopped (drain deadline, or its lease expired
+    # mid-stop) is itself an unknown until a reviewer confirms it did nothing further.
+    fenced_unconfirmed = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            # one live lease per run
+            models.UniqueConstraint(fields=["run"], condition=Q(released_at__isnull=True), name="lease_one_live_per_run"),
+        ]
+        indexes = [
+            # lease reaper: live leases by expiry
+            models.Index(fields=["expires_at"], name="lease_live_expiry_idx", condition=Q(released_at__isnull=True)),
+        ]
+
+    @property
+    def lease_id(self) -> str:
+        return self.token
+
+
+class StopRequest(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stop_requests")
+    signal = models.CharField(max_length=24, default="cancel_requested")
+    requested_by = models.CharField(max_length=150)
+    actor_kind = models.CharField(max_length=16)
+    reason = models.CharField(max_length=24, choices=StopReason.choices)
+    note = models.TextField(blank=True)
+    takeover = models.BooleanField(default=False)
+    requested_at = models.DateTimeField()
+    epoch_before = models.PositiveIntegerField()
+    epoch_after = models.PositiveIntegerField()
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    signal_delivered_at = models.DateTimeField(null=True, blank=True)
+    drained_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    outcome_state = models.CharField(max_length=24, blank=True)
+    dirty_reasons = models.JSONField(default=list, blank=True)
+    drain_observations = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "epoch_after"], name="stoprequest_unique_run_epoch"),
+        ]
+
+
+class Artifact(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts")
+    name = models.CharField(max_length=300)
+    kind = models.CharField(max_length=60, blank=True)
+    uri = models.CharField(max_length=1000, blank=True)
+    content = models.TextField(blank=True)
+    checksum = models.CharField(max_length=128, blank=True)
+    reusable = models.BooleanField(default=False)
+    evidence = models.BooleanField(default=False)
+    epoch = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step_seq = models.PositiveIntegerField(null=True, blank=True)
+    label = models.CharField(max_length=120)
+    state = models.JSONField(default=dict, blank=True)
+    epoch = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class SteeringStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    APPLIED = "applied", "Applied"
+    UNAPPLIED_AT_STOP = "unapplied_at_stop", "Unapplied at stop"
+    CARRIED_OVER = "carried_over", "Carried over"
+    DISCARDED = "discarded", "Discarded"
+
+
+class SteeringMessage(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steering_messages")
+    author = models.CharField(max_length=150)
+    text = models.TextField()
+    status = models.CharField(max_length=20, choices=SteeringStatus.choices, default=SteeringStatus.QUEUED)
+    created_at = models.DateTimeField(auto_now_add=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class EventReceipt(models.Model):
+    """Dedup for batched events: a retried event_id answers `duplicate` with the first outcome."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="event_receipts")
+    event_id = models.CharField(max_length=120)
+    type = models.CharField(max_length=40)
+    epoch = models.PositiveIntegerField()
+    outcome = models.CharField(max_length=16)
+    code = models.CharField(max_length=40, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "event_id"], name="event_unique_run_event")]
+
+
+class RejectedWrite(models.Model):
+    """A stale-epoch write that was refused: counted for the stop-quality figures."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rejected_writes")
+    kind = models.CharField(max_length=40)
+    epoch = models.PositiveIntegerField()
+    run_epoch = models.PositiveIntegerField()
+    code = models.CharField(max_length=40)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["at"], name="rejectedwrite_at_idx")]
+
+
+class ActorKind(models.TextChoices):
+    USER = "user", "User"
+    API_CLIENT = "api_client", "API client"
+    SYSTEM = "system", "System"
+
+
+class LedgerEntry(models.Model):
+    """Append-only, hash-chained per run. UPDATE and DELETE are refused by a trigger."""
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries", db_constraint=True)
+    run_seq = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    actor_id = models.CharField(max_length=64, blank=True)
+    actor = models.CharField(max_length=150)
+    team_slug = models.CharField(max_length=64, blank=True)
+    action = models.CharField(max_length=60)
+    reason = models.CharField(max_length=60, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "run_seq"], name="ledger_unique_run_seq"),
+            models.UniqueConstraint(fields=["run_seq"], condition=Q(run__isnull=True), name="ledger_unique_global_seq"),
+        ]
+        indexes = [
+            models.Index(fields=["action", "at"], name="ledger_action_at_idx"),
+            models.Index(fields=["actor", "at"], name="ledger_actor_at_idx"),
+            models.Index(fields=["team_slug", "at"], name="ledger_team_at_idx"),
+            models.Index(fields=["at"], name="ledger_at_idx"),
+        ]
+
+    @property
+    def seq(self) -> int:
+        return self.pk

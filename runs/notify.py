@@ -1,0 +1,77 @@
+"""Run-change notifications, published only after the transaction commits.
+
+Domain code calls `run_changed(...)` inside its transaction; listeners (the Channels publisher
+registered by `console.apps`) are called from `transaction.on_commit`, so nobody ever sees a
+change that was rolled back and nothing slow runs while the run row is locked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+Listener = Callable[[dict[str, Any]], None]
+_listeners: list[Listener] = []
+
+
+def subscribe(listener: Listener) -> None:
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def unsubscribe(listener: Listener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def _deliver(event: dict[str, Any]) -> None:
+    for listener in list(_listeners):
+        try:
+            listener(event)
+        except Exception:  # a broken listener must never undo or block a committed stop
+            logger.exception("run-change listener failed for %s", event.get("run_id"))
+
+
+def run_changed(run: Any, *, kind: str, **extra: Any) -> None:
+    event = {
+        "type": "run.updated",
+        "kind": kind,
+        "run_id": run.pk,
+        "team": run.team_id,
+        "status": run.status,
+        "stop_epoch": run.stop_epoch,
+        "seq": run.change_seq,
+        **extra,
+    }
+    transaction.on_commit(lambda: _deliver(event))
+
+
+def stop_signal(run: Any, stop_request: Any) -> None:
+    """The signal pushed to the run's worker the moment the stop commits."""
+    event = {
+        "type": "stop.signal",
+        "kind": "stop_signal",
+        "run_id": run.pk,
+        "team": run.team_id,
+        "status": run.status,
+        "stop_epoch": run.stop_epoch,
+        "seq": run.change_seq,
+        "signal": signal_payload(stop_request),
+    }
+    transaction.on_commit(lambda: _deliver(event))
+
+
+def signal_payload(stop_request: Any) -> dict[str, Any]:
+    return {
+        "type": "cancel_requested",
+        "reason": stop_request.reason,
+        "requested_by": stop_request.requested_by,
+        "stop_epoch": stop_request.epoch_after,
+        "stop_request_id": stop_request.pk,
+        "requested_at": stop_request.requested_at.isoformat(),
+    }

@@ -1,0 +1,136 @@
+"""Read queries shared by the API, the console and the metrics endpoint."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F, Q, QuerySet
+
+from handoff.models import Handoff, HandoffStatus
+from runs.models import (
+    ExecutionRecord,
+    LedgerEntry,
+    OutboxItem,
+    RejectedWrite,
+    Run,
+    StopRequest,
+)
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Nearest-rank percentile; None for no samples."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(fraction * len(ordered) + 0.5)) - 1))
+    return ordered[rank]
+
+
+def _latency_summary(samples_ms: list[float]) -> dict[str, Any]:
+    return {
+        "count": len(samples_ms),
+        "p50_ms": percentile(samples_ms, 0.50),
+        "p95_ms": percentile(samples_ms, 0.95),
+        "p99_ms": percentile(samples_ms, 0.99),
+    }
+
+
+def _team_filter(queryset: QuerySet[Any], team_ids: list[int] | None, path: str) -> QuerySet[Any]:
+    return queryset if team_ids is None else queryset.filter(**{f"{path}__in": team_ids})
+
+
+def stop_quality(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, Any]:
+    """The five stop-quality figures of DESIGN §7 for stops requested in [since, until)."""
+    stops = _team_filter(StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until), team_ids, "run__team_id")
+    stop_rows = list(stops.values("requested_at", "stopped_at", "signal_delivered_at", "outcome_state"))
+    to_stopped = [(row["stopped_at"] - row["requested_at"]).total_seconds() * 1000 for row in stop_rows if row["stopped_at"]]
+    to_signal = [
+        (row["signal_delivered_at"] - row["requested_at"]).total_seconds() * 1000
+        for row in stop_rows if row["signal_delivered_at"]
+    ]
+    return {
+        "period": {"since": since.isoformat(), "until": until.isoformat()},
+        "stops": len(stop_rows),
+        "stopped_cleanly": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_cleanly"),
+        "stopped_dirty": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_dirty"),
+        "stop_latency": {"to_stopped": _latency_summary(to_stopped), "to_worker_signal": _latency_summary(to_signal)},
+        "side_effect_leakage": side_effect_leakage(since=since, until=until, team_ids=team_ids),
+        "late_writes_rejected": _team_filter(
+            RejectedWrite.objects.filter(at__gte=since, at__lt=until), team_ids, "run__team_id"
+        ).count(),
+        "interruptions_recovered_cleanly": interruptions_recovered(since=since, until=until, team_ids=team_ids),
+        "handoff_completion": handoff_completion(since=since, until=until, team_ids=team_ids),
+    }
+
+
+def side_effect_leakage(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, int]:
+    """Permits or dispatch claims that started after a stop of their epoch was recorded (must be 0)."""
+    permits = _team_filter(
+        ExecutionRecord.objects.filter(
+            run__stop_requests__epoch_before=F("permit_epoch"),
+            run__stop_requests__requested_at__lt=F("permitted_at"),
+            permitted_at__gte=since, permitted_at__lt=until,
+        ),
+        team_ids, "run__team_id",
+    ).distinct().count()
+    dispatches = _team_filter(
+        OutboxItem.objects.filter(
+            run__stop_requests__epoch_before=F("claim_epoch"),
+            run__stop_requests__requested_at__lt=F("claimed_at"),
+            claimed_at__gte=since, claimed_at__lt=until,
+        ),
+        team_ids, "run__team_id",
+    ).distinct().count()
+    return {"permits_after_stop": permits, "dispatches_after_stop": dispatches, "total": permits + dispatches}
+
+
+def interruptions_recovered(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, Any]:
+    """Of runs interrupted in the period, the share that later stopped cleanly or resumed with no unknowns."""
+    interrupted = _team_filter(
+        LedgerEntry.objects.filter(action="run.interrupted", at__gte=since, at__lt=until), team_ids, "run__team_id"
+    )
+    firsts: dict[str, Any] = {}
+    for run_id, at in interrupted.values_list("run_id", "at"):
+        firsts.setdefault(run_id, at)
+    recovered = 0
+    if firsts:
+        later = LedgerEntry.objects.filter(
+            run_id__in=list(firsts), action__in=("run.stopped_cleanly", "run.stopped_dirty", "run.resume")
+        ).values_list("run_id", "action", "at")
+        outcomes: dict[str, list[str]] = {}
+        for run_id, action, at in later:
+            if at >= firsts[run_id]:
+                outcomes.setdefault(run_id, []).append(action)
+        recovered = sum(
+            1 for actions in outcomes.values()
+            if "run.stopped_dirty" not in actions and ("run.stopped_cleanly" in actions or "run.resume" in actions)
+        )
+    total = len(firsts)
+    return {"interrupted": total, "recovered_cleanly": recovered, "rate": (recovered / total) if total else None}
+
+
+def handoff_completion(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, Any]:
+    handoffs = _team_filter(Handoff.objects.filter(created_at__gte=since, created_at__lt=until), team_ids, "run__team_id")
+    total = handoffs.count()
+    done = handoffs.filter(
+        status__in=(HandoffStatus.COMPLETED, HandoffStatus.RETURNED, HandoffStatus.CLOSED)
+    ).count()
+    return {"handoffs": total, "finished": done, "rate": (done / total) if total else None}
+
+
+def runs_for_teams(team_ids: list[int] | None) -> QuerySet[Run]:
+    runs = Run.objects.select_related("team")
+    return runs if team_ids is None else runs.filter(team_id__in=team_ids)
+
+
+def queue_depths() -> dict[str, int]:
+    """Gauges for /metrics: work waiting in each queue."""
+    return {
+        "outbox_pending": OutboxItem.objects.filter(status="pending").count(),
+        "outbox_dispatching": OutboxItem.objects.filter(status="dispatching").count(),
+        "outbox_frozen": OutboxItem.objects.filter(status="frozen").count(),
+        "outbox_unknown": OutboxItem.objects.filter(status="unknown").count(),
+        "runs_stopping": Run.objects.filter(Q(status="cancel_requested") | Q(status="draining")).count(),
+        "runs_stopped_dirty": Run.objects.filter(status="stopped_dirty").count(),
+    }

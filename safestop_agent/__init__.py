@@ -1,0 +1,47 @@
+"""safestop_agent: what an agent runtime needs to be stoppable (DESIGN §9).
+
+- `SafestopClient` speaks the wire contract; `client.lease(...)` gives an `AgentRun`.
+- `AgentRun` holds the lease, listens for stops (websocket push + heartbeat),
+  and guards tool calls (`run.tool_call(...)`): permit before, outcome after.
+- `CancelToken` / `Cancelled`: cooperative cancellation; `retry` waits on it.
+- `collect_tool_calls` never lets half a streamed tool call run.
+- `run_process` stops a whole process tree and never hangs on a held pipe.
+
+This package never imports Django: it runs inside agent processes.
+"""
+
+from __future__ import annotations
+
+from .cancel import Cancelled, CancelRequest, CancelToken
+from .client import SafestopClient
+from .errors import ApiError, Refused
+from .process import ProcessResult, run_process
+from .retry import is_transient, retry
+from .stream import (
+    CompleteToolCall,
+    DiscardedToolCall,
+    StreamOutcome,
+    ToolCallAccumulator,
+    collect_tool_calls,
+)
+from .worker import AgentRun, ToolCall
+
+__all__ = [
+    "AgentRun",
+    "ApiError",
+    "CancelRequest",
+    "CancelToken",
+    "Cancelled",
+    "CompleteToolCall",
+    "DiscardedToolCall",
+    "ProcessResult",
+    "Refused",
+    "SafestopClient",
+    "StreamOutcome",
+    "ToolCall",
+    "ToolCallAccumulator",
+    "collect_tool_calls",
+    "is_transient",
+    "retry",
+    "run_process",
+]

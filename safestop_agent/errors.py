@@ -1,0 +1,47 @@
+"""Errors the server answers with, as exceptions an agent can branch on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# 409 codes that mean "the server refuses to let this work start or move on":
+# the run was stopped, the epoch is stale, or the lease is gone. They are
+# decisions, not glitches, so they are never retried. `budget_exhausted` is the
+# server's budget enforcer refusing a permit, which is the same kind of "no".
+REFUSAL_CODES = frozenset(
+    {"stale_epoch", "run_not_running", "lease_revoked", "illegal_transition", "budget_exhausted"}
+)
+
+
+class ApiError(Exception):
+    """A non-2xx answer: `{"error": code, "detail": ..., "status": ..., "stop_epoch": ...}`."""
+
+    def __init__(self, status_code: int, code: str, detail: str, body: Any = None) -> None:
+        super().__init__(f"{status_code} {code}: {detail}")
+        self.status_code = status_code
+        self.code = code
+        self.detail = detail
+        self.body = body
+
+    @property
+    def run_status(self) -> str | None:
+        """The run's current status, when the server included it."""
+        return self._body_field("status")
+
+    @property
+    def stop_epoch(self) -> int | None:
+        """The run's current epoch, when the server included it."""
+        value = self._body_field("stop_epoch")
+        return value if isinstance(value, int) else None
+
+    @property
+    def is_transient(self) -> bool:
+        """True for answers worth retrying: server errors and rate limiting."""
+        return self.status_code >= 500 or self.status_code in (408, 429)
+
+    def _body_field(self, name: str) -> Any:
+        return self.body.get(name) if isinstance(self.body, dict) else None
+
+
+class Refused(ApiError):
+    """409 refusal: the run is stopped, the epoch is stale or the lease was revoked."""

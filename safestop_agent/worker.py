@@ -1,0 +1,603 @@
+"""One leased run, as the worker sees it: lease, stop signals, steps, tool calls, drain.
+
+    with client.lease(run_id, "worker-1") as run:
+        with run.step("search", "Search the docs", kind="tool_read"):
+            with run.tool_call("search", {"q": "refund"}) as call:
+                call.result = search("refund")
+        run.complete({"answer": "..."})
+
+The rules this module keeps (DESIGN §1, seed §3–§5):
+
+- No tool starts without a permit asked at this lease's epoch; a refused permit
+  sets the token and raises `Cancelled` before the tool body runs.
+- Every permitted call reports an outcome. A write whose outcome nobody saw is
+  reported `unknown`, never `failed`: it may have happened.
+- Facts (results, completed steps) are retried and sent even after a stop; new
+  work (permits, step starts, outbox items) is not.
+- Leaving the block after a stop reports `drained`; otherwise the lease is released.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import httpx
+
+from .cancel import Cancelled, CancelToken
+from .errors import REFUSAL_CODES, ApiError, Refused
+from .retry import retry
+from .signals import HeartbeatLoop, PushListener
+
+if TYPE_CHECKING:
+    from .client import (
+        EventAnswer,
+        ExecutionState,
+        OutboxItemInfo,
+        RecoveryPolicy,
+        RemoteCancelState,
+        SafestopClient,
+        SideEffect,
+    )
+    from .process import ProcessResult
+
+log = logging.getLogger("safestop_agent")
+
+StepKind = Literal["model_call", "tool_read", "tool_write", "external_action"]
+
+# Facts are worth a few quick retries: the server accepts them even after a stop,
+# and every one carries a client id (event_id, tool_call_id), so a repeat is harmless.
+FACT_ATTEMPTS = 4
+FACT_BASE_DELAY = 0.2
+
+_UNSET: Any = object()
+
+
+def _is_network_error(error: Exception) -> bool:
+    return isinstance(error, httpx.TransportError) or (
+        isinstance(error, ApiError) and error.is_transient
+    )
+
+
+@dataclass
+class ToolCall:
+    """What the worker knows about one permitted tool call; filled in by the tool body."""
+
+    tool: str
+    arguments: Any
+    side_effect: SideEffect
+    tool_call_id: str
+    idempotency_key: str | None = None
+    operation_id: str | None = None
+    recovery_policy: RecoveryPolicy | None = None
+    permit: Mapping[str, Any] = field(default_factory=dict)
+    observations: list[str] = field(default_factory=list)
+    output_truncated: bool = False
+    remote_cancel_state: RemoteCancelState | None = None
+    execution_state: ExecutionState | None = None
+    declared_state: ExecutionState | None = None
+    reported: bool = False
+    _result: Any = field(default=_UNSET, repr=False)
+
+    @property
+    def result(self) -> Any:
+        return None if self._result is _UNSET else self._result
+
+    @result.setter
+    def result(self, value: Any) -> None:
+        """Record the outcome as soon as it is known, so a later stop cannot turn it into `unknown`."""
+        self._result = value
+
+    @property
+    def has_result(self) -> bool:
+        return self._result is not _UNSET
+
+    def set_operation_id(self, operation_id: str) -> None:
+        """The remote system's id for this operation: what a human queries to verify it."""
+        self.operation_id = operation_id
+
+    def observe(self, text: str, *, truncated: bool = False) -> None:
+        """Record what was seen so far; the last observation goes into the report."""
+        self.observations.append(text)
+        self.output_truncated = self.output_truncated or truncated
+
+    def set_remote_cancel_state(self, state: RemoteCancelState) -> None:
+        self.remote_cancel_state = state
+
+    def set_execution_state(self, state: ExecutionState) -> None:
+        """Say how the call ended when the tool itself knows (e.g. the remote said "failed")."""
+        self.declared_state = state
+
+    def observe_process(self, result: ProcessResult) -> None:
+        """Record a `run_process` outcome: output, truncation, and how it ended.
+
+        Exit 0 is the result. A process we killed proves nothing about a
+        write (`unknown`); one that exited non-zero by itself said it failed.
+        """
+        output = result.stdout.decode("utf-8", errors="replace")
+        self.observe(f"[{result.summary()}]\n{output}", truncated=result.output_truncated)
+        if result.returncode == 0 and not result.killed:
+            self.result = output
+        elif result.killed or result.returncode is None:
+            self.set_execution_state("unknown" if self.side_effect == "write" else "failed")
+        else:
+            self.set_execution_state("failed")
+
+    @property
+    def last_observation(self) -> str | None:
+        return self.observations[-1] if self.observations else None
+
+    def summary(self) -> dict[str, Any]:
+        """The call as a drain observation."""
+        return {
+            "tool_call_id": self.tool_call_id,
+            "tool": self.tool,
+            "side_effect": self.side_effect,
+            "operation_id": self.operation_id,
+            "execution_state": self.execution_state,
+            "reported": self.reported,
+        }
+
+
+def outcome_of(call: ToolCall, error: BaseException | None) -> ExecutionState:
+    """Which execution state to report for a call that ended with `error` (or None).
+
+    A recorded result wins over a later error (seed §6: "do not overwrite a
+    verifiable success"). A write that ended without one may have taken effect:
+    `unknown`, for a human or a recovery policy to settle, never `failed`. A
+    state the tool declared itself wins over both.
+    """
+    if call.declared_state is not None:
+        return call.declared_state
+    if error is None or call.has_result:
+        return "succeeded"
+    if call.side_effect == "write":
+        return "unknown"
+    return "failed"
+
+
+def describe_error(error: BaseException) -> str:
+    if isinstance(error, Cancelled):
+        return f"interrupted by stop ({error.reason})"
+    return f"{type(error).__name__}: {error}"
+
+
+class _ToolCallScope:
+    """`with run.tool_call(...) as call:` — permit on enter, outcome report on exit.
+
+    A context manager whose `__enter__` raises is the only way to make sure the
+    body of a refused call never runs.
+    """
+
+    def __init__(self, run: AgentRun, call: ToolCall) -> None:
+        self._run = run
+        self._call = call
+
+    def __enter__(self) -> ToolCall:
+        self._run.ask_permit(self._call)
+        return self._call
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Literal[False]:
+        self._run.report_outcome(self._call, exc)
+        return False
+
+
+class AgentRun:
+    """A run leased by this worker. Use it as a context manager (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: SafestopClient,
+        run_id: str,
+        worker_id: str,
+        *,
+        ttl_seconds: float = 30,
+        push: bool = True,
+        heartbeat_interval: float | None = None,
+        token: CancelToken | None = None,
+    ) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.ttl_seconds = ttl_seconds
+        self.push = push
+        self.heartbeat_interval = heartbeat_interval or ttl_seconds / 3
+        self.token = token or CancelToken()
+        self.lease_id: str | None = None
+        self.epoch: int | None = None
+        self.tool_calls: list[ToolCall] = []
+        self.completed = False
+        self.drained_sent = False
+        self._lock = threading.Lock()
+        self._heartbeat: HeartbeatLoop | None = None
+        self._listener: PushListener | None = None
+
+    # -- lease lifecycle -------------------------------------------------------------
+
+    def __enter__(self) -> AgentRun:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        self.finish()
+        # A `Cancelled` that reached the top of the block is the worker obeying
+        # its own stop: that is the normal way out, not an error to re-raise.
+        return isinstance(exc, Cancelled) and self.token.cancelled
+
+    def acquire(self) -> None:
+        """Take the lease and start listening for stops (push and heartbeat)."""
+        lease = self.client.acquire_lease(self.run_id, self.worker_id, self.ttl_seconds)
+        self.lease_id = lease["lease_id"]
+        self.epoch = int(lease["epoch"])
+        self._heartbeat = HeartbeatLoop(
+            beat=self._beat,
+            interval=self.heartbeat_interval,
+            ttl_seconds=self.ttl_seconds,
+            on_signal=self.handle_stop_signal,
+            on_lease_lost=self._lease_lost,
+            name=f"safestop-heartbeat-{self.run_id}",
+        )
+        self._heartbeat.start()
+        if self.push:
+            self._listener = PushListener(
+                url=self.client.push_url(self.run_id),
+                bearer_token=self.client.token,
+                on_signal=self.handle_stop_signal,
+                name=f"safestop-push-{self.run_id}",
+            )
+            self._listener.start()
+
+    def finish(self) -> None:
+        """Stop listening, then say `drained` if the run was stopped, else release the lease."""
+        if self._listener is not None:
+            self._listener.stop(timeout=2)
+        if self._heartbeat is not None:
+            self._heartbeat.stop(timeout=2)
+        if self.lease_id is None:
+            return
+        try:
+            if self.token.cancelled:
+                if not self.drained_sent:
+                    self.drained(self.default_observations())
+            else:
+                self._release()
+        except (ApiError, httpx.TransportError) as error:
+            # Never mask the block's own exception; the server's drain deadline
+            # and lease expiry settle a worker that could not say goodbye.
+            log.warning("safestop: could not finish lease on %s: %s", self.run_id, error)
+
+    def _release(self) -> None:
+        assert self.lease_id is not None and self.epoch is not None
+        try:
+            self.client.release_lease(self.run_id, lease_id=self.lease_id, epoch=self.epoch)
+        except Refused as error:
+            # Completing a run may already have ended the lease: nothing left to release.
+            log.info("safestop: lease on %s already gone (%s)", self.run_id, error.code)
+
+    def _beat(self) -> Mapping[str, Any]:
+        assert self.lease_id is not None and self.epoch is not None
+        return self.client.heartbeat(self.run_id, lease_id=self.lease_id, epoch=self.epoch)
+
+    def _lease_lost(self, code: str, stop_epoch: int | None) -> None:
+        self.token.cancel(reason=code, stop_epoch=stop_epoch)
+
+    def handle_stop_signal(self, signal: Mapping[str, Any]) -> bool:
+        """Set the token from a pushed or heartbeat stop signal; True if it applied.
+
+        A signal for a stop at or before this lease's epoch belongs to an
+        earlier round (seed §6: "old callbacks must not change the new round"),
+        so it is ignored.
+        """
+        stop_epoch = signal.get("stop_epoch")
+        if isinstance(stop_epoch, int) and self.epoch is not None and stop_epoch <= self.epoch:
+            log.info("safestop: ignoring stop signal for old epoch %s", stop_epoch)
+            return False
+        return self.token.cancel(
+            reason=str(signal.get("reason") or "cancel_requested"),
+            stop_epoch=stop_epoch if isinstance(stop_epoch, int) else None,
+            requested_by=signal.get("requested_by"),
+        )
+
+    def _refused(self, error: Refused) -> Cancelled:
+        """Learn of the stop from a refusal: set the token and build the `Cancelled` to raise."""
+        self.token.cancel(reason=error.code, stop_epoch=error.stop_epoch)
+        return Cancelled(
+            self.token.reason,
+            stop_epoch=self.token.stop_epoch,
+            requested_by=self.token.requested_by,
+        )
+
+    def _require_lease(self) -> tuple[str, int]:
+        if self.lease_id is None or self.epoch is None:
+            raise RuntimeError("the run has no lease: use `with client.lease(...) as run:`")
+        return self.lease_id, self.epoch
+
+    # -- tool calls ------------------------------------------------------------------
+
+    def tool_call(
+        self,
+        tool: str,
+        arguments: Any,
+        side_effect: SideEffect = "none",
+        *,
+        tool_call_id: str | None = None,
+        idempotency_key: str | None = None,
+        operation_id: str | None = None,
+        recovery_policy: RecoveryPolicy | None = None,
+    ) -> _ToolCallScope:
+        """Guard one tool call: permit before, outcome after (see `outcome_of`)."""
+        call = ToolCall(
+            tool=tool,
+            arguments=arguments,
+            side_effect=side_effect,
+            tool_call_id=tool_call_id or f"call_{uuid.uuid4().hex}",
+            idempotency_key=idempotency_key,
+            operation_id=operation_id,
+            recovery_policy=recovery_policy,
+        )
+        return _ToolCallScope(self, call)
+
+    def ask_permit(self, call: ToolCall) -> None:
+        """Ask the server's permission to start `call`; raise `Cancelled` if refused.
+
+        The server grants permits under the same lock that records a stop, so
+        a granted permit means the call started before any stop (seed §4).
+        """
+        _, epoch = self._require_lease()
+        # A call still queued when the stop arrived never starts (seed §6, first row).
+        self.token.raise_if_cancelled()
+        try:
+            call.permit = retry(
+                lambda: self.client.request_permit(
+                    self.run_id,
+                    epoch=epoch,
+                    tool_call_id=call.tool_call_id,
+                    tool=call.tool,
+                    side_effect=call.side_effect,
+                    arguments=call.arguments,
+                    idempotency_key=call.idempotency_key,
+                    operation_id=call.operation_id,
+                    recovery_policy=call.recovery_policy,
+                ),
+                token=self.token,
+                attempts=3,
+                base_delay=FACT_BASE_DELAY,
+                retry_if=_is_network_error,
+            )
+        except Refused as error:
+            raise self._refused(error) from error
+        except Exception:
+            # No answer (network, or a stop during the retry backoff): the permit
+            # may exist server-side, but the call certainly never started.
+            self._report_not_started(call)
+            raise
+        with self._lock:
+            self.tool_calls.append(call)
+
+    def _report_not_started(self, call: ToolCall) -> None:
+        try:
+            self.client.report_tool_result(
+                self.run_id, call.tool_call_id, execution_state="not_started"
+            )
+            call.execution_state = "not_started"
+            call.reported = True
+        except (ApiError, httpx.TransportError):
+            log.info("safestop: no permit record for %s to mark not_started", call.tool_call_id)
+
+    def report_outcome(self, call: ToolCall, error: BaseException | None) -> None:
+        """Report the call's execution state; retried, and sent even after a stop."""
+        state = outcome_of(call, error)
+        observation = call.last_observation
+        if error is not None and not call.has_result:
+            note = describe_error(error)
+            observation = f"{observation}\n[{note}]" if observation else note
+        elif observation is None and call.has_result:
+            observation = _short_text(call.result)
+        call.execution_state = state
+        try:
+            retry(
+                lambda: self.client.report_tool_result(
+                    self.run_id,
+                    call.tool_call_id,
+                    execution_state=state,
+                    operation_id=call.operation_id,
+                    observation=observation,
+                    output_truncated=call.output_truncated,
+                    remote_cancel_state=call.remote_cancel_state,
+                ),
+                token=None,
+                attempts=FACT_ATTEMPTS,
+                base_delay=FACT_BASE_DELAY,
+                retry_if=_is_network_error,
+            )
+            call.reported = True
+        except (ApiError, httpx.TransportError) as report_error:
+            # Not raised: the tool's own outcome matters more than the report.
+            # The server's reaper turns an unreported call into `unknown`, and the
+            # drain observations list it as unreported.
+            log.error("safestop: result of %s not reported: %s", call.tool_call_id, report_error)
+
+    # -- events ----------------------------------------------------------------------
+
+    def event(self, type: str, **fields: Any) -> EventAnswer:
+        """Send one event with a fresh `event_id` at this lease's epoch; return its answer."""
+        _, epoch = self._require_lease()
+        event = {"event_id": f"evt_{uuid.uuid4().hex}", "type": type, **fields}
+        try:
+            answer = retry(
+                lambda: self.client.send_events(self.run_id, epoch=epoch, events=[event]),
+                token=None,
+                attempts=FACT_ATTEMPTS,
+                base_delay=FACT_BASE_DELAY,
+                retry_if=_is_network_error,
+            )
+        except Refused as error:
+            raise self._refused(error) from error
+        return _answer_for(answer, event["event_id"])
+
+    @contextmanager
+    def step(self, key: str, name: str, kind: StepKind = "tool_read") -> Iterator[None]:
+        """Report step.started, run the body, then step.completed or step.failed.
+
+        A refused `step.started` means the run was stopped: the body never runs.
+        """
+        self.token.raise_if_cancelled()
+        started = self.event("step.started", key=key, name=name, kind=kind)
+        if started.get("status") == "rejected" and started.get("code") in REFUSAL_CODES:
+            raise self._refused(Refused(409, str(started.get("code")), "step.started rejected", started))
+        try:
+            yield
+        except BaseException as error:
+            self._report_step_failed(key, error)
+            raise
+        self.event("step.completed", key=key)
+
+    def _report_step_failed(self, key: str, error: BaseException) -> None:
+        try:
+            self.event(
+                "step.failed",
+                key=key,
+                error=describe_error(error),
+                cancelled=isinstance(error, Cancelled),
+            )
+        except (ApiError, httpx.TransportError, Cancelled) as report_error:
+            log.warning("safestop: step.failed for %s not reported: %s", key, report_error)
+
+    def checkpoint(self, label: str, state: Mapping[str, Any], *, step_seq: int | None = None) -> EventAnswer:
+        """Save a resume point (`checkpoint_04`); the stop packet names the latest as `resume_from`."""
+        fields: dict[str, Any] = {"label": label, "state": dict(state)}
+        if step_seq is not None:
+            fields["step_seq"] = step_seq
+        return self.event("checkpoint.saved", **fields)
+
+    def artifact(
+        self,
+        name: str,
+        *,
+        kind: str = "",
+        uri: str | None = None,
+        content: str | None = None,
+        checksum: str | None = None,
+        reusable: bool = False,
+        evidence: bool = False,
+        step_key: str | None = None,
+    ) -> EventAnswer:
+        """Record something the run produced, so a human taking over can reuse it or cite it."""
+        if checksum is None and content is not None:
+            checksum = "sha256:" + hashlib.sha256(content.encode("utf-8")).hexdigest()
+        fields: dict[str, Any] = {"name": name, "kind": kind, "reusable": reusable, "evidence": evidence}
+        optional = {"uri": uri, "content": content, "checksum": checksum, "step_key": step_key}
+        fields.update({k: v for k, v in optional.items() if v is not None})
+        return self.event("artifact.added", **fields)
+
+    def steering_applied(self, message_id: str) -> EventAnswer:
+        return self.event("steering.applied", message_id=message_id)
+
+    def suspend(self, reason: str) -> EventAnswer:
+        return self.event("run.suspended", reason=reason)
+
+    def complete(self, result: Any = None) -> EventAnswer:
+        """Report the run finished. After a stop the server keeps it as a late fact only."""
+        answer = self.event("run.completed", result=result)
+        self.completed = answer.get("status") in ("accepted", "duplicate")
+        return answer
+
+    def fail(self, error: str) -> EventAnswer:
+        return self.event("run.failed", error=error)
+
+    # -- outbox and drain ------------------------------------------------------------
+
+    def enqueue_outbox(
+        self,
+        transport: str,
+        destination: str,
+        payload: Any,
+        *,
+        idempotency_key: str | None = None,
+    ) -> OutboxItemInfo:
+        """Hand a side effect to the server to dispatch; refused (→ `Cancelled`) after a stop."""
+        _, epoch = self._require_lease()
+        self.token.raise_if_cancelled()
+        key = idempotency_key or f"outbox_{uuid.uuid4().hex}"
+        try:
+            return retry(
+                lambda: self.client.enqueue_outbox(
+                    self.run_id,
+                    epoch=epoch,
+                    transport=transport,
+                    destination=destination,
+                    payload=payload,
+                    idempotency_key=key,
+                ),
+                token=self.token,
+                attempts=3,
+                base_delay=FACT_BASE_DELAY,
+                retry_if=_is_network_error,
+            )
+        except Refused as error:
+            raise self._refused(error) from error
+
+    def default_observations(self) -> list[dict[str, Any]]:
+        """What the worker knows at drain time: every call it made under this lease."""
+        with self._lock:
+            calls = list(self.tool_calls)
+        observations: list[dict[str, Any]] = [
+            {"kind": "stop_seen", "reason": self.token.reason, "stop_epoch": self.token.stop_epoch}
+        ]
+        observations.extend({"kind": "tool_call", **call.summary()} for call in calls)
+        return observations
+
+    def drained(self, observations: list[Any] | None = None) -> Mapping[str, Any]:
+        """Tell the server this worker has stopped all work for the run."""
+        lease_id, epoch = self._require_lease()
+        answer = retry(
+            lambda: self.client.drained(
+                self.run_id,
+                lease_id=lease_id,
+                epoch=epoch,
+                observations=observations if observations is not None else self.default_observations(),
+                stop_epoch=self.token.stop_epoch,
+            ),
+            token=None,
+            attempts=FACT_ATTEMPTS,
+            base_delay=FACT_BASE_DELAY,
+            retry_if=_is_network_error,
+        )
+        self.drained_sent = True
+        return answer or {}
+
+
+def _answer_for(answer: Any, event_id: str) -> EventAnswer:
+    """Find one event's answer in a batch answer (a list, or {"results"/"events": [...]})."""
+    entries: Any = answer
+    if isinstance(answer, Mapping):
+        entries = answer.get("results") or answer.get("events") or []
+    if isinstance(entries, list):
+        for entry in entries:
+            if isinstance(entry, Mapping) and entry.get("event_id") == event_id:
+                return dict(entry)  # type: ignore[return-value]
+        if len(entries) == 1 and isinstance(entries[0], Mapping):
+            return dict(entries[0])  # type: ignore[return-value]
+    return {"event_id": event_id}
+
+
+def _short_text(value: Any, limit: int = 2000) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
