@@ -71,14 +71,14 @@ def test_cancel_mid_stream_stops_reading_and_discards_the_half_call() -> None:
     def slow_stream() -> Iterator[dict[str, Any]]:
         for n, item in enumerate(two_interleaved_calls()):
             consumed.append(n)
-            if n == 1:
-                token.cancel("user_stop")
             yield item
+            if n == 1:
+                token.cancel("user_stop")  # the stop arrives while the next chunk is awaited
 
     outcome = collect_tool_calls(slow_stream(), token=token)
     assert outcome.calls == []
     assert outcome.interrupted_by == "cancelled: user_stop"
-    assert consumed == [0, 1, 2], "reading stops at the first chunk after the cancel"
+    assert consumed == [0, 1, 2], "the chunk that arrived after the stop is dropped; no more are read"
     assert [d.arguments_text for d in outcome.discarded] == ['{"q": "ref', '{"service"']
 
 
