@@ -34,7 +34,7 @@ SQLITE_REMOVE = [
 def install(apps, schema_editor):
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
-        schema_editor.execute(PG_INSTALL)
+        schema_editor.execute(PG_INSTALL, params=None)
     elif vendor == "sqlite":
         for statement in SQLITE_INSTALL:
             schema_editor.execute(statement)
@@ -45,7 +45,7 @@ def install(apps, schema_editor):
 def remove(apps, schema_editor):
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
-        schema_editor.execute(PG_REMOVE)
+        schema_editor.execute(PG_REMOVE, params=None)
     elif vendor == "sqlite":
         for statement in SQLITE_REMOVE:
             schema_editor.execute(statement)
