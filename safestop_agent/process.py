@@ -151,8 +151,8 @@ class _Pipes:
         return None
 
     def close_all(self) -> None:
-        for fd in list(self._selector.get_map()):
-            self._close(fd)
+        for key in list(self._selector.get_map().values()):
+            self._close(key.fd)
         self._selector.close()
 
     def _feed_report(self, data: bytes) -> None:

@@ -21,7 +21,7 @@ from .errors import ApiError
 
 log = logging.getLogger("safestop_agent")
 
-SignalHandler = Callable[[Mapping[str, Any]], None]
+SignalHandler = Callable[[Mapping[str, Any]], object]
 LeaseLostHandler = Callable[[str, "int | None"], None]
 
 
@@ -174,14 +174,31 @@ class PushListener:
                 message = connection.recv(timeout=self._poll_seconds)
             except TimeoutError:
                 continue
-            frame = _decode_frame(message)
-            if frame is not None and frame.get("type") == "cancel_requested":
-                self._on_signal(frame)
+            signal = stop_signal_in(message)
+            if signal is not None:
+                self._on_signal(signal)
+                self._acknowledge(connection, signal)
+
+    def _acknowledge(self, connection: Any, signal: Mapping[str, Any]) -> None:
+        # Telling the server at once that the worker saw the stop moves the run
+        # to `draining` without waiting for the next heartbeat (which also acks).
+        try:
+            connection.send(json.dumps({"type": "ack", "stop_epoch": signal.get("stop_epoch")}))
+        except Exception:  # a lost ack is covered by the heartbeat's
+            log.debug("safestop push: ack not sent", exc_info=True)
 
 
-def _decode_frame(message: str | bytes) -> dict[str, Any] | None:
+def stop_signal_in(message: str | bytes) -> dict[str, Any] | None:
+    """The stop signal in a pushed frame: the frame itself, or its `signal` member."""
     try:
         frame = json.loads(message)
     except ValueError:
         return None
-    return frame if isinstance(frame, dict) else None
+    if not isinstance(frame, dict):
+        return None
+    if frame.get("type") == "cancel_requested":
+        return frame
+    signal = frame.get("signal")
+    if isinstance(signal, dict) and signal.get("type") == "cancel_requested":
+        return signal
+    return None

@@ -134,16 +134,31 @@ class ToolCall:
     def last_observation(self) -> str | None:
         return self.observations[-1] if self.observations else None
 
-    def summary(self) -> dict[str, Any]:
-        """The call as a drain observation."""
-        return {
+    def drain_observation(self) -> dict[str, Any]:
+        """The call as a drain observation.
+
+        The server applies an observation that carries `execution_state` as a
+        tool result, so only facts it has not received yet carry one: the
+        outcome whose report failed, or `running` for a call still in flight.
+        """
+        observation: dict[str, Any] = {
+            "kind": "tool_call",
             "tool_call_id": self.tool_call_id,
             "tool": self.tool,
             "side_effect": self.side_effect,
-            "operation_id": self.operation_id,
-            "execution_state": self.execution_state,
             "reported": self.reported,
         }
+        if not self.reported:
+            observation.update(
+                execution_state=self.execution_state or "running",
+                observation=self.last_observation or "",
+                output_truncated=self.output_truncated,
+            )
+            if self.operation_id:
+                observation["operation_id"] = self.operation_id
+            if self.remote_cancel_state:
+                observation["remote_cancel_state"] = self.remote_cancel_state
+        return observation
 
 
 def outcome_of(call: ToolCall, error: BaseException | None) -> ExecutionState:
@@ -561,7 +576,7 @@ class AgentRun:
         observations: list[dict[str, Any]] = [
             {"kind": "stop_seen", "reason": self.token.reason, "stop_epoch": self.token.stop_epoch}
         ]
-        observations.extend({"kind": "tool_call", **call.summary()} for call in calls)
+        observations.extend(call.drain_observation() for call in calls)
         return observations
 
     def drained(self, observations: list[Any] | None = None) -> Mapping[str, Any]:

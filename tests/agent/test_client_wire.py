@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,7 @@ from agent_fakes import FakeApi
 from websockets.sync.server import Server, ServerConnection, serve
 
 from safestop_agent import AgentRun, ApiError, Refused, SafestopClient
+from safestop_agent.signals import stop_signal_in
 
 
 @dataclass
@@ -160,6 +162,7 @@ class PushServer:
     server: Server
     port: int
     handshakes: list[dict[str, str]] = field(default_factory=list)
+    received: list[dict[str, Any]] = field(default_factory=list)
 
 
 def start_push_server(drop_first_connections: int, frame: dict[str, Any]) -> PushServer:
@@ -180,7 +183,7 @@ def start_push_server(drop_first_connections: int, frame: dict[str, Any]) -> Pus
         connection.send(json.dumps({"type": "hello"}))
         connection.send(json.dumps(frame))
         try:
-            connection.recv(timeout=5)
+            state.received.append(json.loads(connection.recv(timeout=5)))
         except Exception:
             return
 
@@ -189,6 +192,34 @@ def start_push_server(drop_first_connections: int, frame: dict[str, Any]) -> Pus
     holder.append(PushServer(server, port))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return holder[0]
+
+
+def wait_for(condition: Any, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "cancel_requested", "reason": "user_stop", "requested_by": "a", "stop_epoch": 2},
+        {"type": "stop.signal", "run_id": "r", "signal": {
+            "type": "cancel_requested", "reason": "user_stop", "requested_by": "a", "stop_epoch": 2}},
+    ],
+)
+def test_a_stop_is_found_in_a_bare_or_wrapped_frame(message: dict[str, Any]) -> None:
+    signal = stop_signal_in(json.dumps(message))
+    assert signal is not None and signal["stop_epoch"] == 2
+
+
+def test_frames_that_are_not_stops_are_ignored() -> None:
+    assert stop_signal_in('{"type": "run.updated", "status": "running"}') is None
+    assert stop_signal_in("not json") is None
+    assert stop_signal_in("[1, 2]") is None
 
 
 def test_a_pushed_stop_sets_the_token_after_a_reconnect(fake_api: FakeApi) -> None:
@@ -207,6 +238,7 @@ def test_a_pushed_stop_sets_the_token_after_a_reconnect(fake_api: FakeApi) -> No
             "path": "/ws/agent/runs/run_1/", "authorization": "Bearer tok-9", "origin": "",
         }
         assert fake_api.sent("lease/heartbeat/") == []
+        assert wait_for(lambda: push.received == [{"type": "ack", "stop_epoch": 4}])
         assert listener is not None and not listener._thread.is_alive(), "the listener stops on exit"
         assert fake_api.sent("drained/")
     finally:

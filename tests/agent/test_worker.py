@@ -119,7 +119,31 @@ def test_a_write_cancelled_mid_call_is_unknown_and_the_run_drains(
     assert "interrupted by stop (user_stop)" in result["observation"]
     (drained,) = fake_api.sent("drained/")
     assert {"kind": "tool_call", "tool_call_id": "call_3", "tool": "deploy", "side_effect": "write",
-            "operation_id": None, "execution_state": "unknown", "reported": True} in drained["observations"]
+            "reported": True} in drained["observations"], "a reported outcome is not re-applied by the drain"
+
+
+def test_an_outcome_that_could_not_be_reported_travels_with_the_drain(
+    client: SafestopClient, fake_api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("safestop_agent.worker.FACT_BASE_DELAY", 0.001)
+
+    def down(request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        raise httpx.ConnectError("down", request=request)
+
+    fake_api.overrides["tool-calls/call_8/result/"] = down
+    with leased(client) as run:
+        with run.tool_call("deploy", {}, side_effect="write", tool_call_id="call_8") as call:
+            call.set_operation_id("deploy-88")
+            call.observe("submitted")
+            run.token.cancel("user_stop", stop_epoch=4)
+            run.token.raise_if_cancelled()
+    assert len(results_for(fake_api, "call_8")) == 4, "the report was retried before giving up"
+    (drained,) = fake_api.sent("drained/")
+    (observation,) = [o for o in drained["observations"] if o.get("tool_call_id") == "call_8"]
+    assert observation["reported"] is False
+    assert observation["execution_state"] == "unknown"
+    assert observation["operation_id"] == "deploy-88"
+    assert observation["observation"].startswith("submitted")
 
 
 def test_a_recorded_result_is_not_overwritten_by_a_later_stop(
