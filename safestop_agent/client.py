@@ -206,6 +206,7 @@ class SafestopClient:
         idempotency_key: str | None = None,
         operation_id: str | None = None,
         recovery_policy: RecoveryPolicy | None = None,
+        step_key: str | None = None,
     ) -> PermitInfo:
         body: JSON = {
             "epoch": epoch,
@@ -219,6 +220,7 @@ class SafestopClient:
                 idempotency_key=idempotency_key,
                 operation_id=operation_id,
                 recovery_policy=recovery_policy,
+                step_key=step_key,
             )
         )
         return self._request("POST", _run_path(run_id, "permits/"), json=body)

@@ -77,6 +77,7 @@ class ToolCall:
     idempotency_key: str | None = None
     operation_id: str | None = None
     recovery_policy: RecoveryPolicy | None = None
+    step_key: str | None = None
     permit: Mapping[str, Any] = field(default_factory=dict)
     observations: list[str] = field(default_factory=list)
     output_truncated: bool = False
@@ -236,6 +237,8 @@ class AgentRun:
         self.completed = False
         self.drained_sent = False
         self._lock = threading.Lock()
+        # Steps are per thread: parallel tool calls in worker threads each name their own step.
+        self._open_steps = threading.local()
         self._heartbeat: HeartbeatLoop | None = None
         self._listener: PushListener | None = None
 
@@ -366,6 +369,7 @@ class AgentRun:
             idempotency_key=idempotency_key,
             operation_id=operation_id,
             recovery_policy=recovery_policy,
+            step_key=self.current_step_key(),
         )
         return _ToolCallScope(self, call)
 
@@ -390,6 +394,7 @@ class AgentRun:
                     idempotency_key=call.idempotency_key,
                     operation_id=call.operation_id,
                     recovery_policy=call.recovery_policy,
+                    step_key=call.step_key,
                 ),
                 token=self.token,
                 attempts=3,
@@ -477,12 +482,27 @@ class AgentRun:
         started = self.event("step.started", key=key, name=name, kind=kind)
         if started.get("status") == "rejected" and started.get("code") in REFUSAL_CODES:
             raise self._refused(Refused(409, str(started.get("code")), "step.started rejected", started))
+        stack = self._step_stack()
+        stack.append(key)
         try:
             yield
         except BaseException as error:
             self._report_step_failed(key, error)
             raise
+        finally:
+            stack.pop()
         self.event("step.completed", key=key)
+
+    def _step_stack(self) -> list[str]:
+        if not hasattr(self._open_steps, "keys"):
+            self._open_steps.keys = []
+        stack: list[str] = self._open_steps.keys
+        return stack
+
+    def current_step_key(self) -> str | None:
+        """The innermost step open in this thread: the step a tool call belongs to."""
+        stack = self._step_stack()
+        return stack[-1] if stack else None
 
     def _report_step_failed(self, key: str, error: BaseException) -> None:
         try:

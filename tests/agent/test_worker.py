@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -285,3 +286,54 @@ def test_outbox_refused_after_stop_raises_cancelled(client: SafestopClient, fake
         run.enqueue_outbox("webhook", "http://hooks.local/x", {})
         pytest.fail("must not continue")  # pragma: no cover
     assert run.token.reason == "run_not_running"
+
+
+def test_a_permit_names_the_step_open_in_its_thread(client: SafestopClient, fake_api: FakeApi) -> None:
+    with leased(client) as run:
+        with run.tool_call("plan", {}, tool_call_id="call_outside") as call:
+            call.result = "ok"
+        with run.step("search", "Search", kind="tool_read"):
+            with run.tool_call("search", {"q": "a"}, tool_call_id="call_inside") as call:
+                call.result = "ok"
+    by_id = {p["tool_call_id"]: p for p in fake_api.sent("permits/")}
+    assert "step_key" not in by_id["call_outside"]
+    assert by_id["call_inside"]["step_key"] == "search"
+
+
+def test_parallel_calls_keep_separate_outcomes_when_one_is_stopped(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    both_started = threading.Barrier(3)
+
+    def quick_read(run: AgentRun) -> None:
+        with run.tool_call("search", {}, tool_call_id="call_read") as call:
+            both_started.wait()
+            call.result = "found"
+
+    def slow_write(run: AgentRun) -> None:
+        with run.tool_call("deploy", {}, side_effect="write", tool_call_id="call_write") as call:
+            call.observe("deploy submitted")
+            both_started.wait()
+            run.token.wait(5)
+            run.token.raise_if_cancelled()
+
+    with leased(client) as run:
+        errors: list[BaseException] = []
+
+        def guarded(fn: Any) -> None:
+            try:
+                fn(run)
+            except Cancelled as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=guarded, args=(fn,)) for fn in (quick_read, slow_write)]
+        for thread in threads:
+            thread.start()
+        both_started.wait()
+        run.token.cancel("user_stop", stop_epoch=4)
+        for thread in threads:
+            thread.join(5)
+
+    assert [type(e) for e in errors] == [Cancelled]
+    assert results_for(fake_api, "call_read")[0]["execution_state"] == "succeeded"
+    assert results_for(fake_api, "call_write")[0]["execution_state"] == "unknown"
