@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "runs",
+    "runs.api",
     "handoff",
     "console",
 ]
@@ -182,6 +183,7 @@ SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNEC
 SAFESTOP_WEBHOOK_READ_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_READ_TIMEOUT", 10))
 SAFESTOP_DEFAULT_LEASE_TTL = float(os.environ.get("SAFESTOP_DEFAULT_LEASE_TTL", 30))
 SAFESTOP_RATE_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_RATE_LIMIT_PER_MINUTE", 6000))
+SAFESTOP_SERVE_STATIC = env_bool("SAFESTOP_SERVE_STATIC", True)
 SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVAL", 0.5))
 
 EMAIL_BACKEND = os.environ.get(

@@ -1,0 +1,84 @@
+"""`python manage.py serve`: the whole embedded console as one command (DESIGN §8).
+
+1. apply migrations;
+2. unless --no-demo: create the demo users and teams (printing their passwords);
+3. start the background loop (dispatcher, reapers, drain watchdog, budget enforcer) inside
+   this process — the in-memory channel layer only reaches consumers in this process — unless
+   REDIS_URL is set, in which case Celery workers and beat do that work;
+4. unless --no-demo: start the simulator, which drives agent runs over real HTTP/websockets;
+5. run daphne (HTTP + websockets) in the foreground until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+
+class Command(BaseCommand):
+    help = "Run the embedded safestop console: migrations, daphne, the background loop and the demo."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-demo", action="store_true", help="no demo users, no simulated runs")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        host, port, demo = options["host"], options["port"], not options["no_demo"]
+        call_command("migrate", interactive=False, verbosity=0)
+        self.stdout.write("Database migrated.")
+        if demo:
+            call_command("demo_setup")
+
+        # Importing daphne.server installs Twisted's asyncio reactor on a fresh loop: that loop
+        # is the one our consumers and the in-memory channel layer live on.
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server, twisted_loop
+
+        from console import realtime
+        from console.asgi import application
+
+        realtime.bind_event_loop(twisted_loop)
+        background = None
+        if not settings.REDIS_URL:
+            from runs.background import start_background_thread
+
+            background = start_background_thread()
+            self.stdout.write("Background loop started (dispatcher, reapers, drain watchdog, budget enforcer).")
+        else:
+            self.stdout.write("REDIS_URL is set: background work is expected from Celery workers and beat.")
+
+        base_url = f"http://{host}:{port}"
+        simulator = self._start_simulator(base_url) if demo else None
+        self.stdout.write(self.style.SUCCESS(f"safestop console on {base_url}/  (API docs: {base_url}/api/docs/)"))
+        try:
+            Server(
+                application=application,
+                endpoints=build_endpoint_description_strings(host=host, port=port),
+                signal_handlers=True,
+                action_logs=False,
+                websocket_timeout=86400,
+            ).run()
+        finally:
+            if simulator is not None:
+                simulator.terminate()
+            if background is not None:
+                background.stop()
+
+    def _start_simulator(self, base_url: str) -> subprocess.Popen[bytes]:
+        """The simulator is a separate process: an agent runtime is a client, not a part of us."""
+        env = {**os.environ, "SAFESTOP_SIMULATOR_STARTUP_DELAY": "1.5"}
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "simulate", "--url", base_url],
+            cwd=str(settings.BASE_DIR), env=env,
+        )
+        threading.Thread(target=process.wait, daemon=True).start()
+        self.stdout.write(f"Simulator started (pid {process.pid}).")
+        return process
