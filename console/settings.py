@@ -171,6 +171,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # one name per choice set in the schema (fields named `status` carry several)
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "runs.models.RunStatus",
+        "EventOutcomeEnum": ["accepted", "duplicate", "rejected"],
+    },
 }
 
 # --- safestop's own knobs -----------------------------------------------------------------

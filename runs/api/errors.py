@@ -1,13 +1,25 @@
-"""Every API error is JSON `{"error": <stable code>, "detail": ..., ...}`."""
+"""Every API error is JSON `{"error": <stable code>, "detail": ..., ...}`.
+
+- a domain refusal (`runs.errors.DomainError`) keeps its code and, for a 409, the run's current
+  `status` and `stop_epoch`;
+- a validation error names the first bad field in `field` (`events[3].event_id`), with all
+  of them in `errors`;
+- 401 / 403 / 404 / 413 / 415 / 429 carry their own codes; 429 adds `Retry-After`;
+- denied attempts (bad token, another team's run, wrong role) are counted on the way out.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from runs.api.parsers import RequestTooLarge
 from runs.errors import DomainError
 
 _CODES = {
@@ -21,6 +33,7 @@ _CODES = {
     exceptions.ParseError: "parse_error",
     exceptions.ValidationError: "invalid",
     exceptions.NotAcceptable: "not_acceptable",
+    RequestTooLarge: "request_too_large",
 }
 
 
@@ -40,12 +53,18 @@ def _first_field_error(detail: Any, prefix: str = "") -> tuple[str, str]:
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    request = context.get("request")
     if isinstance(exc, DomainError):
         return Response(exc.as_dict(), status=exc.http_status)
+    if isinstance(exc, RequestDataTooBig):
+        exc = RequestTooLarge(str(exc) or None)
+    _count_denial(exc, request, context.get("view"))
     response = exception_handler(exc, context)
     if response is None:
         return None
-    code = next((value for cls, value in _CODES.items() if isinstance(exc, cls)), "error")
+    code = next((value for cls, value in _CODES.items() if isinstance(exc, cls)), None)
+    if code is None:
+        code = getattr(exc, "default_code", "error")
     body: dict[str, Any] = {"error": code}
     if isinstance(exc, exceptions.ValidationError):
         field, message = _first_field_error(exc.detail)
@@ -56,8 +75,56 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     else:
         body["detail"] = str(getattr(exc, "detail", exc))
     if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-        response["Retry-After"] = str(int(exc.wait) + 1)
+        response["Retry-After"] = str(max(1, math.ceil(exc.wait)))
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response["WWW-Authenticate"] = "Bearer"
     response.data = body
     return response
+
+
+def _count_denial(exc: Exception, request: Any, view: Any) -> None:
+    from runs.api.permissions import WrongRole, WrongTeam
+    from runs.api.ratelimit import denial_record
+
+    if isinstance(exc, exceptions.AuthenticationFailed):
+        reason, team_slug, credential = "bad_token", *_presented_token(request)
+    elif isinstance(exc, WrongTeam | WrongRole):
+        caller = getattr(view, "caller", None)
+        reason = "wrong_team" if isinstance(exc, WrongTeam) else "wrong_role"
+        credential = caller.credential if caller is not None else ""
+        token = getattr(caller, "token", None)
+        team_slug = token.team.slug if token is not None else ""
+    else:
+        return
+    match = getattr(request, "resolver_match", None)
+    denial_record(
+        reason=reason, team_slug=team_slug, credential=credential, client_ip=_client_ip(request),
+        route=(match.route if match is not None else ""), detail=str(getattr(exc, "detail", "")),
+    )
+
+
+def _presented_token(request: Any) -> tuple[str, str]:
+    """Name a refused token only if it is one of ours (revoked, say); never echo attacker text."""
+    from runs.models import ApiToken
+    from runs.tokens import TOKEN_PREFIX, hash_token
+
+    header = request.META.get("HTTP_AUTHORIZATION", "") if request is not None else ""
+    parts = header.split()
+    raw = parts[1] if len(parts) == 2 else ""
+    if not raw.startswith(TOKEN_PREFIX):
+        return "", "malformed"
+    token = ApiToken.objects.select_related("team").filter(token_hash=hash_token(raw)).first()
+    if token is None:
+        return "", "unknown"
+    state = "revoked" if token.revoked_at is not None else "refused"
+    return token.team.slug, f"{state} token:{token.name}"
+
+
+def _client_ip(request: Any) -> str:
+    # REMOTE_ADDR only: X-Forwarded-For is attacker-controlled unless a trusted proxy sets it.
+    return str(getattr(request, "META", {}).get("REMOTE_ADDR", ""))[:45]
+
+
+def json_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Unknown paths under /api/: JSON, like every other API answer."""
+    return JsonResponse({"error": "not_found", "detail": "no such API endpoint"}, status=404)

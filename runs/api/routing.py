@@ -1,7 +1,13 @@
-"""Agent websocket routes (token-authorised). Filled by the API layer."""
+"""Agent websocket routes: token-authorised per run, no Origin check (agents are not browsers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-agent_websocket_urlpatterns: list[Any] = []
+from django.urls import re_path
+
+from runs.api.consumers import AgentRunConsumer
+
+agent_websocket_urlpatterns: list[Any] = [
+    re_path(r"^ws/agent/runs/(?P<run_id>[^/]+)/$", AgentRunConsumer.as_asgi()),
+]

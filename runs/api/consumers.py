@@ -1,0 +1,143 @@
+"""The agent's push channel: `/ws/agent/runs/<run_id>/` (DESIGN §5).
+
+A worker connects with its bearer token (`Authorization: Bearer ...` header, or `?token=`
+for clients that cannot set headers) and no Origin — agents are not browsers; the token is
+what authorises them, per run. The socket carries one thing: the stop signal, the moment the
+stop commits (`runs.notify.stop_signal` → `console.realtime` → group `agent_<run_id>`).
+
+Frames sent:
+- `{"type": "cancel_requested", "reason", "requested_by", "stop_epoch", "stop_request_id",
+  "requested_at", "run_id"}` — on a stop, and at once on connect if the run is already
+  stopping or stopped (a worker that reconnects must not miss it);
+- `{"type": "ack", "status", "stop_epoch"}` after the worker's `{"type": "ack"}`;
+- `{"type": "pong"}`, `{"type": "error", "error", "detail"}`.
+
+Refusals: the socket is accepted and closed at once with a code a client can read —
+4401 no, unknown or revoked token; 4404 no such run *or another team's run* (like the HTTP
+API's 404, so a token cannot probe other teams' run ids). Both are counted as denials.
+
+ORM work only through `database_sync_to_async`; the consumer calls services, never models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from console.realtime import agent_group
+from runs import services
+from runs.actors import Actor
+from runs.api.permissions import plausible_run_id
+from runs.api.ratelimit import denial_record
+from runs.api.selectors import current_stop_signal
+from runs.errors import DomainError
+from runs.models import ApiToken, Run
+from runs.tokens import api_token_authenticate
+
+CLOSE_BAD_TOKEN = 4401
+CLOSE_NO_SUCH_RUN = 4404
+ROUTE = "ws/agent/runs/<run_id>/"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    token: ApiToken | None
+    close_code: int | None
+
+
+def _authorise(raw_token: str, run_id: str, client_ip: str) -> Verdict:
+    token = api_token_authenticate(raw_token) if raw_token else None
+    if token is None:
+        denial_record(reason="bad_token", credential="missing" if not raw_token else "unknown",
+                      client_ip=client_ip, route=ROUTE, detail="agent websocket: no valid token")
+        return Verdict(None, CLOSE_BAD_TOKEN)
+    team_id = Run.objects.filter(pk=run_id).values_list("team_id", flat=True).first() if plausible_run_id(run_id) else None
+    if team_id is None:
+        return Verdict(token, CLOSE_NO_SUCH_RUN)
+    if team_id != token.team_id:
+        denial_record(reason="wrong_team", team_slug=token.team.slug, credential=f"token:{token.name}",
+                      client_ip=client_ip, route=ROUTE, detail=f"agent websocket: run {run_id} of another team")
+        return Verdict(token, CLOSE_NO_SUCH_RUN)
+    return Verdict(token, None)
+
+
+def _token_from_scope(scope: dict[str, Any]) -> str:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            parts = value.decode("latin-1").split()
+            if len(parts) == 2 and parts[0].lower() == "bearer":
+                return parts[1]
+            return ""
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return (query.get("token") or [""])[0]
+
+
+class AgentRunConsumer(AsyncJsonWebsocketConsumer):
+    run_id: str = ""
+    group: str = ""
+    token: ApiToken | None = None
+
+    async def connect(self) -> None:
+        self.run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
+        client = self.scope.get("client") or ("", 0)
+        verdict = await database_sync_to_async(_authorise)(_token_from_scope(self.scope), self.run_id, str(client[0]))
+        if verdict.close_code is not None:
+            await self.accept()
+            await self.close(code=verdict.close_code)
+            return
+        self.token = verdict.token
+        # Join the group before reading the run's state: a stop that commits in between is then
+        # either seen in the state or pushed to the group — never missed.
+        self.group = agent_group(self.run_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        signal, stopping = await database_sync_to_async(current_stop_signal)(run_id=self.run_id)
+        await self.accept()
+        if signal is not None:
+            await self._deliver(signal, record=stopping)
+
+    async def disconnect(self, code: int) -> None:
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def stop_signal(self, event: dict[str, Any]) -> None:
+        """Group message from `console.realtime.publish` once a stop of this run committed."""
+        await self._deliver(event["signal"], record=True)
+
+    async def _deliver(self, signal: dict[str, Any], *, record: bool) -> None:
+        await self.send_json({**signal, "type": "cancel_requested", "run_id": self.run_id})
+        if record:
+            await database_sync_to_async(services.stop_signal_delivered)(
+                run_id=self.run_id, stop_epoch=int(signal["stop_epoch"])
+            )
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        try:
+            content = json.loads(text_data if text_data is not None else (bytes_data or b""))
+        except (ValueError, RecursionError):
+            await self._error("invalid_json", "frames are JSON objects")
+            return
+        await self.receive_json(content)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind == "ack":
+            try:
+                run = await database_sync_to_async(services.run_acknowledge_stop)(
+                    run_id=self.run_id, actor=Actor.for_token(self.token), via="websocket"
+                )
+            except DomainError as error:
+                await self._error(error.code, error.detail)
+                return
+            await self.send_json({"type": "ack", "status": run.status, "stop_epoch": run.stop_epoch})
+        elif kind == "ping":
+            await self.send_json({"type": "pong"})
+        else:
+            await self._error("unknown_frame", 'send {"type": "ack"} or {"type": "ping"}')
+
+    async def _error(self, code: str, detail: str) -> None:
+        await self.send_json({"type": "error", "error": code, "detail": detail})

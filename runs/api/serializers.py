@@ -1,0 +1,530 @@
+"""Small input serializers (validate only, never save) and output serializers per answer.
+
+Bounds are the database's: every string fits its column, every integer its column type, so no
+input can reach the database and fail there (a 500) instead of being refused here (a 400).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from handoff.models import ResolutionDecision
+from runs.api.permissions import API_STOP_REASONS
+from runs.models import (
+    ExecutionState,
+    RecoveryPolicy,
+    RemoteCancelState,
+    RunStatus,
+    SideEffect,
+    StepKind,
+)
+
+INT32_MAX = 2**31 - 1  # PositiveIntegerField is `integer` on PostgreSQL
+INT64_MAX = 2**63 - 1
+MAX_EVENTS_PER_BATCH = 500
+MAX_OBSERVATIONS = 200
+MAX_PLANNED_STEPS = 500
+RESULT_STATES = [
+    ExecutionState.RUNNING, ExecutionState.SUCCEEDED, ExecutionState.FAILED,
+    ExecutionState.NOT_STARTED, ExecutionState.UNKNOWN,
+]
+
+
+def epoch_field(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=INT32_MAX, **kwargs)
+
+
+class AnyJSONField(serializers.JSONField):
+    """Any JSON value (object, array, string, number, boolean, null)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = serializers.CharField(help_text="stable machine-readable code, e.g. stale_epoch")
+    detail = serializers.CharField()
+    field = serializers.CharField(required=False, help_text="the first bad field (400 only)")
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False,
+                                     help_text="the run's current status (409)")
+    stop_epoch = serializers.IntegerField(required=False, help_text="the run's current epoch (409)")
+    errors = AnyJSONField(required=False, help_text="every field error (400 only)")
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+
+
+class PlannedStepIn(serializers.Serializer):
+    key = serializers.CharField(max_length=120)
+    name = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    kind = serializers.ChoiceField(choices=StepKind.choices, required=False, default=StepKind.MODEL_CALL)
+
+
+class BudgetIn(serializers.Serializer):
+    max_seconds = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, allow_null=True)
+    max_tool_calls = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+
+
+class RunCreateIn(serializers.Serializer):
+    title = serializers.CharField(max_length=300)
+    agent = serializers.CharField(max_length=120)
+    steps = PlannedStepIn(many=True, required=False, max_length=MAX_PLANNED_STEPS)
+    budget = BudgetIn(required=False)
+
+    def validate_steps(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        keys = [step["key"] for step in steps]
+        duplicates = sorted({key for key in keys if keys.count(key) > 1})
+        if duplicates:
+            raise serializers.ValidationError(f"step keys must be unique; repeated: {', '.join(duplicates)}")
+        return steps
+
+
+class RunListQuery(serializers.Serializer):
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False)
+
+
+class BudgetOut(serializers.Serializer):
+    max_seconds = serializers.IntegerField(allow_null=True)
+    max_tool_calls = serializers.IntegerField(allow_null=True)
+    tool_calls_used = serializers.IntegerField(source="tool_calls_count")
+
+
+class RunOut(serializers.Serializer):
+    id = serializers.CharField()
+    title = serializers.CharField()
+    agent = serializers.CharField()
+    team = serializers.CharField(source="team.slug")
+    status = serializers.ChoiceField(choices=RunStatus.choices)
+    stop_epoch = serializers.IntegerField()
+    stop_reason = serializers.SerializerMethodField()
+    stop_requested_by = serializers.SerializerMethodField()
+    stop_requested_at = serializers.DateTimeField(allow_null=True)
+    stopped_at = serializers.DateTimeField(allow_null=True)
+    resume_from = serializers.SerializerMethodField()
+    budget = serializers.SerializerMethodField()
+    late_writes_rejected = serializers.IntegerField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_stop_reason(self, run: Any) -> str | None:
+        return run.stop_reason or None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_stop_requested_by(self, run: Any) -> str | None:
+        return run.stop_requested_by or None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_resume_from(self, run: Any) -> str | None:
+        return run.resume_from or None
+
+    @extend_schema_field(BudgetOut)
+    def get_budget(self, run: Any) -> dict[str, Any]:
+        return BudgetOut(run).data
+
+
+class RunPageOut(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = RunOut(many=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# leases
+
+
+class LeaseAcquireIn(serializers.Serializer):
+    worker_id = serializers.CharField(max_length=120)
+    ttl_seconds = serializers.FloatField(min_value=1, max_value=3600, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs.setdefault("ttl_seconds", settings.SAFESTOP_DEFAULT_LEASE_TTL)
+        return attrs
+
+
+class LeaseIn(serializers.Serializer):
+    lease_id = serializers.CharField(max_length=64)
+    epoch = epoch_field()
+
+
+class LeaseOut(serializers.Serializer):
+    lease_id = serializers.CharField(source="token")
+    epoch = serializers.IntegerField()
+    expires_at = serializers.DateTimeField()
+    worker_id = serializers.CharField()
+    ttl_seconds = serializers.FloatField()
+
+
+class StopSignalOut(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["cancel_requested"])
+    reason = serializers.CharField()
+    requested_by = serializers.CharField()
+    stop_epoch = serializers.IntegerField()
+    stop_request_id = serializers.IntegerField()
+    requested_at = serializers.DateTimeField()
+
+
+class HeartbeatOut(serializers.Serializer):
+    lease_id = serializers.CharField()
+    epoch = serializers.IntegerField()
+    expires_at = serializers.DateTimeField()
+    signal = StopSignalOut(allow_null=True, help_text="null, or the stop request: stop starting work and drain")
+
+
+class LeaseReleaseOut(serializers.Serializer):
+    lease_id = serializers.CharField()
+    released_at = serializers.DateTimeField(allow_null=True)
+    release_reason = serializers.CharField()
+    status = serializers.ChoiceField(choices=RunStatus.choices, help_text="the run's status after the release")
+    stop_epoch = serializers.IntegerField()
+
+
+# ---------------------------------------------------------------------------------------------
+# tool calls
+
+
+class PermitIn(serializers.Serializer):
+    epoch = epoch_field()
+    tool_call_id = serializers.CharField(max_length=120)
+    tool = serializers.CharField(max_length=120)
+    side_effect = serializers.ChoiceField(choices=SideEffect.choices, required=False, default=SideEffect.NONE)
+    arguments = AnyJSONField(required=False, default=dict)
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    operation_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    recovery_policy = serializers.ChoiceField(choices=RecoveryPolicy.choices, required=False, allow_blank=True,
+                                              default="")
+    step_key = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+
+
+class PermitOut(serializers.Serializer):
+    permit_id = serializers.SerializerMethodField()
+    tool_call_id = serializers.CharField()
+    epoch = serializers.IntegerField(source="permit_epoch")
+    tool = serializers.CharField()
+    side_effect = serializers.CharField()
+    execution_state = serializers.CharField()
+    idempotency_key = serializers.CharField()
+
+    def get_permit_id(self, record: Any) -> str:
+        return f"permit_{record.pk}"
+
+
+class ToolResultIn(serializers.Serializer):
+    execution_state = serializers.ChoiceField(choices=RESULT_STATES)
+    operation_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    observation = serializers.CharField(max_length=100_000, required=False, allow_blank=True, default="",
+                                        trim_whitespace=False)
+    output_truncated = serializers.BooleanField(required=False, default=False)
+    remote_cancel_state = serializers.ChoiceField(choices=RemoteCancelState.choices, required=False,
+                                                  allow_blank=True, default="")
+    recovery_action = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class ToolCallOut(serializers.Serializer):
+    tool_call_id = serializers.CharField()
+    tool = serializers.CharField()
+    execution_state = serializers.CharField()
+    side_effect = serializers.CharField()
+    side_effect_state = serializers.CharField()
+    remote_cancel_state = serializers.CharField()
+    operation_id = serializers.CharField()
+    output_truncated = serializers.BooleanField()
+    reported_after_stop = serializers.BooleanField()
+    permit_epoch = serializers.IntegerField()
+
+
+# ---------------------------------------------------------------------------------------------
+# events
+
+
+class EventIn(serializers.Serializer):
+    """One event. Type-specific fields (key, name, kind, label, state, result, error, ...) pass
+    through to the run; the few that land in bounded columns are checked here."""
+
+    event_id = serializers.CharField(max_length=120)
+    type = serializers.CharField(max_length=40)
+    step_seq = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+    steering_id = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True)
+
+
+class EventsIn(serializers.Serializer):
+    epoch = epoch_field()
+    events = serializers.ListField(child=AnyJSONField(), max_length=MAX_EVENTS_PER_BATCH,
+                                   help_text=f"at most {MAX_EVENTS_PER_BATCH} events, each {{event_id, type, ...}}")
+
+    def validate_events(self, events: list[Any]) -> list[Any]:
+        # The identity of every event must be sound, or no answer could name it: that is a
+        # 400 for the batch. Anything else wrong with one event is that event's `rejected`.
+        errors: list[Any] = []
+        for event in events:
+            if not isinstance(event, dict):
+                errors.append({"non_field_errors": ["each event must be an object"]})
+                continue
+            identity = EventIn(data={key: event[key] for key in ("event_id", "type") if key in event})
+            errors.append({} if identity.is_valid() else identity.errors)
+        if any(errors):
+            raise serializers.ValidationError(errors)
+        return events
+
+
+class EventAnswerOut(serializers.Serializer):
+    event_id = serializers.CharField()
+    status = serializers.ChoiceField(choices=["accepted", "duplicate", "rejected"])
+    code = serializers.CharField(required=False, help_text="why it was rejected, e.g. stale_epoch")
+    detail = serializers.CharField(required=False)
+
+
+class EventsOut(serializers.Serializer):
+    results = EventAnswerOut(many=True)
+    accepted = serializers.IntegerField()
+    duplicate = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+
+
+# ---------------------------------------------------------------------------------------------
+# outbox, drain
+
+
+class OutboxIn(serializers.Serializer):
+    epoch = epoch_field()
+    transport = serializers.ChoiceField(choices=["webhook", "email"])
+    destination = serializers.CharField(max_length=500)
+    payload = AnyJSONField(required=False, default=dict)
+    idempotency_key = serializers.CharField(max_length=200)
+    tool_call_id = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+
+
+class OutboxOut(serializers.Serializer):
+    id = serializers.CharField(source="public_id")
+    status = serializers.CharField()
+    idempotency_key = serializers.CharField()
+    transport = serializers.CharField()
+    destination = serializers.CharField()
+    enqueue_epoch = serializers.IntegerField()
+
+
+class ObservationIn(serializers.Serializer):
+    tool_call_id = serializers.CharField(max_length=120)
+    execution_state = serializers.ChoiceField(choices=RESULT_STATES)
+    operation_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    observation = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="",
+                                        trim_whitespace=False)
+    output_truncated = serializers.BooleanField(required=False, default=False)
+    remote_cancel_state = serializers.ChoiceField(choices=RemoteCancelState.choices, required=False,
+                                                  allow_blank=True, default="")
+    recovery_action = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class DrainedIn(serializers.Serializer):
+    lease_id = serializers.CharField(max_length=64)
+    epoch = epoch_field(help_text="the lease's epoch (not the new stop epoch)")
+    observations = ObservationIn(many=True, required=False, max_length=MAX_OBSERVATIONS)
+    stop_epoch = epoch_field(required=False, help_text="informational: the stop epoch the worker saw")
+
+
+# ---------------------------------------------------------------------------------------------
+# stop and reviewer actions
+
+
+class StopIn(serializers.Serializer):
+    reason = serializers.ChoiceField(choices=API_STOP_REASONS, required=False, default="user_stop")
+    note = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class NoteIn(serializers.Serializer):
+    note = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class ResumeIn(NoteIn):
+    checkpoint = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    carry_over_steering = serializers.BooleanField(required=False, default=False)
+
+
+class StopRequestOut(serializers.Serializer):
+    id = serializers.IntegerField(source="pk")
+    reason = serializers.CharField()
+    requested_by = serializers.CharField()
+    requested_at = serializers.DateTimeField()
+    note = serializers.CharField()
+    takeover = serializers.BooleanField()
+
+
+class StopOut(serializers.Serializer):
+    status = serializers.ChoiceField(choices=RunStatus.choices)
+    stop_epoch = serializers.IntegerField()
+    created = serializers.BooleanField(help_text="false when this repeats an earlier stop")
+    stop_request = StopRequestOut()
+
+
+class ResolutionIn(serializers.Serializer):
+    target = serializers.ChoiceField(choices=["tool_call", "outbox", "worker"])
+    id = serializers.CharField(max_length=120, help_text="tool_call_id, outbox item id (outbox_12) or lease_id")
+    decision = serializers.ChoiceField(choices=ResolutionDecision.choices)
+    evidence = serializers.CharField(max_length=5000, help_text="how you know")
+
+
+class ResolutionOut(serializers.Serializer):
+    target = serializers.CharField()
+    id = serializers.CharField(source="target_id")
+    decision = serializers.CharField()
+    created = serializers.BooleanField()
+    run_status = serializers.ChoiceField(choices=RunStatus.choices)
+
+
+class SteeringIn(serializers.Serializer):
+    text = serializers.CharField(max_length=10_000)
+
+
+class SteeringOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    text = serializers.CharField()
+    author = serializers.CharField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+# ---------------------------------------------------------------------------------------------
+# stop packet
+
+
+class StopPacketOut(serializers.Serializer):
+    """DESIGN §4 (fields may be added, never renamed), plus the resolutions recorded since."""
+
+    run_id = serializers.CharField()
+    stop_epoch = serializers.IntegerField()
+    stop_reason = serializers.CharField()
+    requested_by = serializers.CharField()
+    requested_at = serializers.DateTimeField(allow_null=True)
+    stopped_at = serializers.DateTimeField(allow_null=True)
+    state = serializers.CharField()
+    lease_released = serializers.BooleanField()
+    resume_from = serializers.CharField(allow_null=True)
+    frozen_outbox_ids = serializers.ListField(child=serializers.CharField())
+    in_flight_outbox_ids = serializers.ListField(child=serializers.CharField())
+    completed_steps = serializers.ListField(child=serializers.DictField())
+    pending_steps = serializers.ListField(child=serializers.DictField())
+    artifacts = serializers.ListField(child=serializers.DictField())
+    unconfirmed_side_effects = serializers.ListField(child=serializers.DictField())
+    unapplied_steering = serializers.ListField(child=serializers.DictField())
+    late_writes_rejected = serializers.IntegerField()
+    packet_created_at = serializers.DateTimeField()
+    run_status = serializers.ChoiceField(choices=RunStatus.choices, help_text="the run's status now")
+    resolutions = serializers.ListField(child=serializers.DictField(), help_text="decisions recorded on top")
+
+
+# ---------------------------------------------------------------------------------------------
+# ledger, metrics, denials
+
+
+class PeriodQuery(serializers.Serializer):
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        since, until = attrs.get("since"), attrs.get("until")
+        if since is not None and until is not None and since >= until:
+            raise serializers.ValidationError({"since": "since must be before until"})
+        return attrs
+
+
+class LedgerQuery(PeriodQuery):
+    run = serializers.CharField(max_length=32, required=False)
+    actor = serializers.CharField(max_length=150, required=False)
+    action = serializers.CharField(max_length=60, required=False)
+
+
+class LedgerEntryOut(serializers.Serializer):
+    seq = serializers.IntegerField(source="pk")
+    at = serializers.DateTimeField()
+    run_id = serializers.CharField(allow_null=True)
+    run_seq = serializers.IntegerField()
+    actor = serializers.CharField()
+    actor_kind = serializers.CharField()
+    action = serializers.CharField()
+    reason = serializers.CharField()
+    payload = serializers.DictField()
+    prev_hash = serializers.CharField()
+    hash = serializers.CharField()
+
+
+class LedgerPageOut(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = LedgerEntryOut(many=True)
+
+
+class LatencyOut(serializers.Serializer):
+    count = serializers.IntegerField()
+    p50_ms = serializers.FloatField(allow_null=True)
+    p95_ms = serializers.FloatField(allow_null=True)
+    p99_ms = serializers.FloatField(allow_null=True)
+
+
+class StopLatencyOut(serializers.Serializer):
+    to_stopped = LatencyOut()
+    to_worker_signal = LatencyOut()
+
+
+class LeakageOut(serializers.Serializer):
+    permits_after_stop = serializers.IntegerField()
+    dispatches_after_stop = serializers.IntegerField()
+    total = serializers.IntegerField(help_text="must be 0")
+
+
+class InterruptionsOut(serializers.Serializer):
+    interrupted = serializers.IntegerField()
+    recovered_cleanly = serializers.IntegerField()
+    rate = serializers.FloatField(allow_null=True)
+
+
+class HandoffsOut(serializers.Serializer):
+    handoffs = serializers.IntegerField()
+    finished = serializers.IntegerField()
+    rate = serializers.FloatField(allow_null=True)
+
+
+class PeriodOut(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+
+
+class StopQualityOut(serializers.Serializer):
+    period = PeriodOut()
+    stops = serializers.IntegerField()
+    stopped_cleanly = serializers.IntegerField()
+    stopped_dirty = serializers.IntegerField()
+    stop_latency = StopLatencyOut()
+    side_effect_leakage = LeakageOut()
+    late_writes_rejected = serializers.IntegerField()
+    interruptions_recovered_cleanly = InterruptionsOut()
+    handoff_completion = HandoffsOut()
+
+
+class DenialOut(serializers.Serializer):
+    window_start = serializers.DateTimeField()
+    reason = serializers.CharField()
+    team = serializers.CharField(source="team_slug")
+    credential = serializers.CharField(help_text="token:<name>, user:<name>, revoked token:<name>, unknown, malformed")
+    client_ip = serializers.CharField()
+    route = serializers.CharField()
+    count = serializers.IntegerField()
+    first_at = serializers.DateTimeField()
+    last_at = serializers.DateTimeField()
+    last_detail = serializers.CharField()
+
+
+class DenialsOut(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    total = serializers.IntegerField()
+    by_reason = serializers.DictField(child=serializers.IntegerField())
+    results = DenialOut(many=True)
+
