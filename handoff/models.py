@@ -22,6 +22,9 @@ class StopPacket(models.Model):
             models.UniqueConstraint(fields=["run", "stop_epoch"], name="stoppacket_unique_run_epoch"),
         ]
 
+    def __str__(self) -> str:
+        return f"packet {self.run_id} @{self.stop_epoch}"
+
 
 class ResolutionTarget(models.TextChoices):
     TOOL_CALL = "tool_call", "Tool call"
@@ -50,6 +53,9 @@ class Resolution(models.Model):
             models.UniqueConstraint(fields=["run", "target", "target_id"], name="resolution_unique_target"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.target} {self.target_id}: {self.decision}"
+
 
 class HandoffStatus(models.TextChoices):
     OPEN = "open", "Open"
@@ -73,3 +79,6 @@ class Handoff(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["status", "-created_at"], name="handoff_status_idx")]
+
+    def __str__(self) -> str:
+        return f"handoff {self.run_id} ({self.status})"

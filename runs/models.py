@@ -200,6 +200,9 @@ class Step(models.Model):
             models.UniqueConstraint(fields=["run", "key"], name="step_unique_run_key"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} {self.key}"
+
 
 class SideEffect(models.TextChoices):
     NONE = "none", "None"
@@ -278,6 +281,9 @@ class ExecutionRecord(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.tool_call_id} {self.tool} ({self.execution_state})"
+
     @property
     def is_unconfirmed_side_effect(self) -> bool:
         return self.side_effect_state == SideEffectState.PENDING_VERIFICATION
@@ -328,6 +334,9 @@ class OutboxItem(models.Model):
             models.Index(fields=["claimed_at"], name="outbox_dispatching_idx", condition=Q(status="dispatching")),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.public_id} {self.transport} ({self.status})"
+
     @property
     def public_id(self) -> str:
         return f"outbox_{self.pk}"
@@ -364,6 +373,9 @@ class Lease(models.Model):
             models.Index(fields=["expires_at"], name="lease_live_expiry_idx", condition=Q(released_at__isnull=True)),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.token} {self.worker_id} @{self.epoch}"
+
     @property
     def lease_id(self) -> str:
         return self.token
@@ -394,6 +406,9 @@ class StopRequest(models.Model):
             models.UniqueConstraint(fields=["run", "epoch_after"], name="stoprequest_unique_run_epoch"),
         ]
 
+    def __str__(self) -> str:
+        return f"stop {self.run_id} @{self.epoch_after} by {self.requested_by} ({self.reason})"
+
 
 class Artifact(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
@@ -411,6 +426,9 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["id"]
 
+    def __str__(self) -> str:
+        return self.name
+
 
 class Checkpoint(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
@@ -422,6 +440,9 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.label
 
 
 class SteeringStatus(models.TextChoices):
@@ -443,6 +464,9 @@ class SteeringMessage(models.Model):
     class Meta:
         ordering = ["id"]
 
+    def __str__(self) -> str:
+        return f"{self.author}: {self.text[:40]}"
+
 
 class EventReceipt(models.Model):
     """Dedup for batched events: a retried event_id answers `duplicate` with the first outcome."""
@@ -458,6 +482,9 @@ class EventReceipt(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "event_id"], name="event_unique_run_event")]
 
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.outcome}"
+
 
 class RejectedWrite(models.Model):
     """A stale-epoch write that was refused: counted for the stop-quality figures."""
@@ -471,6 +498,9 @@ class RejectedWrite(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["at"], name="rejectedwrite_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} @{self.epoch} < {self.run_epoch}"
 
 
 class ActorKind(models.TextChoices):
@@ -507,6 +537,9 @@ class LedgerEntry(models.Model):
             models.Index(fields=["team_slug", "at"], name="ledger_team_at_idx"),
             models.Index(fields=["at"], name="ledger_at_idx"),
         ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.action} by {self.actor}"
 
     @property
     def seq(self) -> int:

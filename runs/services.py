@@ -27,7 +27,6 @@ from django.utils import timezone
 from runs import notify
 from runs.actors import Actor
 from runs.errors import (
-    AlreadyFinished,
     IllegalTransition,
     InvalidInput,
     LeaseHeld,
@@ -405,7 +404,7 @@ _RESULT_STATES = {
     ExecutionState.RUNNING, ExecutionState.SUCCEEDED, ExecutionState.FAILED,
     ExecutionState.NOT_STARTED, ExecutionState.UNKNOWN,
 }
-_SIDE_EFFECT_AFTER = {
+_SIDE_EFFECT_AFTER: dict[str, str] = {
     ExecutionState.SUCCEEDED: SideEffectState.APPLIED,
     ExecutionState.FAILED: SideEffectState.NOT_APPLIED,
     ExecutionState.NOT_STARTED: SideEffectState.NOT_APPLIED,

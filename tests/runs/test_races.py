@@ -62,9 +62,9 @@ def test_permit_vs_stop_never_grants_a_permit_after_the_stop(team, pool):
         run, lease = make_running(team)
         permit, _stop = _race(
             pool,
-            lambda: services.permit_request(run_id=run.pk, epoch=1, tool_call_id=f"call_{n}", tool="send_email",
-                                            side_effect="write", actor=AGENT),
-            lambda: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE),
+            lambda run=run, n=n: services.permit_request(run_id=run.pk, epoch=1, tool_call_id=f"call_{n}",
+                                                         tool="send_email", side_effect="write", actor=AGENT),
+            lambda run=run: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE),
         )
         stop_request = StopRequest.objects.get(run=run)
         record = ExecutionRecord.objects.filter(run=run).first()
@@ -89,7 +89,7 @@ def test_twenty_concurrent_stops_make_one_epoch_bump_one_request_one_entry(team,
     for n in range(ITERATIONS):
         run, _lease = make_running(team)
         outcomes = _race(pool, *[
-            (lambda: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE, note="stop!"))
+            (lambda run=run: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE, note="stop!"))
             for _ in range(20)
         ])
         errors = [o for o in outcomes if isinstance(o, Exception)]
@@ -112,8 +112,8 @@ def test_completion_vs_stop_has_exactly_one_winner(team, pool):
         run, _lease = make_running(team)
         complete, stop = _race(
             pool,
-            lambda: services.run_complete(run_id=run.pk, epoch=1, actor=AGENT, result={"rows": n}),
-            lambda: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE),
+            lambda run=run, n=n: services.run_complete(run_id=run.pk, epoch=1, actor=AGENT, result={"rows": n}),
+            lambda run=run: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE),
         )
         run.refresh_from_db()
         if run.status == RunStatus.COMPLETED:

@@ -15,13 +15,27 @@ import pytest
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from runs import services
 from runs.actors import Actor
 from runs.errors import DomainError
 from runs.ledger import ledger_verify
-from runs.models import ExecutionRecord, ExecutionState, Lease, LedgerEntry, OutboxItem, Run, StopReason
+from runs.models import (
+    ExecutionRecord,
+    ExecutionState,
+    Lease,
+    LedgerEntry,
+    OutboxItem,
+    Run,
+    StopReason,
+)
 from runs.tokens import team_ensure
 
 pytestmark = pytest.mark.django_db
