@@ -63,7 +63,6 @@ class Command(BaseCommand):
                 application=application,
                 endpoints=build_endpoint_description_strings(host=host, port=port),
                 signal_handlers=True,
-                action_logs=False,
                 websocket_timeout=86400,
             ).run()
         finally:
@@ -74,9 +73,18 @@ class Command(BaseCommand):
 
     def _start_simulator(self, base_url: str) -> subprocess.Popen[bytes]:
         """The simulator is a separate process: an agent runtime is a client, not a part of us."""
-        env = {**os.environ, "SAFESTOP_SIMULATOR_STARTUP_DELAY": "1.5"}
+        from console.demo.receiver import pick_port
+
+        # The simulator's webhook receiver must be on this server's allow-list (read at import):
+        # pick its port here, allow it, and hand the port over.
+        receiver_port = pick_port()
+        receiver_host = f"127.0.0.1:{receiver_port}"
+        if receiver_host not in settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS:
+            settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS.append(receiver_host)
+        env = {**os.environ, "SAFESTOP_SIMULATOR_STARTUP_DELAY": "1.5",
+               "SAFESTOP_WEBHOOK_ALLOWED_HOSTS": ",".join(settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS)}
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "simulate", "--url", base_url],
+            [sys.executable, "manage.py", "simulate", "--url", base_url, "--receiver-port", str(receiver_port)],
             cwd=str(settings.BASE_DIR), env=env,
         )
         threading.Thread(target=process.wait, daemon=True).start()
