@@ -6,10 +6,16 @@ from typing import Any
 
 from channels.auth import AuthMiddlewareStack
 from channels.security.websocket import AllowedHostsOriginValidator
+from django.urls import path
+
+from console.consumers import RunConsumer, TeamRunsConsumer
 
 
 def browser_only(app: Any) -> Any:
     return AllowedHostsOriginValidator(AuthMiddlewareStack(app))
 
 
-websocket_urlpatterns: list[Any] = []
+websocket_urlpatterns: list[Any] = [
+    path("ws/runs/", browser_only(TeamRunsConsumer.as_asgi())),
+    path("ws/runs/<str:run_id>/", browser_only(RunConsumer.as_asgi())),
+]

@@ -1,6 +1,37 @@
+"""The console's pages. Every POST here also works without JavaScript (form + redirect)."""
+
 from __future__ import annotations
 
-from typing import Any
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from console.views import audit, handoffs, packets, quality, run, runs, tokens
 
 app_name = "console"
-urlpatterns: list[Any] = []
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(template_name="registration/login.html",
+                                                redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", runs.runs_list, name="runs"),
+    path("runs/<str:run_id>/", run.run_page, name="run"),
+    path("runs/<str:run_id>/stop/", run.run_stop, name="run_stop"),
+    path("runs/<str:run_id>/takeover/", run.run_takeover, name="run_takeover"),
+    path("runs/<str:run_id>/resume/", run.run_resume, name="run_resume"),
+    path("runs/<str:run_id>/close/", run.run_close, name="run_close"),
+    path("runs/<str:run_id>/steering/", run.steering_add, name="steering_add"),
+    path("runs/<str:run_id>/steering/<int:message_id>/decide/", run.steering_decide, name="steering_decide"),
+    path("runs/<str:run_id>/outbox/<int:item_id>/<str:decision>/", run.outbox_decide, name="outbox_decide"),
+    path("runs/<str:run_id>/packet/", packets.packet_latest, name="packet_latest"),
+    path("runs/<str:run_id>/packets/<int:epoch>/", packets.packet_page, name="packet"),
+    path("runs/<str:run_id>/packets/<int:epoch>.json", packets.packet_json, name="packet_json"),
+    path("runs/<str:run_id>/resolve/", packets.resolve, name="resolve"),
+    path("handoffs/", handoffs.handoffs, name="handoffs"),
+    path("handoffs/<int:handoff_id>/<str:action>/", handoffs.handoff_action, name="handoff_action"),
+    path("audit/", audit.audit, name="audit"),
+    path("audit/verify/", audit.audit_verify, name="audit_verify"),
+    path("audit.csv", audit.audit_csv, name="audit_csv"),
+    path("quality/", quality.quality, name="quality"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token_revoke"),
+]

@@ -1,0 +1,517 @@
+"""Read queries for the console pages. Each page makes a fixed number of queries, whatever the
+number of rows: lists are fetched in one query each and joined in Python, never per row."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+from django.db.models.functions import TruncDay, TruncHour
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from console.access import Access
+from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
+from runs.models import (
+    Artifact,
+    Checkpoint,
+    ExecutionRecord,
+    Lease,
+    LedgerEntry,
+    OutboxItem,
+    RejectedWrite,
+    Run,
+    RunStatus,
+    SteeringMessage,
+    SteeringStatus,
+    Step,
+    StopRequest,
+    Team,
+)
+
+RUNS_PAGE_SIZE = 50
+RUN_LEDGER_LIMIT = 200
+AUDIT_PAGE_SIZE = 100
+
+
+# --------------------------------------------------------------------------------------------
+# runs page: filters, counts per state, keyset pagination on (created_at, id)
+
+
+def cursor_encode(created_at: datetime, run_id: str) -> str:
+    raw = f"{created_at.isoformat()}|{run_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def cursor_decode(value: str) -> tuple[datetime, str] | None:
+    """A tampered or stale cursor is ignored (first page), never a 500."""
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+        stamp, run_id = raw.split("|", 1)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return None
+    created_at = parse_datetime(stamp)
+    if created_at is None or not run_id:
+        return None
+    return created_at, run_id
+
+
+@dataclass
+class RunFilters:
+    status: str = ""
+    agent: str = ""
+    team: str = ""  # team slug
+    q: str = ""
+    after: str = ""  # cursor: older than this row
+    before: str = ""  # cursor: newer than this row
+
+    @property
+    def active(self) -> bool:
+        return bool(self.status or self.agent or self.team or self.q)
+
+
+@dataclass
+class RunsPage:
+    rows: list[Run]
+    counts: dict[str, int]
+    total: int
+    has_newer: bool
+    has_older: bool
+    newer_cursor: str = ""
+    older_cursor: str = ""
+    agents: list[str] = field(default_factory=list)
+    teams: list[Team] = field(default_factory=list)
+    needs_resolution: int = 0
+
+
+def _scoped_runs(access: Access) -> QuerySet[Run]:
+    runs = Run.objects.all()
+    return runs if access.all_teams else runs.filter(team_id__in=access.team_ids or [])
+
+
+def _search(runs: QuerySet[Run], q: str) -> QuerySet[Run]:
+    q = q.strip()
+    if not q:
+        return runs
+    if q.startswith("run_"):
+        return runs.filter(pk__istartswith=q)
+    return runs.filter(Q(title__icontains=q) | Q(pk__icontains=q))
+
+
+def runs_page(access: Access, filters: RunFilters, *, teams: list[Team], size: int = RUNS_PAGE_SIZE) -> RunsPage:
+    """Five queries: agents, counts per state, the page (+1 row to know if there is more).
+
+    Counts ignore the status filter so the state chips always show the whole picture of what
+    the other filters select.
+    """
+    scoped = _scoped_runs(access)
+    agents = list(scoped.order_by("agent").values_list("agent", flat=True).distinct()[:200])
+    narrowed = scoped
+    if filters.team:
+        narrowed = narrowed.filter(team__slug=filters.team)
+    if filters.agent:
+        narrowed = narrowed.filter(agent=filters.agent)
+    narrowed = _search(narrowed, filters.q)
+    counts = {row["status"]: row["n"] for row in narrowed.order_by().values("status").annotate(n=Count("pk"))}
+    listed = narrowed.filter(status=filters.status) if filters.status else narrowed
+    listed = listed.select_related("team")
+
+    after = cursor_decode(filters.after) if filters.after else None
+    before = cursor_decode(filters.before) if filters.before and not after else None
+    if before is not None:
+        stamp, run_id = before
+        chunk = list(
+            listed.filter(Q(created_at__gt=stamp) | Q(created_at=stamp, pk__gt=run_id))
+            .order_by("created_at", "pk")[: size + 1]
+        )
+        has_newer = len(chunk) > size
+        rows = list(reversed(chunk[:size]))
+        has_older = True
+    else:
+        if after is not None:
+            stamp, run_id = after
+            listed = listed.filter(Q(created_at__lt=stamp) | Q(created_at=stamp, pk__lt=run_id))
+        chunk = list(listed.order_by("-created_at", "-pk")[: size + 1])
+        has_older = len(chunk) > size
+        rows = chunk[:size]
+        has_newer = after is not None
+    return RunsPage(
+        rows=rows,
+        counts=counts,
+        total=sum(counts.values()),
+        has_newer=has_newer and bool(rows),
+        has_older=has_older,
+        newer_cursor=cursor_encode(rows[0].created_at, rows[0].pk) if rows else "",
+        older_cursor=cursor_encode(rows[-1].created_at, rows[-1].pk) if rows else "",
+        agents=agents,
+        teams=teams,
+        needs_resolution=counts.get(RunStatus.STOPPED_DIRTY, 0),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# run page
+
+
+@dataclass
+class StepView:
+    step: Step
+    calls: list[ExecutionRecord]
+
+
+@dataclass
+class RunDetail:
+    run: Run
+    steps: list[StepView]
+    loose_calls: list[ExecutionRecord]
+    calls: list[ExecutionRecord]
+    outbox: list[OutboxItem]
+    artifacts: list[Artifact]
+    checkpoints: list[Checkpoint]
+    steering: list[SteeringMessage]
+    lease: Lease | None
+    live_lease: bool
+    stop_request: StopRequest | None
+    packets: list[dict[str, Any]]
+    handoff: Handoff | None
+    ledger: list[LedgerEntry]
+    ledger_total: int
+    unresolved: int
+
+    @property
+    def unapplied_steering(self) -> list[SteeringMessage]:
+        return [message for message in self.steering if message.status == SteeringStatus.UNAPPLIED_AT_STOP]
+
+    @property
+    def latest_packet_epoch(self) -> int | None:
+        return self.packets[0]["stop_epoch"] if self.packets else None
+
+
+def run_detail(run: Run) -> RunDetail:
+    """Eleven queries whatever the run's size; children are grouped in Python."""
+    steps = list(Step.objects.filter(run=run).order_by("seq"))
+    calls = list(ExecutionRecord.objects.filter(run=run).order_by("permitted_at", "pk"))
+    by_step: dict[int | None, list[ExecutionRecord]] = defaultdict(list)
+    for call in calls:
+        by_step[call.step_id].append(call)
+    steps_by_id = {step.pk: step for step in steps}
+    for call in calls:  # avoid a lazy `call.step` query per row in the template
+        if call.step_id is not None:
+            call.step = steps_by_id.get(call.step_id)
+    outbox = list(OutboxItem.objects.filter(run=run).order_by("pk"))
+    lease = Lease.objects.filter(run=run).order_by("-acquired_at", "-pk").first()
+    ledger = list(LedgerEntry.objects.filter(run=run).order_by("-run_seq")[:RUN_LEDGER_LIMIT])
+    unresolved = sum(
+        1 for call in calls
+        if call.side_effect == "write" and call.side_effect_state == "pending_verification" and not call.resolved
+    ) + sum(1 for item in outbox if item.status in ("dispatching", "unknown") and not item.resolved)
+    return RunDetail(
+        run=run,
+        steps=[StepView(step, by_step.get(step.pk, [])) for step in steps],
+        loose_calls=by_step.get(None, []),
+        calls=calls,
+        outbox=outbox,
+        artifacts=list(Artifact.objects.filter(run=run).order_by("pk")),
+        checkpoints=list(Checkpoint.objects.filter(run=run).order_by("pk")),
+        steering=list(SteeringMessage.objects.filter(run=run).order_by("pk")),
+        lease=lease,
+        live_lease=lease is not None and lease.released_at is None,
+        stop_request=StopRequest.objects.filter(run=run).order_by("-epoch_after").first(),
+        packets=list(StopPacket.objects.filter(run=run).order_by("-stop_epoch").values("stop_epoch", "created_at")),
+        handoff=Handoff.objects.filter(run=run).select_related("assignee").order_by("-created_at", "-pk").first(),
+        ledger=ledger,
+        # run_seq counts this run's entries, so the newest one says how many there are.
+        ledger_total=ledger[0].run_seq if ledger else 0,
+        unresolved=unresolved,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# stop packet page: the immutable snapshot with the current resolution status on top
+
+
+@dataclass
+class Unknown:
+    """One thing the packet said nobody knew, and what is known about it now."""
+
+    target: str  # tool_call | outbox | worker
+    target_id: str
+    snapshot: dict[str, Any]
+    current_state: str
+    open: bool
+    resolution: Resolution | None = None
+
+
+@dataclass
+class FrozenItem:
+    public_id: str
+    item_id: int
+    snapshot: dict[str, Any]
+    current_status: str
+
+    @property
+    def open(self) -> bool:
+        return self.current_status == "frozen"
+
+
+@dataclass
+class PacketView:
+    packet: StopPacket
+    snap: dict[str, Any]
+    is_current: bool
+    unknowns: list[Unknown]
+    frozen: list[FrozenItem]
+    resolutions: list[Resolution]
+
+    @property
+    def open_unknowns(self) -> int:
+        return sum(1 for unknown in self.unknowns if unknown.open)
+
+
+def packet_view(run: Run, packet: StopPacket) -> PacketView:
+    snap = packet.snapshot
+    resolutions = list(Resolution.objects.filter(run=run).order_by("at"))
+    resolved = {(resolution.target, resolution.target_id): resolution for resolution in resolutions}
+    call_ids = [entry["tool_call_id"] for entry in snap.get("unconfirmed_side_effects", [])]
+    calls = {
+        call.tool_call_id: call for call in ExecutionRecord.objects.filter(run=run, tool_call_id__in=call_ids)
+    }
+    outbox_ids = [*snap.get("in_flight_outbox_ids", []), *snap.get("frozen_outbox_ids", [])]
+    numeric = [int(value.split("_", 1)[1]) for value in outbox_ids if value.split("_", 1)[-1].isdigit()]
+    items = {item.public_id: item for item in OutboxItem.objects.filter(run=run, pk__in=numeric)}
+    outbox_snap = {entry["id"]: entry for entry in snap.get("outbox", [])}
+    lease_tokens = [lease["lease_id"] for lease in snap.get("leases", []) if lease.get("fenced_unconfirmed")]
+    fenced_now = set(
+        Lease.objects.filter(run=run, token__in=lease_tokens, fenced_unconfirmed=True).values_list("token", flat=True)
+    )
+
+    unknowns: list[Unknown] = []
+    for entry in snap.get("unconfirmed_side_effects", []):
+        call = calls.get(entry["tool_call_id"])
+        state = call.side_effect_state if call else "missing"
+        unknowns.append(Unknown(
+            "tool_call", entry["tool_call_id"], entry, state,
+            open=bool(call and state == "pending_verification" and not call.resolved),
+            resolution=resolved.get(("tool_call", entry["tool_call_id"])),
+        ))
+    for public_id in snap.get("in_flight_outbox_ids", []):
+        item = items.get(public_id)
+        state = item.status if item else "missing"
+        unknowns.append(Unknown(
+            "outbox", public_id, outbox_snap.get(public_id, {"id": public_id}), state,
+            open=bool(item and state in ("dispatching", "unknown") and not item.resolved),
+            resolution=resolved.get(("outbox", public_id)),
+        ))
+    for lease in snap.get("leases", []):
+        if lease.get("fenced_unconfirmed"):
+            token = lease["lease_id"]
+            unknowns.append(Unknown(
+                "worker", token, lease, "fenced_unconfirmed" if token in fenced_now else "confirmed",
+                open=token in fenced_now, resolution=resolved.get(("worker", token)),
+            ))
+    frozen = [
+        FrozenItem(public_id, items[public_id].pk, outbox_snap.get(public_id, {}), items[public_id].status)
+        for public_id in snap.get("frozen_outbox_ids", []) if public_id in items
+    ]
+    return PacketView(
+        packet=packet, snap=snap, is_current=packet.stop_epoch == run.stop_epoch,
+        unknowns=unknowns, frozen=frozen, resolutions=resolutions,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# handoff inbox
+
+
+OPEN_HANDOFF = (HandoffStatus.OPEN, HandoffStatus.ACCEPTED)
+
+
+@dataclass
+class HandoffCard:
+    handoff: Handoff
+    checkpoints: list[Checkpoint]
+    unapplied: list[SteeringMessage]
+    can_act: bool = False
+
+
+def handoff_inbox(access: Access, *, user_id: int | None, mine_only: bool) -> tuple[list[HandoffCard], list[Handoff]]:
+    """Open handoffs of the user's teams (or only theirs), and the recently ended ones.
+
+    Four queries: open handoffs, their checkpoints, their unapplied steering, the ended ones.
+    """
+    handoffs = Handoff.objects.select_related("run", "run__team", "assignee", "stop_packet")
+    if not access.all_teams:
+        handoffs = handoffs.filter(run__team_id__in=access.team_ids or [])
+    open_handoffs = handoffs.filter(status__in=OPEN_HANDOFF)
+    if mine_only:
+        open_handoffs = open_handoffs.filter(assignee_id=user_id)
+    open_list = list(open_handoffs.order_by("-created_at", "-pk")[:100])
+    run_ids = [handoff.run_id for handoff in open_list]
+    checkpoints: dict[str, list[Checkpoint]] = defaultdict(list)
+    for checkpoint in Checkpoint.objects.filter(run_id__in=run_ids).order_by("pk"):
+        checkpoints[checkpoint.run_id].append(checkpoint)
+    unapplied: dict[str, list[SteeringMessage]] = defaultdict(list)
+    for message in SteeringMessage.objects.filter(run_id__in=run_ids, status=SteeringStatus.UNAPPLIED_AT_STOP).order_by("pk"):
+        unapplied[message.run_id].append(message)
+    cards = [
+        HandoffCard(handoff, checkpoints[handoff.run_id], unapplied[handoff.run_id],
+                    can_act=access.can_act(handoff.run.team_id))
+        for handoff in open_list
+    ]
+    ended = list(handoffs.exclude(status__in=OPEN_HANDOFF).order_by("-closed_at", "-pk")[:20])
+    return cards, ended
+
+
+def handoff_card(handoff_id: int) -> HandoffCard | None:
+    handoff = (
+        Handoff.objects.select_related("run", "run__team", "assignee", "stop_packet").filter(pk=handoff_id).first()
+    )
+    if handoff is None:
+        return None
+    return HandoffCard(
+        handoff,
+        list(Checkpoint.objects.filter(run_id=handoff.run_id).order_by("pk")),
+        list(SteeringMessage.objects.filter(run_id=handoff.run_id, status=SteeringStatus.UNAPPLIED_AT_STOP).order_by("pk")),
+    )
+
+
+def open_handoff_count(access: Access, user_id: int | None) -> int:
+    handoffs = Handoff.objects.filter(status__in=OPEN_HANDOFF)
+    if not access.all_teams:
+        handoffs = handoffs.filter(run__team_id__in=access.team_ids or [])
+    return handoffs.count()
+
+
+# --------------------------------------------------------------------------------------------
+# audit
+
+
+@dataclass
+class AuditFilters:
+    actor: str = ""
+    action: str = ""
+    reason: str = ""
+    team: str = ""
+    run: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+    after: int | None = None  # keyset: entries with id < after
+
+
+def audit_entries(team_slugs: list[str] | None, filters: AuditFilters) -> QuerySet[LedgerEntry]:
+    """The ledger, newest first, restricted to the teams the admin administers."""
+    entries = LedgerEntry.objects.all()
+    if team_slugs is not None:
+        entries = entries.filter(team_slug__in=team_slugs)
+    if filters.team:
+        entries = entries.filter(team_slug=filters.team)
+    if filters.actor:
+        entries = entries.filter(actor__iexact=filters.actor.strip())
+    if filters.action:
+        if filters.action.endswith(".*"):
+            entries = entries.filter(action__startswith=filters.action[:-1])
+        else:
+            entries = entries.filter(action=filters.action)
+    if filters.reason:
+        entries = entries.filter(reason=filters.reason)
+    if filters.run:
+        entries = entries.filter(run_id=filters.run.strip())
+    if filters.since:
+        entries = entries.filter(at__gte=filters.since)
+    if filters.until:
+        entries = entries.filter(at__lt=filters.until)
+    return entries.order_by("-pk")
+
+
+def audit_choices(team_slugs: list[str] | None) -> tuple[list[str], list[str]]:
+    """Distinct actions and reasons (bounded) for the filter menus."""
+    entries = LedgerEntry.objects.all()
+    if team_slugs is not None:
+        entries = entries.filter(team_slug__in=team_slugs)
+    actions = list(entries.order_by("action").values_list("action", flat=True).distinct()[:200])
+    reasons = list(entries.exclude(reason="").order_by("reason").values_list("reason", flat=True).distinct()[:200])
+    return actions, reasons
+
+
+# --------------------------------------------------------------------------------------------
+# stop quality charts
+
+
+LATENCY_BUCKETS_MS = (10, 50, 100, 250, 500, 1_000, 5_000, 30_000)
+
+
+@dataclass
+class QualitySeries:
+    latency_histogram: list[tuple[str, int]]
+    outcomes: list[tuple[datetime, int, int]]  # (bucket start, stopped_cleanly, stopped_dirty)
+    late_writes: list[tuple[datetime, int]]
+    bucket: str  # "hour" | "day"
+
+
+def _bucket_label(upper: int | None, lower: int) -> str:
+    def fmt(ms: int) -> str:
+        return f"{ms // 1000}s" if ms >= 1000 else f"{ms}ms"
+
+    return f"≥{fmt(lower)}" if upper is None else f"<{fmt(upper)}"
+
+
+def quality_series(*, since: datetime, until: datetime, team_ids: list[int] | None) -> QualitySeries:
+    """The data behind the charts (three queries): latency histogram, outcomes and late writes over time."""
+    stops = StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until)
+    late = RejectedWrite.objects.filter(at__gte=since, at__lt=until)
+    if team_ids is not None:
+        stops = stops.filter(run__team_id__in=team_ids)
+        late = late.filter(run__team_id__in=team_ids)
+    hourly = (until - since) <= timedelta(days=2)
+    trunc = TruncHour if hourly else TruncDay
+    rows = list(stops.values_list("requested_at", "stopped_at", "outcome_state"))
+    histogram = Counter[int]()
+    for requested_at, stopped_at, _outcome in rows:
+        if stopped_at is None:
+            continue
+        ms = (stopped_at - requested_at).total_seconds() * 1000
+        index = next((i for i, upper in enumerate(LATENCY_BUCKETS_MS) if ms < upper), len(LATENCY_BUCKETS_MS))
+        histogram[index] += 1
+    labels = [_bucket_label(upper, 0) for upper in LATENCY_BUCKETS_MS] + [_bucket_label(None, LATENCY_BUCKETS_MS[-1])]
+    outcome_rows = (
+        stops.annotate(bucket=trunc("requested_at")).values("bucket", "outcome_state").annotate(n=Count("pk"))
+    )
+    outcomes: dict[datetime, list[int]] = {}
+    for row in outcome_rows:
+        pair = outcomes.setdefault(row["bucket"], [0, 0])
+        if row["outcome_state"] == RunStatus.STOPPED_CLEANLY:
+            pair[0] += row["n"]
+        elif row["outcome_state"] == RunStatus.STOPPED_DIRTY:
+            pair[1] += row["n"]
+    late_rows = late.annotate(bucket=trunc("at")).values("bucket").annotate(n=Count("pk"))
+    return QualitySeries(
+        latency_histogram=[(labels[i], histogram.get(i, 0)) for i in range(len(labels))],
+        outcomes=_fill(since, until, hourly, {key: (value[0], value[1]) for key, value in outcomes.items()}),
+        late_writes=[(start, count) for start, count, _unused in
+                     _fill(since, until, hourly, {row["bucket"]: (row["n"], 0) for row in late_rows})],
+        bucket="hour" if hourly else "day",
+    )
+
+
+def _fill(since: datetime, until: datetime, hourly: bool, values: dict[datetime, tuple[int, int]]) -> list[Any]:
+    """Every bucket of the period, with zeros where nothing happened (charts need the gaps)."""
+    step = timedelta(hours=1) if hourly else timedelta(days=1)
+    start = since.replace(minute=0, second=0, microsecond=0)
+    if not hourly:
+        start = start.replace(hour=0)
+    out = []
+    cursor = start
+    while cursor < until and len(out) < 400:
+        value = values.get(cursor, (0, 0))
+        out.append((cursor, value[0], value[1]))
+        cursor += step
+    return out
+
+
+def now() -> datetime:
+    return timezone.now()

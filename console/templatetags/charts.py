@@ -1,0 +1,163 @@
+"""Charts as inline SVG, drawn on the server: no chart library, no script, printable.
+
+Each chart is an <svg role="img"> with an aria-label that says what it shows in words, and a
+<title> per bar so a pointer (or a screen reader walking the bars) reads the exact value.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django import template
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
+
+register = template.Library()
+
+WIDTH = 560
+PAD_LEFT = 34
+PAD_BOTTOM = 22
+PAD_TOP = 10
+
+
+def _nice_max(value: int) -> int:
+    if value <= 4:
+        return max(value, 1)
+    for step in (5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10_000):
+        if value <= step:
+            return step
+    return value
+
+
+def _frame(height: int, label: str, body: list[str]) -> SafeString:
+    return mark_safe(
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="{escape(label)}" '
+        f'preserveAspectRatio="xMidYMid meet">' + "".join(body) + "</svg>"
+    )
+
+
+def _axis(height: int, top: int) -> list[str]:
+    base = height - PAD_BOTTOM
+    mid = (base + PAD_TOP) / 2
+    return [
+        f'<line class="chart__grid" x1="{PAD_LEFT}" x2="{WIDTH}" y1="{PAD_TOP}" y2="{PAD_TOP}"/>',
+        f'<line class="chart__grid" x1="{PAD_LEFT}" x2="{WIDTH}" y1="{mid}" y2="{mid}"/>',
+        f'<line class="chart__axis" x1="{PAD_LEFT}" x2="{WIDTH}" y1="{base}" y2="{base}"/>',
+        f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{PAD_TOP + 4}" text-anchor="end">{top}</text>',
+        f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{mid + 4}" text-anchor="end">{top / 2:g}</text>',
+        f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{base + 4}" text-anchor="end">0</text>',
+    ]
+
+
+def _time_label(moment: datetime, bucket: str) -> str:
+    return moment.strftime("%H:%M" if bucket == "hour" else "%b %d")
+
+
+@register.simple_tag
+def stacked_bars(series: list[tuple[datetime, int, int]], bucket: str = "day", height: int = 170) -> SafeString:
+    """Stops per bucket: stopped cleanly (bottom) and stopped dirty (top, red)."""
+    top = _nice_max(max((clean + dirty for _t, clean, dirty in series), default=0))
+    base = height - PAD_BOTTOM
+    span = base - PAD_TOP
+    body = _axis(height, top)
+    count = max(len(series), 1)
+    slot = (WIDTH - PAD_LEFT) / count
+    bar = max(1.0, slot * 0.7)
+    for index, (moment, clean, dirty) in enumerate(series):
+        x = PAD_LEFT + index * slot + (slot - bar) / 2
+        clean_h = span * clean / top
+        dirty_h = span * dirty / top
+        title = f"{_time_label(moment, bucket)}: {clean} stopped cleanly, {dirty} stopped dirty"
+        body.append(f"<g><title>{escape(title)}</title>")
+        if clean:
+            body.append(f'<rect class="chart__bar chart__bar--clean" x="{x:.1f}" y="{base - clean_h:.1f}" '
+                        f'width="{bar:.1f}" height="{clean_h:.1f}"/>')
+        if dirty:
+            body.append(f'<rect class="chart__bar chart__bar--dirty" x="{x:.1f}" y="{base - clean_h - dirty_h:.1f}" '
+                        f'width="{bar:.1f}" height="{dirty_h:.1f}"/>')
+        body.append("</g>")
+    body.extend(_x_labels(series, bucket, slot, height))
+    total_clean = sum(clean for _t, clean, _d in series)
+    total_dirty = sum(dirty for _t, _c, dirty in series)
+    label = f"Stops per {bucket}: {total_clean} stopped cleanly and {total_dirty} stopped dirty in the period"
+    return _frame(height, label, body)
+
+
+def _x_labels(series: list[Any], bucket: str, slot: float, height: int) -> list[str]:
+    if not series:
+        return []
+    picks = sorted({0, len(series) // 2, len(series) - 1})
+    out = []
+    for index in picks:
+        x = PAD_LEFT + index * slot + slot / 2
+        anchor = "start" if index == 0 else ("end" if index == len(series) - 1 else "middle")
+        if index == 0:
+            x = PAD_LEFT
+        elif index == len(series) - 1:
+            x = WIDTH
+        out.append(f'<text class="chart__tick" x="{x:.1f}" y="{height - 6}" text-anchor="{anchor}">'
+                   f"{escape(_time_label(series[index][0], bucket))}</text>")
+    return out
+
+
+@register.simple_tag
+def bars(series: list[tuple[datetime, int]], bucket: str = "day", height: int = 120, what: str = "count",
+         tone: str = "warn") -> SafeString:
+    top = _nice_max(max((value for _t, value in series), default=0))
+    base = height - PAD_BOTTOM
+    span = base - PAD_TOP
+    body = _axis(height, top)
+    slot = (WIDTH - PAD_LEFT) / max(len(series), 1)
+    bar = max(1.0, slot * 0.7)
+    for index, (moment, value) in enumerate(series):
+        if not value:
+            continue
+        x = PAD_LEFT + index * slot + (slot - bar) / 2
+        h = span * value / top
+        body.append(f"<g><title>{escape(f'{_time_label(moment, bucket)}: {value} {what}')}</title>"
+                    f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
+                    f'width="{bar:.1f}" height="{h:.1f}"/></g>')
+    body.extend(_x_labels(series, bucket, slot, height))
+    total = sum(value for _t, value in series)
+    return _frame(height, f"{what} per {bucket}: {total} in the period", body)
+
+
+@register.simple_tag
+def histogram(buckets: list[tuple[str, int]], height: int = 170) -> SafeString:
+    """Cancel → safe stop latency: how many stops settled within each bound."""
+    top = _nice_max(max((value for _l, value in buckets), default=0))
+    base = height - PAD_BOTTOM
+    span = base - PAD_TOP
+    body = _axis(height, top)
+    slot = (WIDTH - PAD_LEFT) / max(len(buckets), 1)
+    bar = slot * 0.78
+    for index, (label, value) in enumerate(buckets):
+        x = PAD_LEFT + index * slot + (slot - bar) / 2
+        h = span * value / top
+        slow = index >= len(buckets) - 3  # the last buckets are seconds: worth a different tone
+        tone = "warn" if slow else "info"
+        body.append(f"<g><title>{escape(f'{label}: {value} stops')}</title>"
+                    f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
+                    f'width="{bar:.1f}" height="{max(h, 0):.1f}"/>')
+        if value:
+            body.append(f'<text class="chart__value" x="{x + bar / 2:.1f}" y="{base - h - 3:.1f}" '
+                        f'text-anchor="middle">{value}</text>')
+        body.append(f'<text class="chart__tick" x="{x + bar / 2:.1f}" y="{height - 6}" '
+                    f'text-anchor="middle">{escape(label)}</text></g>')
+    summary = ", ".join(f"{label}: {value}" for label, value in buckets if value) or "no stops"
+    return _frame(height, f"Latency from stop request to stopped: {summary}", body)
+
+
+@register.simple_tag
+def meter(rate: float | None, good_above: float = 0.9) -> SafeString:
+    """A horizontal bar for a share (0..1); None draws an empty, labelled track."""
+    if rate is None:
+        return format_html('<div class="meter meter--empty" role="img" aria-label="no data">'
+                           '<span class="meter__label">no data in this period</span></div>')
+    tone = "ok" if rate >= good_above else ("warn" if rate >= good_above / 2 else "bad")
+    return format_html(
+        '<div class="meter meter--{}" role="meter" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}">'
+        '<span class="meter__fill" style="width: {}%"></span></div>',
+        tone, round(rate * 100), f"{rate * 100:.1f}",
+    )

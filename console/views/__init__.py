@@ -1,0 +1,1 @@
+"""Console views: plain functions that parse, check access, call a service and render."""

@@ -1,0 +1,123 @@
+"""The audit page (admins): who did what, when and why; CSV export; ledger verification."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse, StreamingHttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from console.access import Access, request_access, visible_teams
+from console.forms import AuditFilterForm
+from console.selectors import AUDIT_PAGE_SIZE, AuditFilters, audit_choices, audit_entries
+from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
+from runs.ledger import ledger_verify
+from runs.models import LedgerEntry, Role, Team
+
+TEMPLATE = "console/audit.html"
+
+# The "who stopped what" preset: every action that stops, hands over or settles a run.
+STOP_ACTIONS = "run.stop_requested"
+
+
+def _admin_scope(request: HtmxHttpRequest) -> tuple[Access, list[str] | None, list[Team]]:
+    access = request_access(request)
+    if not access.is_admin_anywhere:
+        raise PermissionDenied("the audit page is for admins")
+    admin_ids = access.ids_with(Role.ADMIN)
+    teams = visible_teams(access)
+    if admin_ids is None:
+        return access, None, teams
+    teams = [team for team in teams if team.pk in admin_ids]
+    return access, [team.slug for team in teams], teams
+
+
+def _filters(form: AuditFilterForm) -> AuditFilters:
+    data = form.cleaned_data if form.is_valid() else {}
+    return AuditFilters(
+        actor=data.get("actor") or "", action=data.get("action") or "", reason=data.get("reason") or "",
+        team=data.get("team") or "", run=data.get("run") or "", since=data.get("since"), until=data.get("until"),
+        after=data.get("after"),
+    )
+
+
+@login_required
+@require_GET
+def audit(request: HtmxHttpRequest) -> HttpResponse:
+    _access, slugs, teams = _admin_scope(request)
+    form = AuditFilterForm(request.GET)
+    filters = _filters(form)
+    entries = audit_entries(slugs, filters)
+    if filters.after:
+        entries = entries.filter(pk__lt=filters.after)
+    rows = list(entries[: AUDIT_PAGE_SIZE + 1])
+    has_more = len(rows) > AUDIT_PAGE_SIZE
+    rows = rows[:AUDIT_PAGE_SIZE]
+    actions, reasons = audit_choices(slugs)
+    context = {
+        "form": form, "filters": filters, "rows": rows, "has_more": has_more,
+        "older_after": rows[-1].pk if rows and has_more else None,
+        "teams": teams, "actions": actions, "reasons": reasons, "stop_action": STOP_ACTIONS,
+    }
+    if wants_fragment(request) and request.htmx.target == "audit-region":
+        return fragments(request, TEMPLATE, "region", context)
+    return page(request, TEMPLATE, context)
+
+
+@login_required
+@require_GET
+def audit_verify(request: HtmxHttpRequest) -> HttpResponse:
+    """Walk every hash chain. Slow on a big ledger, so the page loads it lazily."""
+    access, slugs, _teams = _admin_scope(request)
+    started = timezone.now()
+    checked, broken = ledger_verify()
+    elapsed_ms = (timezone.now() - started).total_seconds() * 1000
+    in_scope = True
+    if broken is not None and slugs is not None:
+        entry = LedgerEntry.objects.filter(pk=broken.entry_id).values_list("team_slug", flat=True).first()
+        in_scope = entry in slugs
+    context = {"checked": checked, "broken": broken, "in_scope": in_scope, "elapsed_ms": elapsed_ms,
+               "verified_at": timezone.now()}
+    if request.htmx:
+        return fragments(request, TEMPLATE, "verify", context)
+    return page(request, "console/audit_verify.html", context)
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+CSV_COLUMNS = ["seq", "at", "team", "run_id", "run_seq", "actor_kind", "actor", "action", "reason", "note",
+               "payload", "prev_hash", "hash"]
+
+
+def _csv_rows(entries: Any) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_COLUMNS)
+    for entry in entries.iterator(chunk_size=2000):
+        payload = entry.payload if isinstance(entry.payload, dict) else {}
+        yield writer.writerow([
+            entry.pk, entry.at.isoformat(), entry.team_slug, entry.run_id or "", entry.run_seq, entry.actor_kind,
+            entry.actor, entry.action, entry.reason, str(payload.get("note", "") or ""),
+            json.dumps(entry.payload, sort_keys=True), entry.prev_hash, entry.hash,
+        ])
+
+
+@login_required
+@require_GET
+def audit_csv(request: HtmxHttpRequest) -> HttpResponse:
+    _access, slugs, _teams = _admin_scope(request)
+    filters = _filters(AuditFilterForm(request.GET))
+    filters.after = None  # the export is the whole filtered ledger, not one page
+    entries = audit_entries(slugs, filters)
+    response = StreamingHttpResponse(_csv_rows(entries), content_type="text/csv; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="safestop-audit-{stamp}.csv"'
+    return response

@@ -1,0 +1,86 @@
+"""Helpers shared by the console views: htmx-aware rendering and the POST answer rules.
+
+- A page template defines its fragments with `{% partialdef %}`; an htmx request gets
+  `page.html#fragment`, a normal request the whole page.
+- Only non-htmx POSTs redirect (post/redirect/get); an htmx POST answers with the fragments
+  it changed, some of them out-of-band.
+- A `DomainError` is an answer, not a crash: it shows as a message next to the control.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.utils.cache import patch_vary_headers
+from django_htmx.middleware import HtmxDetails
+
+from console.access import request_access
+from runs.actors import Actor
+from runs.errors import DomainError
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def wants_fragment(request: HtmxHttpRequest) -> bool:
+    """An htmx request that will swap part of the page (not a history restore, which needs it all)."""
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+def base_context(request: HtmxHttpRequest) -> dict[str, Any]:
+    return {"access": request_access(request)}
+
+
+def page(request: HtmxHttpRequest, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+    response = render(request, template, {**base_context(request), **context}, status=status)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def fragments(
+    request: HtmxHttpRequest, template: str, main: str | None, context: dict[str, Any],
+    *, oob: Iterable[str] = (), status: int = 200, prefix: str = "",
+) -> HttpResponse:
+    """Render `template#main`, then each of `oob` as an out-of-band swap, in one response."""
+    ctx = {**base_context(request), **context}
+    parts = [prefix] if prefix else []
+    if main:
+        parts.append(render_to_string(f"{template}#{main}", {**ctx, "oob": False}, request=request))
+    for name in oob:
+        parts.append(render_to_string(f"{template}#{name}", {**ctx, "oob": True}, request=request))
+    response = HttpResponse("".join(parts), status=status)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def actor_of(request: HttpRequest) -> Actor:
+    return Actor.for_user(request.user)
+
+
+def error_text(error: DomainError) -> str:
+    status = f" (run is {error.status})" if error.status else ""
+    return f"{error.detail}{status}"
+
+
+def redirect_with(request: HttpRequest, url: str, *, ok: str = "", error: DomainError | str | None = None) -> HttpResponse:
+    """The non-htmx answer to a POST: a message for the next page, and a redirect."""
+    if ok:
+        messages.success(request, ok)
+    if error is not None:
+        messages.error(request, error_text(error) if isinstance(error, DomainError) else error)
+    return HttpResponseRedirect(url)
+
+
+def form_errors(form: Any) -> str:
+    """One line from a form's errors, for a message next to a small control."""
+    parts = []
+    for field, errors in form.errors.items():
+        label = "" if field == "__all__" else f"{field}: "
+        parts.append(label + " ".join(str(error) for error in errors))
+    return "; ".join(parts) or "invalid input"

@@ -1,0 +1,128 @@
+"""The stop packet page (DESIGN §4): the immutable snapshot, printable and downloadable as JSON,
+with the current resolution status on top and a control per unknown."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from console.access import request_access, run_for
+from console.forms import ResolutionForm
+from console.selectors import packet_view
+from console.views.common import (
+    HtmxHttpRequest,
+    actor_of,
+    error_text,
+    form_errors,
+    fragments,
+    page,
+    redirect_with,
+    wants_fragment,
+)
+from handoff.models import ResolutionDecision, StopPacket
+from runs import services
+from runs.errors import DomainError
+from runs.models import Role, Run
+
+TEMPLATE = "console/packet.html"
+
+
+def _packet(run: Run, epoch: int | None) -> StopPacket:
+    packets = StopPacket.objects.filter(run=run)
+    packet = packets.filter(stop_epoch=epoch).first() if epoch is not None else packets.order_by("-stop_epoch").first()
+    if packet is None:
+        raise Http404("this run has no stop packet for that epoch")
+    return packet
+
+
+def packet_context(request: HtmxHttpRequest, run: Run, packet: StopPacket, **extra: Any) -> dict[str, Any]:
+    view = packet_view(run, packet)
+    epochs = list(StopPacket.objects.filter(run=run).order_by("-stop_epoch").values_list("stop_epoch", flat=True))
+    can_act = request_access(request).can_act(run.team_id)
+    return {
+        "run": run, "p": view, "snap": view.snap, "epochs": epochs,
+        "can_resolve": can_act and view.is_current and run.status in services.RESOLVABLE_STATUSES,
+        "can_act": can_act,
+        "decisions": ResolutionDecision.choices,
+        **extra,
+    }
+
+
+@login_required
+@require_GET
+def packet_latest(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    run = run_for(request, run_id)
+    packet = _packet(run, None)
+    return HttpResponseRedirect(reverse("console:packet", args=[run.pk, packet.stop_epoch]))
+
+
+@login_required
+@require_GET
+def packet_page(request: HtmxHttpRequest, run_id: str, epoch: int) -> HttpResponse:
+    run = run_for(request, run_id)
+    packet = _packet(run, epoch)
+    context = packet_context(request, run, packet)
+    if wants_fragment(request) and request.htmx.target == "packet-status":
+        return fragments(request, TEMPLATE, "status", context)
+    return page(request, TEMPLATE, context)
+
+
+@login_required
+@require_GET
+def packet_json(request: HtmxHttpRequest, run_id: str, epoch: int) -> HttpResponse:
+    run = run_for(request, run_id)
+    packet = _packet(run, epoch)
+    body = json.dumps(packet.snapshot, indent=2, sort_keys=False, cls=DjangoJSONEncoder)
+    response = HttpResponse(body + "\n", content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="stop-packet-{run.pk}-epoch{packet.stop_epoch}.json"'
+    return response
+
+
+def packet_after_change(request: HtmxHttpRequest, run: Run, *, ok: str = "", error: str = "") -> HttpResponse:
+    """htmx answer after a frozen item was released or discarded from the packet page."""
+    run.refresh_from_db()
+    context = packet_context(request, run, _packet(run, None), frozen_ok=ok, frozen_error=error)
+    return fragments(request, TEMPLATE, "frozen", context, oob=["status"])
+
+
+@login_required
+@require_POST
+def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Record one reviewer decision about an unknown; the run settles clean after the last."""
+    run = run_for(request, run_id, need=Role.REVIEWER)
+    form = ResolutionForm(request.POST)
+    back = reverse("console:packet_latest", args=[run_id])
+    ok, error = "", ""
+    target = request.POST.get("target", "")
+    target_id = request.POST.get("target_id", "")
+    if form.is_valid():
+        try:
+            result = services.resolution_record(
+                run_id=run.pk, target=form.cleaned_data["target"], target_id=form.cleaned_data["target_id"],
+                decision=form.cleaned_data["decision"], evidence=form.cleaned_data["evidence"],
+                actor=actor_of(request),
+            )
+            ok = f"Recorded as {result.decision.replace('_', ' ')}."
+            if result.run_status == "stopped_cleanly":
+                ok += " That was the last unknown: the run is now stopped cleanly."
+            elif result.run_status == "handed_off":
+                ok += " That was the last unknown: the run is stopped cleanly and handed off."
+        except DomainError as exc:
+            error = error_text(exc)
+    else:
+        error = form_errors(form)
+    if not request.htmx:
+        return redirect_with(request, back, ok=ok, error=error or None)
+    run.refresh_from_db()
+    context = packet_context(request, run, _packet(run, None))
+    unknown = next((u for u in context["p"].unknowns if u.target == target and u.target_id == target_id), None)
+    if unknown is None:
+        return fragments(request, TEMPLATE, "status", {**context, "status_error": error or "unknown target"})
+    context.update({"u": unknown, "card_ok": ok, "card_error": error, "card_form": form if error else None})
+    return fragments(request, TEMPLATE, "unknown-card", context, oob=["status"])

@@ -1,0 +1,41 @@
+"""The runs page: a live table with counts per state, filters, search and keyset pagination."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
+from django.views.decorators.http import require_GET
+
+from console.access import request_access, visible_teams
+from console.forms import RunFilterForm
+from console.selectors import RunFilters, runs_page
+from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
+from runs.models import RunStatus
+
+TEMPLATE = "console/runs.html"
+
+# Order of the state chips: where attention is needed first, then the live ones, then the rest.
+STATE_ORDER = [
+    RunStatus.STOPPED_DIRTY, RunStatus.CANCEL_REQUESTED, RunStatus.DRAINING, RunStatus.INTERRUPTED,
+    RunStatus.RUNNING, RunStatus.PENDING, RunStatus.SUSPENDED, RunStatus.HANDED_OFF,
+    RunStatus.STOPPED_CLEANLY, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
+]
+
+
+@login_required
+@require_GET
+def runs_list(request: HtmxHttpRequest) -> HttpResponse:
+    access = request_access(request)
+    form = RunFilterForm(request.GET)
+    data = form.cleaned_data if form.is_valid() else {}
+    filters = RunFilters(**{key: data.get(key) or "" for key in ("status", "agent", "team", "q", "after", "before")})
+    teams = visible_teams(access)
+    result = runs_page(access, filters, teams=teams)
+    state_counts = [(state, RunStatus(state).label, result.counts.get(state, 0)) for state in STATE_ORDER]
+    context = {
+        "form": form, "filters": filters, "result": result, "state_counts": state_counts,
+        "status_choices": RunStatus.choices,
+    }
+    if wants_fragment(request) and request.GET.get("fragment") == "table":
+        return fragments(request, TEMPLATE, "table", context)
+    return page(request, TEMPLATE, context)

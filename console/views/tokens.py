@@ -1,0 +1,70 @@
+"""API tokens (admins): list the team's tokens, make one (shown once), revoke one."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from console.access import request_access, require, visible_teams
+from console.forms import TokenCreateForm
+from console.views.common import (
+    HtmxHttpRequest,
+    actor_of,
+    error_text,
+    form_errors,
+    page,
+    redirect_with,
+)
+from runs.errors import DomainError
+from runs.models import ApiToken, Role, Team
+from runs.tokens import api_token_create, api_token_revoke
+
+TEMPLATE = "console/tokens.html"
+
+
+def _admin_teams(request: HtmxHttpRequest) -> list[Team]:
+    access = request_access(request)
+    if not access.is_admin_anywhere:
+        raise PermissionDenied("tokens are managed by team admins")
+    return [team for team in visible_teams(access) if access.can_admin(team.pk)]
+
+
+def _context(teams: list[Team], form: TokenCreateForm, **extra: object) -> dict[str, object]:
+    tokens = ApiToken.objects.select_related("team").filter(team__in=teams).order_by("team__slug", "name")
+    return {"teams": teams, "form": form, "tokens": list(tokens), **extra}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request: HtmxHttpRequest) -> HttpResponse:
+    teams = _admin_teams(request)
+    choices = [(team.slug, team.slug) for team in teams]
+    if request.method != "POST":
+        return page(request, TEMPLATE, _context(teams, TokenCreateForm(teams=choices)))
+    form = TokenCreateForm(request.POST, teams=choices)
+    if not form.is_valid():
+        return page(request, TEMPLATE, _context(teams, form, create_error=form_errors(form)), status=400)
+    team = next(team for team in teams if team.slug == form.cleaned_data["team"])
+    require(request, team.pk, Role.ADMIN)
+    try:
+        token, raw = api_token_create(team_slug=team.slug, name=form.cleaned_data["name"],
+                                      role=form.cleaned_data["role"], actor=actor_of(request))
+    except DomainError as exc:
+        return page(request, TEMPLATE, _context(teams, form, create_error=error_text(exc)), status=400)
+    # The raw token exists only in this response: it is rendered once, never stored or redirected.
+    return page(request, TEMPLATE, _context(teams, TokenCreateForm(teams=choices), new_token=token, raw_token=raw))
+
+
+@login_required
+@require_POST
+def token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
+    teams = _admin_teams(request)
+    token = ApiToken.objects.filter(pk=token_id, team__in=teams).first()
+    if token is None:
+        raise Http404("no such token")
+    api_token_revoke(token_id=token.pk, actor=actor_of(request))
+    return redirect_with(request, reverse("console:tokens"), ok=f"Token {token.name} revoked.")
+

@@ -1,0 +1,207 @@
+/* safestop console: live regions, relative times, one-submit forms.
+ *
+ * Live updates. A `.live-root` element opens a websocket through htmx's ws extension
+ * (`hx-ext="ws" ws-connect="/ws/runs/..."`). The server sends small JSON frames
+ *   {"type": "run.updated", "run_id", "team", "status", "stop_epoch", "seq", "kind"}
+ * — never HTML — and this script decides which regions to refetch. Each region is a
+ * `[data-live]` element with a `data-live-url`; it is refetched with htmx (the server answers
+ * with the `{% partialdef %}` fragment matching the HX-Target id) and swapped whole.
+ *   data-live="always"  refetch on every frame, unless its data-seq shows it is already newer
+ *   data-live="status"  refetch only when the run's status or epoch differs from what it shows
+ *   data-live="guarded" refetch unless the user is typing in it; then show a "changed" notice
+ * At most one request per region is in flight; frames arriving meanwhile coalesce into one
+ * more fetch, so a burst of changes never queues a burst of requests and the last state wins.
+ * After a reconnect every region is refetched (frames sent while offline are not replayed).
+ */
+(function () {
+  "use strict";
+
+  var regions = {}; // id -> {busy: bool, again: bool}
+
+  function refresh(id) {
+    var state = regions[id] || (regions[id] = { busy: false, again: false });
+    if (state.busy) { state.again = true; return; }
+    state.busy = true;
+    var run = function () {
+      state.again = false;
+      var el = document.getElementById(id);
+      if (!el || !el.dataset.liveUrl) { state.busy = false; return; }
+      htmx.ajax("GET", el.dataset.liveUrl, { source: el, target: el, swap: "outerHTML" })
+        .catch(function () { /* network error: the next frame or reconnect retries */ })
+        .then(function () {
+          if (state.again) { run(); } else { state.busy = false; }
+        });
+    };
+    run();
+  }
+
+  function isBusyTyping(el) {
+    var active = document.activeElement;
+    if (active && el.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) return true;
+    var fields = el.querySelectorAll("textarea, input[type=text]");
+    for (var i = 0; i < fields.length; i++) { if (fields[i].value) return true; }
+    var open = el.querySelectorAll("details[open]");
+    return open.length > 0;
+  }
+
+  var FILTERS = {
+    handoff: function (msg) {
+      var kind = msg.kind || "";
+      return kind.indexOf("handoff") === 0 || kind.indexOf("steering") === 0 || msg.status === "handed_off" ||
+        kind === "run.handed_off" || kind === "run.closed" || kind.indexOf("run.returned") === 0;
+    }
+  };
+
+  var recentlyChanged = {};
+  var statusLabels = {
+    cancel_requested: "cancel requested", stopped_cleanly: "stopped cleanly", stopped_dirty: "stopped dirty",
+    handed_off: "handed off"
+  };
+
+  function announce(text) {
+    var box = document.getElementById("live-announcer");
+    if (box) { box.textContent = text; }
+  }
+
+  function onFrame(root, msg) {
+    if (!msg || msg.type !== "run.updated") return;
+    recentlyChanged[msg.run_id] = Date.now();
+    var scopeRun = root.dataset.runId;
+    if (scopeRun && scopeRun !== msg.run_id) return;
+    var nodes = root.querySelectorAll("[data-live]");
+    for (var i = 0; i < nodes.length; i++) {
+      var el = nodes[i];
+      var mode = el.dataset.live;
+      if (el.dataset.liveFilter && FILTERS[el.dataset.liveFilter] && !FILTERS[el.dataset.liveFilter](msg)) continue;
+      if (mode === "always" && el.dataset.seq && el.dataset.runId === msg.run_id &&
+          Number(msg.seq) <= Number(el.dataset.seq)) continue; // already showing this change or a newer one
+      if (mode === "status" && el.dataset.status === msg.status &&
+          String(el.dataset.epoch) === String(msg.stop_epoch)) continue;
+      if (mode === "guarded" && isBusyTyping(el)) {
+        var notice = el.querySelector(".stale-notice");
+        if (notice) notice.hidden = false;
+        continue;
+      }
+      if (mode === "status" && scopeRun && el.dataset.status !== msg.status) {
+        announce("Run is now " + (statusLabels[msg.status] || msg.status));
+      }
+      refresh(el.id);
+    }
+  }
+
+  function refreshAll(root) {
+    var nodes = root.querySelectorAll("[data-live]");
+    for (var i = 0; i < nodes.length; i++) refresh(nodes[i].id);
+  }
+
+  function setIndicator(state, text) {
+    var nodes = document.querySelectorAll("[data-live-indicator]");
+    for (var i = 0; i < nodes.length; i++) {
+      nodes[i].dataset.state = state;
+      var label = nodes[i].querySelector(".live-indicator__text");
+      if (label) label.textContent = text;
+    }
+  }
+
+  var opened = new WeakSet();
+
+  document.addEventListener("htmx:wsBeforeMessage", function (evt) {
+    // Frames are JSON, not HTML: handle them here and stop the extension from swapping.
+    evt.preventDefault();
+    var msg;
+    try { msg = JSON.parse(evt.detail.message); } catch (e) { return; }
+    var root = evt.target.closest ? evt.target.closest(".live-root") || evt.target : evt.target;
+    onFrame(root, msg);
+  });
+
+  document.addEventListener("htmx:wsOpen", function (evt) {
+    var root = evt.target;
+    setIndicator("live", "live");
+    if (opened.has(root)) refreshAll(root); // a reconnect: catch up on what we missed
+    opened.add(root);
+    root.dataset.wsState = "open";
+  });
+
+  document.addEventListener("htmx:wsClose", function (evt) {
+    var code = evt.detail && evt.detail.event ? evt.detail.event.code : 0;
+    evt.target.dataset.wsState = "closed";
+    if (code === 4401 || code === 4403 || code === 1000) {
+      setIndicator("off", code === 1000 ? "not live" : "not live (no access)");
+    } else {
+      setIndicator("reconnecting", "reconnecting…");
+    }
+  });
+
+  document.addEventListener("htmx:wsError", function () { setIndicator("reconnecting", "reconnecting…"); });
+
+  // Flash the rows of the runs table that just changed.
+  document.addEventListener("htmx:afterSettle", function (evt) {
+    var target = evt.detail && evt.detail.elt;
+    if (!target || !target.querySelectorAll) return;
+    var now = Date.now();
+    var rows = document.querySelectorAll("#runs-region tr[data-run-id]");
+    for (var i = 0; i < rows.length; i++) {
+      var at = recentlyChanged[rows[i].dataset.runId];
+      if (at && now - at < 1500) rows[i].classList.add("flash");
+    }
+    tick();
+  });
+
+  // Relative times ("12 s ago") and countdowns ("in 24 s") stay current without a request.
+  function ageText(seconds) {
+    if (seconds < 1) return "just now";
+    if (seconds < 60) return Math.floor(seconds) + " s ago";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " min ago";
+    if (seconds < 86400) return Math.floor(seconds / 3600) + " h ago";
+    return Math.floor(seconds / 86400) + " d ago";
+  }
+
+  function tick() {
+    var now = Date.now();
+    var ages = document.querySelectorAll("time[data-ago]");
+    for (var i = 0; i < ages.length; i++) {
+      var t = Date.parse(ages[i].getAttribute("datetime"));
+      if (!isNaN(t)) ages[i].textContent = ageText(Math.max(0, (now - t) / 1000));
+    }
+    var downs = document.querySelectorAll("time[data-countdown]");
+    for (var j = 0; j < downs.length; j++) {
+      var end = Date.parse(downs[j].getAttribute("datetime")) + 1000 * Number(downs[j].dataset.offset || 0);
+      if (isNaN(end)) continue;
+      var left = (end - now) / 1000;
+      downs[j].textContent = left > 0 ? "in " + Math.ceil(left) + " s" : "passed " + Math.floor(-left) + " s ago";
+      downs[j].classList.toggle("is-late", left <= 0);
+    }
+  }
+
+  // Without htmx (or for plain forms), a second click must not post twice: the button is
+  // disabled once the first submit is under way. The server is idempotent anyway.
+  document.addEventListener("submit", function (evt) {
+    var form = evt.target;
+    if (!form.hasAttribute || !form.hasAttribute("data-once") || form.hasAttribute("hx-post")) return;
+    setTimeout(function () {
+      var buttons = form.querySelectorAll("button[type=submit]");
+      for (var i = 0; i < buttons.length; i++) buttons[i].disabled = true;
+    }, 0);
+  });
+
+  document.addEventListener("click", function (evt) {
+    var el = evt.target.closest && evt.target.closest("[data-print]");
+    if (el) { window.print(); }
+    var reload = evt.target.closest && evt.target.closest("[data-live-reload]");
+    if (reload) {
+      var region = reload.closest("[data-live]");
+      if (region) { evt.preventDefault(); refresh(region.id); }
+    }
+  });
+
+  // A printed stop packet carries its raw JSON too.
+  window.addEventListener("beforeprint", function () {
+    var raw = document.querySelectorAll("details.raw-json");
+    for (var i = 0; i < raw.length; i++) raw[i].open = true;
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    tick();
+    setInterval(tick, 1000);
+  });
+})();
