@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 
 from handoff.models import Handoff, HandoffStatus
 from runs.models import (
@@ -124,13 +124,19 @@ def runs_for_teams(team_ids: list[int] | None) -> QuerySet[Run]:
     return runs if team_ids is None else runs.filter(team_id__in=team_ids)
 
 
-def queue_depths() -> dict[str, int]:
-    """Gauges for /metrics: work waiting in each queue."""
-    return {
-        "outbox_pending": OutboxItem.objects.filter(status="pending").count(),
-        "outbox_dispatching": OutboxItem.objects.filter(status="dispatching").count(),
-        "outbox_frozen": OutboxItem.objects.filter(status="frozen").count(),
-        "outbox_unknown": OutboxItem.objects.filter(status="unknown").count(),
-        "runs_stopping": Run.objects.filter(Q(status="cancel_requested") | Q(status="draining")).count(),
-        "runs_stopped_dirty": Run.objects.filter(status="stopped_dirty").count(),
-    }
+def queue_depths(*, team_ids: list[int] | None = None) -> dict[str, int]:
+    """Gauges for /metrics: work waiting in each queue (one team's, or every team's for None).
+
+    Two aggregate queries, one per table, instead of a COUNT per gauge.
+    """
+    outbox_states = ("pending", "dispatching", "frozen", "unknown")
+    outbox = _team_filter(OutboxItem.objects.filter(status__in=outbox_states), team_ids, "run__team_id").aggregate(
+        **{f"outbox_{state}": Count("pk", filter=Q(status=state)) for state in outbox_states}
+    )
+    # status IN (...) lets PostgreSQL use run_status_created_idx instead of reading every run
+    run_states = ("cancel_requested", "draining", "stopped_dirty")
+    runs = _team_filter(Run.objects.filter(status__in=run_states), team_ids, "team_id").aggregate(
+        runs_stopping=Count("pk", filter=Q(status__in=run_states[:2])),
+        runs_stopped_dirty=Count("pk", filter=Q(status="stopped_dirty")),
+    )
+    return {**outbox, **runs}

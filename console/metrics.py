@@ -1,0 +1,193 @@
+"""`GET /metrics`: the stop-quality figures (DESIGN §7) and queue depths, as Prometheus text.
+
+Who may scrape it:
+- a staff session (every team), or
+- `Authorization: Bearer <token>` with a **reviewer** token (its own team only — the same
+  scoping `GET /api/v1/metrics/stop-quality/` applies to a token).
+Anything else is refused: no or a bad credential 401, a valid one without the right 403.
+Agent tokens are refused because a scraper credential lives in monitoring config, and an agent
+token there would also be able to lease runs and ask permits.
+
+The figures are computed by `runs.selectors.stop_quality` over a trailing window
+(`?window=<seconds>`, default 24 h, 1 min … 30 days), so this endpoint and the API answer
+with the same numbers for the same period. Values with no samples are `NaN`, as Prometheus
+expects, never 0: "no stop measured" is not "stops take 0 ms".
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from runs.models import TokenRole
+from runs.selectors import queue_depths, stop_quality
+from runs.tokens import api_token_authenticate
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_WINDOW = timedelta(hours=24)
+MIN_WINDOW_SECONDS = 60
+MAX_WINDOW_SECONDS = 30 * 24 * 3600
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def _scope(request: HttpRequest) -> list[int] | None:
+    """The teams the caller may scrape: None for every team (staff), else one token's team."""
+    header = request.headers.get("Authorization", "")
+    if header:
+        parts = header.split()
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            raise _Refusal(401, "Authorization must be 'Bearer <token>'")
+        token = api_token_authenticate(parts[1])
+        if token is None:
+            raise _Refusal(401, "unknown or revoked token")
+        if token.role != TokenRole.REVIEWER:
+            raise _Refusal(403, "/metrics needs a reviewer token or a staff session")
+        return [token.team_id]
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        raise _Refusal(401, "log in as staff or send a reviewer bearer token")
+    if not (user.is_staff or user.is_superuser):
+        raise _Refusal(403, "/metrics needs a reviewer token or a staff session")
+    return None
+
+
+def _window(request: HttpRequest) -> timedelta:
+    raw = request.GET.get("window")
+    if raw is None:
+        return DEFAULT_WINDOW
+    try:
+        seconds = int(raw)
+    except ValueError:
+        raise _Refusal(400, "window is a whole number of seconds") from None
+    if not MIN_WINDOW_SECONDS <= seconds <= MAX_WINDOW_SECONDS:
+        raise _Refusal(400, f"window must be between {MIN_WINDOW_SECONDS} and {MAX_WINDOW_SECONDS} seconds")
+    return timedelta(seconds=seconds)
+
+
+def _number(value: float | int | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "NaN"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in labels.items()) + "}"
+
+
+class _Exposition:
+    """Prometheus text format 0.0.4: HELP and TYPE once per family, then its samples."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], Any]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _ms_to_seconds(value: float | None) -> float | None:
+    return None if value is None else value / 1000.0
+
+
+def render_metrics(figures: dict[str, Any], depths: dict[str, int], window: timedelta) -> str:
+    out = _Exposition()
+    out.family("safestop_metrics_window_seconds", "gauge",
+               "Length of the trailing window the stop-quality figures cover.",
+               [({}, int(window.total_seconds()))])
+    out.family("safestop_stops", "gauge", "Stops requested in the window, by outcome so far.", [
+        ({"outcome": "all"}, figures["stops"]),
+        ({"outcome": "stopped_cleanly"}, figures["stopped_cleanly"]),
+        ({"outcome": "stopped_dirty"}, figures["stopped_dirty"]),
+    ])
+    # 1. cancel → safe stop latency (and → the worker receiving the signal)
+    latency_samples: list[tuple[dict[str, str], Any]] = []
+    count_samples: list[tuple[dict[str, str], Any]] = []
+    for figure, label in (("to_stopped", "stopped"), ("to_worker_signal", "worker_signal")):
+        summary = figures["stop_latency"][figure]
+        for quantile, key in (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms")):
+            latency_samples.append(({"to": label, "quantile": quantile}, _ms_to_seconds(summary[key])))
+        count_samples.append(({"to": label}, summary["count"]))
+    out.family("safestop_stop_latency_seconds", "gauge",
+               "From stop request to stopped_* (to=stopped) or to the worker's socket (to=worker_signal).",
+               latency_samples)
+    out.family("safestop_stop_latency_samples", "gauge", "Stops measured for each latency.", count_samples)
+    # 2. side-effect leakage (must be 0)
+    leakage = figures["side_effect_leakage"]
+    out.family("safestop_side_effect_leakage", "gauge",
+               "Tool permits or outbox dispatches that started after a stop of their epoch (must be 0).", [
+                   ({"kind": "permit"}, leakage["permits_after_stop"]),
+                   ({"kind": "dispatch"}, leakage["dispatches_after_stop"]),
+               ])
+    # 3. late writes after stop
+    out.family("safestop_late_writes_rejected", "gauge", "Stale-epoch writes refused in the window.",
+               [({}, figures["late_writes_rejected"])])
+    # 4. interruptions recovered cleanly
+    interruptions = figures["interruptions_recovered_cleanly"]
+    out.family("safestop_interruptions", "gauge", "Runs interrupted in the window, and how many recovered cleanly.", [
+        ({"state": "interrupted"}, interruptions["interrupted"]),
+        ({"state": "recovered_cleanly"}, interruptions["recovered_cleanly"]),
+    ])
+    out.family("safestop_interruptions_recovered_ratio", "gauge",
+               "Share of interrupted runs that stopped cleanly or resumed without unknowns.",
+               [({}, interruptions["rate"])])
+    # 5. handoff completion rate
+    handoffs = figures["handoff_completion"]
+    out.family("safestop_handoffs", "gauge", "Handoffs created in the window, and how many finished.", [
+        ({"state": "created"}, handoffs["handoffs"]),
+        ({"state": "finished"}, handoffs["finished"]),
+    ])
+    out.family("safestop_handoff_completion_ratio", "gauge",
+               "Share of handoffs that reached completed, returned or closed.", [({}, handoffs["rate"])])
+    # queues
+    out.family("safestop_queue_depth", "gauge", "Work waiting now, by queue.",
+               [({"queue": name}, value) for name, value in sorted(depths.items())])
+    return out.text()
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    try:
+        team_ids = _scope(request)
+        window = _window(request)
+    except _Refusal as refusal:
+        response = HttpResponse(refusal.detail + "\n", status=refusal.status, content_type="text/plain; charset=utf-8")
+        if refusal.status == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="safestop"'
+        return response
+    until = timezone.now()
+    figures = stop_quality(since=until - window, until=until, team_ids=team_ids)
+    depths = queue_depths(team_ids=team_ids)
+    response = HttpResponse(render_metrics(figures, depths, window), content_type=CONTENT_TYPE)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# Included at `/metrics` by `console.urls` (one line there; the route lives with its view).
+urlpatterns = [path("", metrics, name="metrics")]
