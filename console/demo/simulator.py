@@ -1,0 +1,568 @@
+"""The demo simulator: realistic agent runs driven through `safestop_agent`, over real HTTP and
+websockets, so the console is busy the moment it starts (`manage.py simulate`).
+
+It is an agent runtime like any other: it knows the server only by URL and token, and imports
+nothing from Django. Several worker threads each pick a scenario, run it to its end, and pick
+the next, so new runs keep arriving. A reviewer bot stops or takes over some long runs now and
+then (the rest wait for a human); every worker obeys the pushed stop, drains and reports.
+
+Scenarios (see `SCENARIOS`): model calls streamed through `collect_tool_calls`, read tools,
+write tools that queue webhooks to the local receiver, a slow tool, a shell tool that ignores
+SIGTERM (`run_process` escalates to SIGKILL), a worker that crashes mid-call (the server turns
+its call `unknown`), a run that exhausts its budget, a steering message, and long runs to stop.
+
+Robust by construction: a scenario that fails is logged and the worker moves on; `stop()`
+(SIGTERM in the command) stops the simulator's live runs through the API, lets the workers
+drain, and returns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from safestop_agent import (
+    AgentRun,
+    ApiError,
+    SafestopClient,
+    StreamOutcome,
+    collect_tool_calls,
+    run_process,
+)
+
+log = logging.getLogger("safestop.simulator")
+
+# Scenario kinds that stay running long enough for a reviewer (bot or human) to press Stop.
+REVIEWABLE = frozenset({"watch", "slow_report", "deploy"})
+
+
+@dataclass(frozen=True)
+class TeamCredentials:
+    team: str
+    agent_token: str
+    reviewer_token: str
+
+
+@dataclass
+class SimulatorConfig:
+    url: str
+    teams: list[TeamCredentials]
+    receiver_url: str
+    concurrency: int = 6
+    # Multiplies every simulated duration: 1.0 looks like real work, tests use ~0.2.
+    pace: float = 1.0
+    # Mean seconds between reviewer-bot actions; 0 turns the bot off.
+    reviewer_interval: float = 8.0
+    # Share of long runs the bot may stop or take over; the rest are left for humans.
+    bot_share: float = 0.6
+    seed: int | None = None
+    lease_ttl: float = 15.0
+
+
+@dataclass
+class ActiveRun:
+    run_id: str
+    kind: str
+    team: str
+    started: float
+    bot_may_act: bool
+    leased: bool = False
+    acted: bool = False
+
+
+class Simulator:
+    def __init__(self, config: SimulatorConfig) -> None:
+        if not config.teams:
+            raise ValueError("the simulator needs at least one team's tokens")
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.stopping = threading.Event()
+        self.agents = {t.team: SafestopClient(config.url, t.agent_token) for t in config.teams}
+        self.reviewers = {t.team: SafestopClient(config.url, t.reviewer_token) for t in config.teams}
+        self.outcomes: Counter[str] = Counter()
+        self.run_ids: list[str] = []
+        self.errors = 0
+        self._active: dict[str, ActiveRun] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        # The first pass walks every scenario once, so each kind is on screen within seconds.
+        self._first_pass = iter(list(SCENARIOS))
+        self._worker_ids = itertools.count(1)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def wait_until_ready(self, timeout: float = 60.0) -> bool:
+        """Poll the API until it answers (the server may still be migrating or starting)."""
+        client = next(iter(self.agents.values()))
+        deadline = time.monotonic() + timeout
+        while not self.stopping.is_set():
+            try:
+                client.list_runs()
+                return True
+            except (httpx.TransportError, ApiError) as error:
+                if time.monotonic() >= deadline:
+                    log.error("simulator: %s did not answer within %.0fs (%r)", self.config.url, timeout, error)
+                    return False
+            self.stopping.wait(0.25)
+        return False
+
+    def start(self) -> Simulator:
+        for index in range(self.config.concurrency):
+            self._spawn(self._worker_loop, f"sim-worker-{index + 1}", index)
+        if self.config.reviewer_interval > 0:
+            self._spawn(self._reviewer_loop, "sim-reviewer")
+        return self
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def request_stop(self) -> None:
+        """Signal-safe: only sets a flag. `stop()` does the rest."""
+        self.stopping.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the simulator's live runs through the API, let the workers drain, then return."""
+        self.stopping.set()
+        with self._lock:
+            live = [active for active in self._active.values() if active.leased]
+        for active in live:
+            try:
+                # An agent token may stop its own run for `dependency_failure`: the runtime is
+                # going away. The worker hears the push, drains and reports like any stop.
+                self.agents[active.team].cancel(active.run_id, "dependency_failure", note="simulator shutting down")
+            except (ApiError, httpx.TransportError) as error:
+                log.info("simulator: could not stop %s on shutdown: %s", active.run_id, error)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for client in [*self.agents.values(), *self.reviewers.values()]:
+            client.disconnect()
+
+    def run_for(self, duration: float | None) -> None:
+        """Block until `duration` seconds passed (None: until `request_stop`)."""
+        self.stopping.wait(duration)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def register(self, run_id: str, kind: str, team: str) -> ActiveRun:
+        active = ActiveRun(run_id, kind, team, time.monotonic(),
+                           bot_may_act=kind in REVIEWABLE and self.rng.random() < self.config.bot_share)
+        with self._lock:
+            self._active[run_id] = active
+            self.run_ids.append(run_id)
+        return active
+
+    def unregister(self, run_id: str) -> None:
+        with self._lock:
+            self._active.pop(run_id, None)
+
+    def _next_kind(self) -> str:
+        with self._lock:
+            kind = next(self._first_pass, None)
+        if kind is not None:
+            return kind
+        kinds = list(SCENARIOS)
+        return self.rng.choices(kinds, weights=[SCENARIOS[k].weight for k in kinds])[0]
+
+    # -- the threads -------------------------------------------------------------------------
+
+    def _worker_loop(self, index: int) -> None:
+        if self.stopping.wait(index * 0.15):
+            return
+        while not self.stopping.is_set():
+            kind = self._next_kind()
+            scenario = SCENARIOS[kind]
+            team = scenario.team if scenario.team in self.agents else next(iter(self.agents))
+            ctx = Context(self, kind, team, f"sim-{kind}-{next(self._worker_ids)}")
+            try:
+                outcome = scenario.fn(ctx)
+            except Exception as error:  # one broken scenario never stops the demo
+                outcome = "error"
+                self.errors += 1
+                log.warning("simulator: %s on %s failed: %r", kind, ctx.run_id or "(no run)", error)
+                self.stopping.wait(1.0)
+            finally:
+                if ctx.run_id:
+                    self.unregister(ctx.run_id)
+            with self._lock:
+                self.outcomes[f"{kind}:{outcome}"] += 1
+            log.info("simulator: %-12s %-18s %s", kind, ctx.run_id or "-", outcome)
+            self.stopping.wait(self.rng.uniform(0.2, 1.2) * self.config.pace)
+
+    def _reviewer_loop(self) -> None:
+        interval = self.config.reviewer_interval
+        while not self.stopping.wait(interval * self.rng.uniform(0.6, 1.4)):
+            now = time.monotonic()
+            with self._lock:
+                candidates = [a for a in self._active.values()
+                              if a.bot_may_act and a.leased and not a.acted
+                              and now - a.started > 2.5 * self.config.pace]
+            if not candidates:
+                continue
+            target = self.rng.choice(candidates)
+            target.acted = True
+            reviewer = self.reviewers[target.team]
+            try:
+                if self.rng.random() < 0.55:
+                    reviewer.cancel(target.run_id, "user_stop", note="reviewer bot: not needed any more")
+                    action = "stopped"
+                else:
+                    reviewer.takeover(target.run_id, note="reviewer bot: a human will finish this")
+                    action = "took over"
+                log.info("simulator: reviewer bot %s %s (%s)", action, target.run_id, target.kind)
+            except (ApiError, httpx.TransportError) as error:
+                log.info("simulator: reviewer bot could not act on %s: %s", target.run_id, error)
+
+
+@dataclass
+class Context:
+    """What one scenario run needs: its clients, the receiver, pacing, and its run id."""
+
+    sim: Simulator
+    kind: str
+    team: str
+    worker_id: str
+    run_id: str = ""
+    active: ActiveRun | None = None
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def client(self) -> SafestopClient:
+        return self.sim.agents[self.team]
+
+    @property
+    def reviewer(self) -> SafestopClient:
+        return self.sim.reviewers[self.team]
+
+    @property
+    def pace(self) -> float:
+        return self.sim.config.pace
+
+    def hook(self, path: str) -> str:
+        return self.sim.config.receiver_url.rstrip("/") + path
+
+    def create(self, title: str, agent: str, steps: list[tuple[str, str, str]],
+               budget: dict[str, int] | None = None) -> str:
+        info = self.client.create_run(
+            title, agent, steps=[{"key": key, "name": name, "kind": kind} for key, name, kind in steps], budget=budget,
+        )
+        self.run_id = str(info["id"])
+        self.active = self.sim.register(self.run_id, self.kind, self.team)
+        return self.run_id
+
+    def lease(self) -> AgentRun:
+        ttl = max(3.0, self.sim.config.lease_ttl * min(1.0, self.pace * 2))
+        run = self.client.lease(self.run_id, self.worker_id, ttl_seconds=ttl, push=True)
+        return run
+
+    def leased(self) -> None:
+        if self.active is not None:
+            self.active.leased = True
+
+    def pause(self, run: AgentRun, low: float, high: float | None = None) -> None:
+        """Simulated work that a stop interrupts at once."""
+        seconds = self.rng.uniform(low, high) if high is not None else low
+        if run.token.wait(seconds * self.pace):
+            run.token.raise_if_cancelled()
+
+    def model_call(self, run: AgentRun, *, tool: str | None = None, arguments: dict[str, Any] | None = None,
+                   words: int = 12) -> StreamOutcome:
+        """A streamed model answer; a stop mid-stream discards any half-received tool call."""
+        call_id = f"call_{uuid.uuid4().hex[:12]}"
+        delay = 0.06 * self.pace
+
+        def stream() -> Iterator[dict[str, Any]]:
+            for index in range(words):
+                if run.token.wait(delay):
+                    return
+                yield {"choices": [{"delta": {"content": f"token{index} "}}]}
+            if tool is not None:
+                yield {"choices": [{"delta": {"tool_calls": [
+                    {"index": 0, "id": call_id, "type": "function", "function": {"name": tool, "arguments": ""}}]}}]}
+                text = json.dumps(arguments or {})
+                for start in range(0, len(text), 10):
+                    if run.token.wait(delay / 2):
+                        return
+                    yield {"choices": [{"delta": {"tool_calls": [
+                        {"index": 0, "function": {"arguments": text[start:start + 10]}}]}}]}
+            yield {"choices": [{"delta": {}, "finish_reason": "tool_calls" if tool else "stop"}]}
+
+        outcome = collect_tool_calls(stream(), token=run.token)
+        run.token.raise_if_cancelled()
+        return outcome
+
+    def ended(self, run: AgentRun) -> str:
+        """How the scenario ended, as a word for the log and the outcome counter."""
+        if run.token.cancelled:
+            return f"stopped ({run.token.reason})"
+        return "completed" if run.completed else "ended"
+
+
+# --------------------------------------------------------------------------------------------
+# scenarios
+
+
+def research(ctx: Context) -> str:
+    """Answer a support ticket: model calls, two read tools, a checkpoint, a webhook reply."""
+    ticket = ctx.rng.randint(4000, 9999)
+    ctx.create(f"Answer support ticket #{ticket}", "support-bot", [
+        ("plan", "Plan the answer", "model_call"),
+        ("search_kb", "Search the knowledge base", "tool_read"),
+        ("read_article", "Read the best article", "tool_read"),
+        ("draft", "Draft the reply", "model_call"),
+        ("post_reply", "Post the reply to the helpdesk", "tool_write"),
+    ])
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("plan", "Plan the answer", kind="model_call"):
+            outcome = ctx.model_call(run, tool="search_kb", arguments={"query": f"ticket {ticket} refund status"})
+        calls = outcome.calls
+        with run.step("search_kb", "Search the knowledge base", kind="tool_read"):
+            for planned in calls[:1]:
+                with run.tool_call(planned.name, planned.arguments, tool_call_id=planned.id) as call:
+                    ctx.pause(run, 0.5, 1.5)
+                    call.result = {"hits": [f"kb-{ctx.rng.randint(100, 999)}" for _ in range(3)]}
+            run.artifact("search results", kind="json", content=json.dumps({"ticket": ticket}), reusable=True)
+        with run.step("read_article", "Read the best article", kind="tool_read"):
+            with run.tool_call("fetch_url", {"url": f"https://kb.example/articles/{ticket}"}) as call:
+                ctx.pause(run, 0.5, 1.2)
+                call.result = "How refunds are processed (1,240 words)"
+            run.checkpoint("checkpoint_03", {"ticket": ticket, "article": "refunds"}, step_seq=3)
+        with run.step("draft", "Draft the reply", kind="model_call"):
+            ctx.model_call(run, words=20)
+            run.artifact("draft reply", kind="text", content=f"Hello, about ticket #{ticket}: ...", reusable=True)
+        with run.step("post_reply", "Post the reply to the helpdesk", kind="tool_write"):
+            key = f"{ctx.run_id}-reply"
+            with run.tool_call("post_reply", {"ticket": ticket}, side_effect="write", idempotency_key=key,
+                               recovery_policy="reuse_idempotency_key") as call:
+                item = run.enqueue_outbox("webhook", ctx.hook("/hooks/helpdesk"),
+                                          {"ticket": ticket, "reply": "draft reply"}, idempotency_key=key)
+                call.set_operation_id(str(item["id"]))
+                call.result = item
+        run.complete({"ticket": ticket, "answered": True})
+    return ctx.ended(run)
+
+
+def notify(ctx: Context) -> str:
+    """Send invoice reminders: one write tool call and one webhook per customer."""
+    batch = ctx.rng.randint(100, 999)
+    customers = [f"cust_{ctx.rng.randint(1000, 9999)}" for _ in range(ctx.rng.randint(3, 5))]
+    ctx.create(f"Send invoice reminders (batch {batch})", "notifier-bot", [
+        ("select", "Select overdue customers", "tool_read"),
+        ("send", "Send reminders", "external_action"),
+    ])
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("select", "Select overdue customers", kind="tool_read"):
+            with run.tool_call("sql_query", {"sql": "select id from invoices where overdue"}) as call:
+                ctx.pause(run, 0.4, 1.0)
+                call.result = customers
+        with run.step("send", "Send reminders", kind="external_action"):
+            for customer in customers:
+                key = f"{ctx.run_id}-{customer}"
+                # Now and then the receiver is slow, so an item is seen `dispatching`.
+                path = "/slow/1.5/reminders" if ctx.rng.random() < 0.2 else "/hooks/reminders"
+                with run.tool_call("send_reminder", {"customer": customer}, side_effect="write",
+                                   idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
+                    item = run.enqueue_outbox("webhook", ctx.hook(path), {"customer": customer, "batch": batch},
+                                              idempotency_key=key)
+                    call.set_operation_id(str(item["id"]))
+                    call.result = item
+                ctx.pause(run, 0.3, 0.8)
+        run.complete({"batch": batch, "reminders": len(customers)})
+    return ctx.ended(run)
+
+
+def slow_report(ctx: Context) -> str:
+    """A slow warehouse query that reports progress: the run to stop mid-tool."""
+    quarter = ctx.rng.choice(["Q1", "Q2", "Q3", "Q4"])
+    ctx.create(f"Revenue report {quarter}", "report-bot", [
+        ("plan", "Plan the report", "model_call"),
+        ("query", "Query the warehouse", "tool_read"),
+        ("publish", "Publish the report", "tool_write"),
+    ])
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("plan", "Plan the report", kind="model_call"):
+            ctx.model_call(run, tool="warehouse_query", arguments={"quarter": quarter})
+        with run.step("query", "Query the warehouse", kind="tool_read"):
+            with run.tool_call("warehouse_query", {"quarter": quarter}) as call:
+                chunks = ctx.rng.randint(5, 8)
+                for done in range(1, chunks + 1):
+                    ctx.pause(run, 1.5, 2.5)
+                    call.observe(f"scanned {done}/{chunks} partitions")
+                call.result = {"rows": 18_204}
+            run.checkpoint("checkpoint_02", {"quarter": quarter, "rows": 18_204}, step_seq=2)
+        with run.step("publish", "Publish the report", kind="tool_write"):
+            key = f"{ctx.run_id}-publish"
+            with run.tool_call("publish_report", {"quarter": quarter}, side_effect="write",
+                               idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
+                call.result = run.enqueue_outbox("webhook", ctx.hook("/hooks/reports"), {"quarter": quarter},
+                                                 idempotency_key=key)
+        run.complete({"quarter": quarter})
+    return ctx.ended(run)
+
+
+def deploy(ctx: Context) -> str:
+    """Build, then a migration shell that ignores SIGTERM (a stop escalates to SIGKILL)."""
+    version = f"1.{ctx.rng.randint(10, 60)}.{ctx.rng.randint(0, 9)}"
+    ctx.create(f"Deploy billing-api {version}", "deploy-bot", [
+        ("build", "Build the release", "tool_read"),
+        ("migrate", "Apply database migrations", "tool_write"),
+        ("announce", "Announce the deploy", "tool_write"),
+    ])
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("build", "Build the release", kind="tool_read"):
+            with run.tool_call("shell", {"cmd": f"make release VERSION={version}"}) as call:
+                call.observe_process(run_process(
+                    f"echo building {version}; sleep {1.5 * ctx.pace:.2f}; echo built",
+                    shell=True, token=run.token, timeout=60, grace_seconds=1.0))
+            run.token.raise_if_cancelled()
+        with run.step("migrate", "Apply database migrations", kind="tool_write"):
+            with run.tool_call("shell", {"cmd": "manage.py migrate billing"}, side_effect="write",
+                               operation_id=f"migrate-{version}", recovery_policy="query_original") as call:
+                # `trap '' TERM` is inherited by `sleep`: the whole tool ignores SIGTERM.
+                seconds = ctx.rng.uniform(5, 9) * ctx.pace
+                call.observe_process(run_process(
+                    f"trap '' TERM; echo applying 0042_invoices; sleep {seconds:.2f}; echo migration applied",
+                    shell=True, token=run.token, timeout=120, grace_seconds=1.5))
+            run.token.raise_if_cancelled()
+        with run.step("announce", "Announce the deploy", kind="tool_write"):
+            key = f"{ctx.run_id}-announce"
+            with run.tool_call("post_chat", {"channel": "#deploys"}, side_effect="write",
+                               idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
+                call.result = run.enqueue_outbox("webhook", ctx.hook("/hooks/chat"),
+                                                 {"text": f"billing-api {version} deployed"}, idempotency_key=key)
+        run.complete({"version": version})
+    return ctx.ended(run)
+
+
+def crash(ctx: Context) -> str:
+    """A worker that dies mid-call: permit granted, the write sent, no result ever reported.
+
+    The server's lease reaper interrupts the run and marks the call `unknown`; the receiver
+    knows the write was applied, so a reviewer can query it and resolve the unknown.
+    """
+    export = ctx.rng.randint(10, 99)
+    ctx.create(f"Export ledger batch {export}", "export-bot", [
+        ("export", "Export rows to the finance system", "tool_write"),
+    ])
+    client = ctx.client
+    ttl = max(2.0, 6.0 * ctx.pace)
+    lease = client.acquire_lease(ctx.run_id, ctx.worker_id, ttl_seconds=ttl)
+    ctx.leased()
+    epoch = int(lease["epoch"])
+    client.send_events(ctx.run_id, epoch=epoch, events=[
+        {"event_id": f"evt_{uuid.uuid4().hex}", "type": "step.started", "key": "export",
+         "name": "Export rows to the finance system", "kind": "tool_write"}])
+    key = f"{ctx.run_id}-export"
+    client.request_permit(ctx.run_id, epoch=epoch, tool_call_id=f"call_{uuid.uuid4().hex[:12]}",
+                          tool="finance_export", side_effect="write", arguments={"batch": export},
+                          idempotency_key=key, operation_id=f"export-{export}", recovery_policy="query_original",
+                          step_key="export")
+    with httpx.Client(timeout=5, trust_env=False) as http:
+        http.post(ctx.hook("/hooks/finance"), json={"batch": export}, headers={"Idempotency-Key": key})
+    # The process "dies" here: no result, no heartbeat, no release. The lease runs out.
+    if ctx.active is not None:
+        ctx.active.leased = False
+    return "crashed mid-call"
+
+
+def budget(ctx: Context) -> str:
+    """A crawler that keeps calling tools until its budget refuses the next permit."""
+    by_calls = ctx.rng.random() < 0.6
+    limits = {"max_tool_calls": 3} if by_calls else {"max_seconds": max(2, round(6 * ctx.pace))}
+    ctx.create("Crawl the partner catalog", "crawler-bot", [("crawl", "Crawl pages", "tool_read")], budget=limits)
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("crawl", "Crawl pages", kind="tool_read"):
+            for page in range(1, 50):
+                with run.tool_call("fetch_page", {"page": page}) as call:
+                    ctx.pause(run, 0.5, 1.0)
+                    call.result = f"page {page}: 40 products"
+        run.complete({"pages": 49})
+    return ctx.ended(run)
+
+
+def steering(ctx: Context) -> str:
+    """A reviewer steers the run; the agent applies the message at its next step."""
+    incident = ctx.rng.randint(1000, 9999)
+    ctx.create(f"Summarise incident INC-{incident}", "incident-bot", [
+        ("gather", "Gather the timeline", "tool_read"),
+        ("summarise", "Write the summary", "model_call"),
+    ])
+    with ctx.lease() as run:
+        ctx.leased()
+        message = ctx.reviewer.steer(ctx.run_id, "Focus on customer impact in the EU region first.")
+        with run.step("gather", "Gather the timeline", kind="tool_read"):
+            with run.tool_call("search_logs", {"incident": incident}) as call:
+                ctx.pause(run, 0.8, 1.6)
+                call.result = "42 log lines"
+        run.token.raise_if_cancelled()
+        run.steering_applied(message["id"])
+        with run.step("summarise", "Write the summary", kind="model_call"):
+            ctx.model_call(run, words=25)
+            run.artifact("incident summary", kind="text", content=f"INC-{incident}: EU customers first ...",
+                         reusable=True)
+        run.complete({"incident": incident})
+    return ctx.ended(run)
+
+
+def watch(ctx: Context) -> str:
+    """A long on-call watcher: polls, sometimes pages someone; lives until stopped or done."""
+    ctx.create("Watch the on-call queue", "oncall-bot", [("watch", "Watch the queue", "tool_read")])
+    deadline = time.monotonic() + ctx.rng.uniform(45, 90) * ctx.pace
+    polls = 0
+    with ctx.lease() as run:
+        ctx.leased()
+        while time.monotonic() < deadline and not ctx.sim.stopping.is_set():
+            polls += 1
+            with run.step(f"poll_{polls:03d}", f"Poll the queue ({polls})", kind="tool_read"):
+                with run.tool_call("queue_poll", {"queue": "oncall"}) as call:
+                    ctx.pause(run, 0.8, 1.8)
+                    call.result = {"open_alerts": ctx.rng.randint(0, 3)}
+            if polls % 4 == 0:
+                key = f"{ctx.run_id}-page-{polls}"
+                with run.step(f"page_{polls:03d}", "Page the on-call engineer", kind="tool_write"):
+                    with run.tool_call("page_oncall", {"alert": polls}, side_effect="write",
+                                       idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
+                        call.result = run.enqueue_outbox("webhook", ctx.hook("/hooks/pager"), {"alert": polls},
+                                                         idempotency_key=key)
+            ctx.pause(run, 0.5, 1.5)
+        if not run.token.cancelled:
+            run.complete({"polls": polls})
+    return ctx.ended(run)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    fn: Callable[[Context], str]
+    team: str
+    weight: float
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "research": Scenario(research, "payments", 3),
+    "notify": Scenario(notify, "payments", 2),
+    "slow_report": Scenario(slow_report, "platform", 2),
+    "deploy": Scenario(deploy, "platform", 2),
+    "crash": Scenario(crash, "payments", 1),
+    "budget": Scenario(budget, "platform", 1),
+    "steering": Scenario(steering, "platform", 1),
+    "watch": Scenario(watch, "payments", 2),
+}
+

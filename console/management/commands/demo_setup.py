@@ -1,0 +1,27 @@
+"""`python manage.py demo_setup`: the demo teams and users, with their passwords printed.
+
+Idempotent (run by every `manage.py serve` unless `--no-demo`). The accounts exist only because
+the demo asked for them: no migration creates users.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from console.demo.accounts import DEMO_TEAMS, DEMO_USERS, demo_accounts_ensure
+
+
+class Command(BaseCommand):
+    help = "Create the demo teams and the admin / reviewer / viewer users (idempotent)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report = demo_accounts_ensure()
+        teams = ", ".join(slug for slug, _ in DEMO_TEAMS)
+        self.stdout.write(f"Demo accounts ready (teams: {teams}; "
+                          f"{report.users_created} user(s) created, {report.passwords_reset} password(s) reset).")
+        self.stdout.write("  user       password        can")
+        for user in DEMO_USERS:
+            self.stdout.write(f"  {user.username:<10} {user.password:<15} {user.can}")
+        self.stdout.write(self.style.WARNING("  These are demo passwords: never run the demo on a reachable host."))
