@@ -542,8 +542,12 @@ class AgentRun:
         fields.update({k: v for k, v in optional.items() if v is not None})
         return self.event("artifact.added", **fields)
 
-    def steering_applied(self, message_id: str) -> EventAnswer:
-        return self.event("steering.applied", message_id=message_id)
+    def steering_applied(self, message_id: int | str) -> EventAnswer:
+        """Say steering message `message_id` (the `id` that `steer()` answered) was applied.
+
+        The wire field is `steering_id`, an integer (DESIGN §5 events).
+        """
+        return self.event("steering.applied", steering_id=int(message_id))
 
     def suspend(self, reason: str) -> EventAnswer:
         return self.event("run.suspended", reason=reason)

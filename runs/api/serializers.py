@@ -312,8 +312,11 @@ class OutboxOut(serializers.Serializer):
 
 
 class ObservationIn(serializers.Serializer):
-    tool_call_id = serializers.CharField(max_length=120)
-    execution_state = serializers.ChoiceField(choices=RESULT_STATES)
+    # Both optional: a drain report also carries observations that are not a tool call's
+    # outcome (safestop_agent sends `{"kind": "stop_seen", ...}` and already-reported calls
+    # without a state); the service applies only those that name a call and a state.
+    tool_call_id = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    execution_state = serializers.ChoiceField(choices=RESULT_STATES, required=False, allow_blank=True, default="")
     operation_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     observation = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="",
                                         trim_whitespace=False)
