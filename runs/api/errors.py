@@ -40,7 +40,10 @@ _CODES = {
 def _first_field_error(detail: Any, prefix: str = "") -> tuple[str, str]:
     if isinstance(detail, dict):
         for key, value in detail.items():
-            field = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(key, int):  # DRF keys a list serializer's item errors by index
+                field = f"{prefix}[{key}]"
+            else:
+                field = f"{prefix}.{key}" if prefix else str(key)
             if key == "non_field_errors":
                 field = prefix
             return _first_field_error(value, field)

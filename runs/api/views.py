@@ -16,6 +16,7 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -431,6 +432,8 @@ def _period(query: dict[str, Any], *, default: timedelta) -> tuple[datetime, dat
             since = until - default
         except OverflowError:
             since = datetime.min.replace(tzinfo=until.tzinfo)
+    if since >= until:
+        raise ValidationError({"since": "since must be before until (which defaults to now)"})
     return since, until
 
 

@@ -1,0 +1,94 @@
+"""POST /events/: a batch, answered per event."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.models import Checkpoint, Step
+from tests.api.conftest import make_running, stop, url
+
+pytestmark = pytest.mark.django_db
+
+
+def test_each_event_is_answered_and_a_retry_is_a_duplicate(api, team, agent_token):
+    run, _ = make_running(team)
+    batch = {"epoch": 1, "events": [
+        {"event_id": "e1", "type": "step.started", "key": "plan"},
+        {"event_id": "e2", "type": "step.completed", "key": "plan"},
+        {"event_id": "e3", "type": "checkpoint.saved", "label": "checkpoint_01", "state": {"n": 1}, "step_seq": 1},
+        {"event_id": "e4", "type": "teleported"},
+    ]}
+    first = api.post(url(run, "events/"), batch, agent_token)
+    assert first.status_code == 200
+    assert [(a["event_id"], a["status"], a.get("code")) for a in first.json()["results"]] == [
+        ("e1", "accepted", None), ("e2", "accepted", None), ("e3", "accepted", None),
+        ("e4", "rejected", "unknown_event_type")]
+    assert (first.json()["accepted"], first.json()["rejected"]) == (3, 1)
+    again = api.post(url(run, "events/"), batch, agent_token)
+    assert [a["status"] for a in again.json()["results"]] == ["duplicate"] * 4
+    assert Step.objects.get(run=run, key="plan").status == "completed"
+    assert Checkpoint.objects.filter(run=run).count() == 1
+
+
+def test_a_step_started_at_a_stale_epoch_is_rejected_stale_epoch(api, team, agent_token):
+    run, _ = make_running(team)
+    stop(run)
+    response = api.post(url(run, "events/"), {"epoch": 1, "events": [
+        {"event_id": "late", "type": "step.started", "key": "act"},
+        {"event_id": "fact", "type": "artifact.added", "name": "report.pdf"},
+    ]}, agent_token)
+    assert response.status_code == 200
+    assert [(a["status"], a.get("code")) for a in response.json()["results"]] == [
+        ("rejected", "stale_epoch"), ("accepted", None)]
+
+
+def test_an_event_with_an_out_of_range_field_is_rejected_alone(api, team, agent_token):
+    run, _ = make_running(team)
+    response = api.post(url(run, "events/"), {"epoch": 1, "events": [
+        {"event_id": "a", "type": "checkpoint.saved", "label": "c", "step_seq": 10**12},
+        {"event_id": "b", "type": "steering.applied", "steering_id": 10**30},
+        {"event_id": "c", "type": "step.started", "key": "plan"},
+    ]}, agent_token)
+    answers = response.json()["results"]
+    assert [(a["event_id"], a["status"], a.get("code")) for a in answers] == [
+        ("a", "rejected", "invalid"), ("b", "rejected", "invalid"), ("c", "accepted", None)]
+    assert "step_seq" in answers[0]["detail"]
+
+
+def test_batches_are_capped(api, team, agent_token):
+    run, _ = make_running(team)
+    events = [{"event_id": f"e{i}", "type": "artifact.added", "name": "x"} for i in range(501)]
+    response = api.post(url(run, "events/"), {"epoch": 1, "events": events}, agent_token)
+    assert response.status_code == 400
+    assert response.json()["field"] == "events"
+
+
+@pytest.mark.parametrize(("events", "field"), [
+    ([{"type": "step.started"}], "events[0].event_id"),
+    ([{"event_id": "ok", "type": "artifact.added", "name": "x"}, {"event_id": "", "type": "x"}], "events[1].event_id"),
+    ([{"event_id": "x" * 121, "type": "x"}], "events[0].event_id"),
+    ([{"event_id": "a", "type": {"nested": True}}], "events[0].type"),
+    (["not an object"], "events[0]"),
+    ("not a list", "events"),
+])
+def test_an_event_without_a_sound_identity_fails_the_batch(api, team, agent_token, events, field):
+    run, _ = make_running(team)
+    response = api.post(url(run, "events/"), {"epoch": 1, "events": events}, agent_token)
+    assert response.status_code == 400
+    assert response.json()["field"] == field
+
+
+def test_events_need_an_epoch(api, team, agent_token):
+    run, _ = make_running(team)
+    response = api.post(url(run, "events/"), {"events": []}, agent_token)
+    assert response.status_code == 400
+    assert response.json()["field"] == "epoch"
+
+
+def test_events_wrong_role_and_other_team(api, client, team, other_team, charlie, agent_token):
+    theirs, _ = make_running(other_team)
+    body = {"epoch": 1, "events": [{"event_id": "e", "type": "artifact.added", "name": "x"}]}
+    assert api.post(url(theirs, "events/"), body, agent_token).status_code == 404
+    mine, _ = make_running(team)
+    client.force_login(charlie)
+    assert api.post(url(mine, "events/"), body).status_code == 403
