@@ -1,0 +1,203 @@
+"""Stop: the server's time to record a stop, the push to the worker, and the whole stop.
+
+1. `run_stop` server time — a running run with a live lease, 1,000 pending outbox items and
+   three tool calls in flight; the call is timed in this process around the very service the
+   API and the console call (it includes the commit and the on-commit publish to Redis). The
+   same setup is also stopped through `POST /api/v1/runs/{id}/cancel/` for the HTTP round trip.
+2. stop commit → signal received — a `safestop_agent` worker in another process holds the lease
+   and its push socket to daphne; the stop commits here, the frame goes through Redis to daphne
+   and down the agent websocket; the worker's `CancelToken.cancel` time minus the commit time.
+3. stop request → `stopped_cleanly` — a reviewer token POSTs `/cancel/`; the worker notices at
+   its next safe boundary (5 ms work quanta), leaves its block, which reports `drained`; timed
+   from before the POST to the worker's drained answer, and server-side (`stopped_at -
+   requested_at` of the StopRequest, the stop-quality figure).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from bench.common import PYTHON, ROOT, Row, latency_row
+from bench.hooks import CommitClock
+from bench.stack import LineProcess, Stack
+
+OUTBOX_ITEMS = 1000
+
+
+def _reviewer_actor(stack: Stack) -> Any:
+    from django.contrib.auth import get_user_model
+
+    from runs.actors import Actor
+
+    return Actor.for_user(get_user_model().objects.get(username=stack.reviewer_username))
+
+
+def _running_run_with_outbox(stack: Stack, index: int) -> tuple[Any, Any]:
+    from runs import services
+    from runs.actors import Actor
+    from runs.models import ExecutionRecord, OutboxItem, SideEffect, SideEffectState, Team
+
+    system = Actor.system("bench")
+    team = Team.objects.get(pk=stack.team_id)
+    run = services.run_create(
+        team=team, title=f"Nightly billing sync #{index}", agent="billing-agent", actor=system,
+        steps=[services.PlannedStep(f"step-{n}", f"Step {n}") for n in range(1, 11)],
+    )
+    lease = services.lease_acquire(run_id=run.pk, worker_id=f"worker-{index}", ttl_seconds=600, actor=system)
+    OutboxItem.objects.bulk_create(
+        OutboxItem(run_id=run.pk, transport="webhook", destination=f"https://hooks.bench.test/notify/{n % 7}",
+                   payload={"invoice": f"inv-{index}-{n}", "amount_cents": 1000 + n, "currency": "EUR"},
+                   idempotency_key=f"notify-{index}-{n}", enqueue_epoch=lease.epoch)
+        for n in range(OUTBOX_ITEMS)
+    )
+    ExecutionRecord.objects.bulk_create(
+        ExecutionRecord(run_id=run.pk, tool_call_id=f"call_{index}_{n}", tool="charge_card", side_effect=SideEffect.WRITE,
+                        permit_epoch=lease.epoch, side_effect_state=SideEffectState.PENDING_VERIFICATION,
+                        arguments={"invoice": f"inv-{index}-{n}"}, idempotency_key=f"charge-{index}-{n}")
+        for n in range(3)
+    )
+    return run, lease
+
+
+def bench_run_stop_server_time(stack: Stack) -> list[Row]:
+    from runs import services
+    from runs.actors import Actor
+    from runs.models import OutboxItem, OutboxStatus, RunStatus, StopReason
+
+    reviewer = _reviewer_actor(stack)
+    clock = CommitClock().install()
+    iterations, warmup = stack.n(100, 15), 5
+    server_ms: list[float] = []
+    publish_ms: list[float] = []
+    try:
+        for index in range(iterations + warmup):
+            run, lease = _running_run_with_outbox(stack, index)
+            started = time.perf_counter()
+            outcome = services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=reviewer)
+            elapsed = (time.perf_counter() - started) * 1000
+            committed = clock.committed(run.pk, "stop_signal") or clock.committed(run.pk, "run.stop_requested")
+            published = clock.published(run.pk, "stop_signal")
+            if index == 0:  # the stop did what it says: the entrance is closed, the outbox frozen
+                assert outcome.created and outcome.status == RunStatus.CANCEL_REQUESTED, outcome
+                frozen = OutboxItem.objects.filter(run_id=run.pk, status=OutboxStatus.FROZEN).count()
+                assert frozen == OUTBOX_ITEMS, frozen
+            if index >= warmup:
+                server_ms.append(elapsed)
+                if committed is not None and published is not None:
+                    publish_ms.append((published - committed) * 1000)
+            # settle it, so no watchdog fences a hundred abandoned stops later in the bench
+            services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=Actor.system("bench"))
+    finally:
+        clock.uninstall()
+    rows = [
+        latency_row("stop", "run_stop server time (live lease, 1,000 pending outbox items)", server_ms,
+                    target_key="p99", target_ms=25),
+        latency_row("stop", "  of which on-commit publish to Redis (3 group_send)", publish_ms),
+    ]
+    rows.append(_http_cancel_round_trip(stack))
+    return rows
+
+
+def _http_cancel_round_trip(stack: Stack) -> Row:
+    from runs import services
+    from runs.actors import Actor
+
+    iterations, warmup = stack.n(50, 10), 3
+    samples: list[float] = []
+    with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.reviewer_token}"}) as http:
+        for index in range(iterations + warmup):
+            run, lease = _running_run_with_outbox(stack, 10_000 + index)
+            started = time.perf_counter()
+            response = http.post(f"/api/v1/runs/{run.pk}/cancel/", json={"reason": "user_stop", "note": "bench"})
+            elapsed = (time.perf_counter() - started) * 1000
+            assert response.status_code == 202, response.text
+            if index >= warmup:
+                samples.append(elapsed)
+            services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=Actor.system("bench"))
+    return latency_row("stop", "POST /cancel/ round trip (same setup, reviewer token)", samples)
+
+
+def bench_stop_end_to_end(stack: Stack) -> list[Row]:
+    from runs import services
+    from runs.actors import Actor
+    from runs.models import RunStatus, StopReason, StopRequest, Team
+
+    system = Actor.system("bench")
+    reviewer = _reviewer_actor(stack)
+    team = Team.objects.get(pk=stack.team_id)
+    worker = LineProcess([PYTHON, str(ROOT / "bench" / "agent_worker.py"), "--url", stack.base_url,
+                          "--token", stack.agent_token, "--quantum", "0.005"],
+                         stack.env, stack.log_dir / "agent_worker.log")
+    clock = CommitClock().install()
+    iterations, warmup = stack.n(100, 20), 5
+    commit_to_signal: list[float] = []
+    commit_to_drained: list[float] = []
+    request_to_signal: list[float] = []
+    request_to_drained: list[float] = []
+    server_request_to_stopped: list[float] = []
+    not_clean: list[str] = []
+
+    def leased_run(title: str) -> Any:
+        run = services.run_create(team=team, title=title, agent="support-agent", actor=system,
+                                  steps=[services.PlannedStep("triage"), services.PlannedStep("reply")])
+        worker.send({"op": "lease", "run_id": run.pk})
+        ready = worker.receive(timeout=20)
+        if "error" in ready:
+            raise RuntimeError(f"agent worker failed: {ready['error']}")
+        if not ready.get("push_connected"):
+            raise RuntimeError("the agent worker's push socket did not connect")
+        return run
+
+    def finished(run_id: str) -> dict[str, Any]:
+        answer = worker.receive(timeout=30)
+        if answer.get("error") or answer.get("run_id") != run_id:
+            raise RuntimeError(f"agent worker: {answer}")
+        return answer
+
+    def server_side(run_id: str) -> None:
+        stop = StopRequest.objects.get(run_id=run_id)
+        if stop.outcome_state != RunStatus.STOPPED_CLEANLY or stop.stopped_at is None:
+            not_clean.append(f"{run_id}:{stop.outcome_state}")
+        else:
+            server_request_to_stopped.append((stop.stopped_at - stop.requested_at).total_seconds() * 1000)
+
+    try:
+        # 2. stop commit → signal at the worker (the stop commits in this process)
+        for index in range(iterations + warmup):
+            run = leased_run(f"Refund ticket #{index}")
+            services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=reviewer)
+            committed = clock.committed(run.pk, "stop_signal")
+            answer = finished(run.pk)
+            if index >= warmup and committed is not None and answer["signal_at"] is not None:
+                commit_to_signal.append((answer["signal_at"] - committed) * 1000)
+                commit_to_drained.append((answer["drained_at"] - committed) * 1000)
+        # 3. stop request (HTTP, reviewer token) → stopped_cleanly
+        with httpx.Client(base_url=stack.base_url,
+                          headers={"Authorization": f"Bearer {stack.reviewer_token}"}) as http:
+            for index in range(iterations + warmup):
+                run = leased_run(f"Draft contract #{index}")
+                requested = time.monotonic()
+                response = http.post(f"/api/v1/runs/{run.pk}/cancel/", json={"reason": "user_stop"})
+                assert response.status_code == 202, response.text
+                answer = finished(run.pk)
+                if index >= warmup:
+                    request_to_signal.append((answer["signal_at"] - requested) * 1000)
+                    request_to_drained.append((answer["drained_at"] - requested) * 1000)
+                    server_side(run.pk)
+    finally:
+        clock.uninstall()
+        worker.close()
+    note = f"{len(not_clean)} not clean: {not_clean[:3]}" if not_clean else "every run ended stopped_cleanly"
+    return [
+        latency_row("stop", "stop commit → signal at a connected safestop_agent worker", commit_to_signal,
+                    target_key="p99", target_ms=50,
+                    note="Redis → daphne → agent websocket (heartbeat every 40 s, so the push is what is timed)"),
+        latency_row("stop", "stop commit → worker drained (cooperating worker)", commit_to_drained),
+        latency_row("stop", "POST /cancel/ → signal at the worker", request_to_signal),
+        latency_row("stop", "POST /cancel/ → stopped_cleanly (worker's drained answer)", request_to_drained,
+                    target_key="p95", target_ms=300, note=note),
+        latency_row("stop", "  server-side: requested_at → stopped_at", server_request_to_stopped),
+    ]
