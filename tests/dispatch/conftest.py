@@ -82,6 +82,16 @@ class DispatcherProcess:
             line = self.lines.get(timeout=timeout)
         except queue.Empty:
             raise AssertionError(f"dispatcher {self.proc.pid} did not answer in {timeout}s; log: {self.log()}") from None
+        return self._checked(line)
+
+    def poll(self) -> str | None:
+        """The next answer if one has arrived, else None (never blocks)."""
+        try:
+            return self._checked(self.lines.get_nowait())
+        except queue.Empty:
+            return None
+
+    def _checked(self, line: str) -> str:
         if line.startswith("error") or line == "<eof>":
             raise AssertionError(f"dispatcher {self.proc.pid}: {line}; log: {self.log()}")
         return line

@@ -8,8 +8,10 @@ killed with SIGKILL mid-send. Commands (one per line; each answers one line on s
 
     prep <team_slug> <runs> <items> <url>   create running runs with <items> outbox items each
                                             (through the services) -> "prepped <id>,<id>,..."
-    scan <run_id>                           read the run's pending item ids *now* (the
-                                            dispatcher's scan) -> "ready <n>"
+    scan <run_id> [<slot> <slots>]          read the run's pending item ids *now* (the
+                                            dispatcher's scan) -> "ready <n>"; with a slot, keep
+                                            the items whose position modulo <slots> is <slot> or
+                                            <slot>+1, so every item has exactly two contenders
     go                                      dispatch_one() every scanned id, however stale the
                                             scan has become -> "done <claimed>"
     dispatch <item_id>                      dispatch_one(item) -> "dispatched <status or none>"
@@ -72,6 +74,9 @@ def main() -> None:
                     OutboxItem.objects.filter(run_id=args[0], status=OutboxStatus.PENDING)
                     .order_by("created_at").values_list("pk", flat=True)
                 )
+                if len(args) == 3:
+                    slot, slots = int(args[1]), int(args[2])
+                    scanned = [pk for n, pk in enumerate(scanned) if n % slots in (slot, (slot + 1) % slots)]
                 answer(f"ready {len(scanned)}")
             elif command == "go":
                 claimed = sum(1 for item_id in scanned if dispatch.dispatch_one(item_id, dispatcher=name) is not None)
