@@ -30,20 +30,20 @@ def _nice_max(value: int) -> int:
     return value
 
 
-def _frame(height: int, label: str, body: list[str]) -> SafeString:
+def _frame(height: int, label: str, body: list[str], width: int = WIDTH) -> SafeString:
     return mark_safe(
-        f'<svg class="chart" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="{escape(label)}" '
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
         f'preserveAspectRatio="xMidYMid meet">' + "".join(body) + "</svg>"
     )
 
 
-def _axis(height: int, top: int) -> list[str]:
+def _axis(height: int, top: int, width: int = WIDTH) -> list[str]:
     base = height - PAD_BOTTOM
     mid = (base + PAD_TOP) / 2
     return [
-        f'<line class="chart__grid" x1="{PAD_LEFT}" x2="{WIDTH}" y1="{PAD_TOP}" y2="{PAD_TOP}"/>',
-        f'<line class="chart__grid" x1="{PAD_LEFT}" x2="{WIDTH}" y1="{mid}" y2="{mid}"/>',
-        f'<line class="chart__axis" x1="{PAD_LEFT}" x2="{WIDTH}" y1="{base}" y2="{base}"/>',
+        f'<line class="chart__grid" x1="{PAD_LEFT}" x2="{width}" y1="{PAD_TOP}" y2="{PAD_TOP}"/>',
+        f'<line class="chart__grid" x1="{PAD_LEFT}" x2="{width}" y1="{mid}" y2="{mid}"/>',
+        f'<line class="chart__axis" x1="{PAD_LEFT}" x2="{width}" y1="{base}" y2="{base}"/>',
         f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{PAD_TOP + 4}" text-anchor="end">{top}</text>',
         f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{mid + 4}" text-anchor="end">{top / 2:g}</text>',
         f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{base + 4}" text-anchor="end">0</text>',
@@ -55,7 +55,7 @@ def _time_label(moment: datetime, bucket: str) -> str:
 
 
 @register.simple_tag
-def stacked_bars(series: list[tuple[datetime, int, int]], bucket: str = "day", height: int = 170) -> SafeString:
+def stacked_bars(series: list[tuple[datetime, int, int]], bucket: str = "day", height: int = 130) -> SafeString:
     """Stops per bucket: stopped cleanly (bottom) and stopped dirty (top, red)."""
     top = _nice_max(max((clean + dirty for _t, clean, dirty in series), default=0))
     base = height - PAD_BOTTOM
@@ -84,7 +84,7 @@ def stacked_bars(series: list[tuple[datetime, int, int]], bucket: str = "day", h
     return _frame(height, label, body)
 
 
-def _x_labels(series: list[Any], bucket: str, slot: float, height: int) -> list[str]:
+def _x_labels(series: list[Any], bucket: str, slot: float, height: int, width: int = WIDTH) -> list[str]:
     if not series:
         return []
     picks = sorted({0, len(series) // 2, len(series) - 1})
@@ -95,7 +95,7 @@ def _x_labels(series: list[Any], bucket: str, slot: float, height: int) -> list[
         if index == 0:
             x = PAD_LEFT
         elif index == len(series) - 1:
-            x = WIDTH
+            x = width
         out.append(f'<text class="chart__tick" x="{x:.1f}" y="{height - 6}" text-anchor="{anchor}">'
                    f"{escape(_time_label(series[index][0], bucket))}</text>")
     return out
@@ -103,12 +103,13 @@ def _x_labels(series: list[Any], bucket: str, slot: float, height: int) -> list[
 
 @register.simple_tag
 def bars(series: list[tuple[datetime, int]], bucket: str = "day", height: int = 120, what: str = "count",
-         tone: str = "warn") -> SafeString:
+         tone: str = "warn", width: int = 320) -> SafeString:
+    """A single series over time; drawn narrower, for the small figure cards."""
     top = _nice_max(max((value for _t, value in series), default=0))
     base = height - PAD_BOTTOM
     span = base - PAD_TOP
-    body = _axis(height, top)
-    slot = (WIDTH - PAD_LEFT) / max(len(series), 1)
+    body = _axis(height, top, width)
+    slot = (width - PAD_LEFT) / max(len(series), 1)
     bar = max(1.0, slot * 0.7)
     for index, (moment, value) in enumerate(series):
         if not value:
@@ -118,13 +119,13 @@ def bars(series: list[tuple[datetime, int]], bucket: str = "day", height: int = 
         body.append(f"<g><title>{escape(f'{_time_label(moment, bucket)}: {value} {what}')}</title>"
                     f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
                     f'width="{bar:.1f}" height="{h:.1f}"/></g>')
-    body.extend(_x_labels(series, bucket, slot, height))
+    body.extend(_x_labels(series, bucket, slot, height, width))
     total = sum(value for _t, value in series)
-    return _frame(height, f"{what} per {bucket}: {total} in the period", body)
+    return _frame(height, f"{what} per {bucket}: {total} in the period", body, width)
 
 
 @register.simple_tag
-def histogram(buckets: list[tuple[str, int]], height: int = 170) -> SafeString:
+def histogram(buckets: list[tuple[str, int]], height: int = 150) -> SafeString:
     """Cancel → safe stop latency: how many stops settled within each bound."""
     top = _nice_max(max((value for _l, value in buckets), default=0))
     base = height - PAD_BOTTOM

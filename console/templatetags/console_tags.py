@@ -77,12 +77,12 @@ def short_hash(value: str, length: int = 10) -> str:
 
 @register.filter
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, cls=DjangoJSONEncoder)
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
 
 
 @register.filter
 def compact_json(value: Any, limit: int = 160) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(", ", ": "), cls=DjangoJSONEncoder)
+    text = json.dumps(value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False, cls=DjangoJSONEncoder)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -36,6 +36,7 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
         "form": form, "filters": filters, "result": result, "state_counts": state_counts,
         "status_choices": RunStatus.choices,
     }
-    if wants_fragment(request) and request.GET.get("fragment") == "table":
-        return fragments(request, TEMPLATE, "table", context)
+    if wants_fragment(request) and request.htmx.target == "runs-region":
+        # The table region, and the status select (a chip click changes the status filter).
+        return fragments(request, TEMPLATE, "region", context, oob=["status-select"])
     return page(request, TEMPLATE, context)

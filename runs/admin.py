@@ -1,0 +1,231 @@
+"""Django admin for every record of the runs app.
+
+Teams and memberships are configuration and are edited here. Everything else is the state of
+runs, and state changes only through `runs.services` (one place for every write, each ledgered),
+so those records are view-only here; the few admin actions call the services. The ledger is
+append-only in the database (a trigger) and has no add, change or delete permission here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from runs import services
+from runs.actors import Actor
+from runs.errors import DomainError
+from runs.models import (
+    ApiToken,
+    Artifact,
+    Checkpoint,
+    EventReceipt,
+    ExecutionRecord,
+    Lease,
+    LedgerEntry,
+    Membership,
+    OutboxItem,
+    RejectedWrite,
+    Run,
+    SteeringMessage,
+    Step,
+    StopReason,
+    StopRequest,
+    Team,
+)
+from runs.tokens import api_token_revoke
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """View-only: these rows change through the services, never by hand."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "team", "role"]
+    list_filter = ["role", "team"]
+    search_fields = ["user__username", "team__slug"]
+    autocomplete_fields = ["user", "team"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnlyAdmin):
+    """Tokens are made by `create_api_token` or the console's Tokens page (the raw value is shown once)."""
+
+    list_display = ["name", "team", "role", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["role", "team", "revoked_at"]
+    search_fields = ["name", "prefix", "team__slug"]
+    exclude = ["token_hash"]
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        for token in queryset.filter(revoked_at__isnull=True):
+            api_token_revoke(token_id=token.pk, actor=Actor.for_user(request.user))
+        self.message_user(request, "Revoked.")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [field.name for field in ApiToken._meta.fields if field.name != "token_hash"]
+
+
+class StepInline(admin.TabularInline):
+    model = Step
+    fields = ["seq", "key", "name", "kind", "status", "epoch", "started_at", "finished_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "title", "agent", "team", "status", "stop_epoch", "stop_reason", "created_at"]
+    list_filter = ["status", "stop_reason", "team", "agent"]
+    search_fields = ["id", "title", "agent"]
+    date_hierarchy = "created_at"
+    list_select_related = ["team"]
+    inlines = [StepInline]
+    actions = ["admin_kill"]
+
+    @admin.action(description="Stop the selected runs (admin kill)")
+    def admin_kill(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        """The same stop path as the console's Stop button, with reason admin_kill."""
+        stopped = 0
+        for run_id in queryset.values_list("pk", flat=True):
+            try:
+                outcome = services.run_stop(run_id=run_id, reason=StopReason.ADMIN_KILL,
+                                            actor=Actor.for_user(request.user), note="admin action")
+            except DomainError as error:
+                self.message_user(request, f"{run_id}: {error.detail}", level=messages.WARNING)
+                continue
+            stopped += outcome.created
+        self.message_user(request, f"Stop recorded for {stopped} run(s).")
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdmin):
+    list_display = ["run", "seq", "key", "kind", "status", "epoch", "started_at", "finished_at"]
+    list_filter = ["status", "kind"]
+    search_fields = ["run__id", "key", "name"]
+    list_select_related = ["run"]
+
+
+@admin.register(ExecutionRecord)
+class ExecutionRecordAdmin(ReadOnlyAdmin):
+    list_display = ["tool_call_id", "run", "tool", "side_effect", "execution_state", "side_effect_state",
+                    "remote_cancel_state", "permit_epoch", "resolved", "permitted_at"]
+    list_filter = ["execution_state", "side_effect_state", "remote_cancel_state", "side_effect", "resolved"]
+    search_fields = ["tool_call_id", "operation_id", "idempotency_key", "run__id", "tool"]
+    list_select_related = ["run"]
+
+
+@admin.register(OutboxItem)
+class OutboxItemAdmin(ReadOnlyAdmin):
+    list_display = ["public_id", "run", "transport", "destination", "status", "enqueue_epoch", "claim_epoch",
+                    "attempts", "created_at"]
+    list_filter = ["status", "transport"]
+    search_fields = ["run__id", "idempotency_key", "destination"]
+    list_select_related = ["run"]
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnlyAdmin):
+    list_display = ["run", "worker_id", "epoch", "acquired_at", "heartbeat_at", "expires_at", "released_at",
+                    "release_reason", "fenced_unconfirmed"]
+    list_filter = ["release_reason", "fenced_unconfirmed"]
+    search_fields = ["run__id", "worker_id"]
+    exclude = ["token"]
+    list_select_related = ["run"]
+
+
+@admin.register(StopRequest)
+class StopRequestAdmin(ReadOnlyAdmin):
+    list_display = ["run", "reason", "requested_by", "requested_at", "epoch_before", "epoch_after",
+                    "outcome_state", "takeover"]
+    list_filter = ["reason", "outcome_state", "takeover", "actor_kind"]
+    search_fields = ["run__id", "requested_by", "note"]
+    date_hierarchy = "requested_at"
+    list_select_related = ["run"]
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(ReadOnlyAdmin):
+    list_display = ["name", "run", "kind", "reusable", "evidence", "epoch", "created_at"]
+    list_filter = ["reusable", "evidence", "kind"]
+    search_fields = ["name", "run__id", "uri"]
+    list_select_related = ["run"]
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(ReadOnlyAdmin):
+    list_display = ["label", "run", "step_seq", "epoch", "created_at"]
+    search_fields = ["label", "run__id"]
+    list_select_related = ["run"]
+
+
+@admin.register(SteeringMessage)
+class SteeringMessageAdmin(ReadOnlyAdmin):
+    list_display = ["run", "author", "status", "created_at", "applied_at"]
+    list_filter = ["status"]
+    search_fields = ["run__id", "author", "text"]
+    list_select_related = ["run"]
+
+
+@admin.register(EventReceipt)
+class EventReceiptAdmin(ReadOnlyAdmin):
+    list_display = ["run", "event_id", "type", "epoch", "outcome", "code", "received_at"]
+    list_filter = ["outcome", "type", "code"]
+    search_fields = ["run__id", "event_id"]
+    list_select_related = ["run"]
+
+
+@admin.register(RejectedWrite)
+class RejectedWriteAdmin(ReadOnlyAdmin):
+    list_display = ["run", "kind", "epoch", "run_epoch", "code", "at"]
+    list_filter = ["kind", "code"]
+    search_fields = ["run__id"]
+    list_select_related = ["run"]
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnlyAdmin):
+    """Append-only and hash-chained: no add, change or delete, even for superusers."""
+
+    list_display = ["id", "at", "team_slug", "run", "run_seq", "actor_kind", "actor", "action", "reason"]
+    list_filter = ["actor_kind", "action", "team_slug"]
+    search_fields = ["run__id", "actor", "action", "reason", "hash"]
+    date_hierarchy = "at"
+    ordering = ["-id"]
+    actions = None
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        return {}
+
+

@@ -1,0 +1,205 @@
+"""The run page and its actions: roles, Stop / Take over / Resume / Close, steering, frozen
+outbox decisions, htmx fragments vs. redirects, domain errors as messages, query counts."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from runs import services
+from runs.actors import Actor
+from runs.models import Run, RunStatus, StopRequest
+from tests.console.conftest import htmx
+from tests.console.scenarios import AGENT, handed_off, new_run, running, start, stopped_cleanly, work
+
+pytestmark = pytest.mark.django_db
+
+RUN_PAGE_MAX_QUERIES = 16
+
+
+def _reload(run: Run) -> Run:
+    return Run.objects.get(pk=run.pk)
+
+
+def test_run_page_shows_state_lease_steps_calls_outbox_and_ledger(as_viewer, team):
+    run, lease = running(team)
+    body = as_viewer.get(f"/runs/{run.pk}/").content.decode()
+    assert 'data-status="running"' in body
+    assert lease.worker_id in body  # lease holder
+    assert "data-ago" in body  # heartbeat age
+    for step in ("Plan", "Search"):
+        assert step in body
+    assert "web.search" in body and "succeeded" in body  # tool calls with their states
+    assert "outbox_" in body and "cfo@example.com" in body  # the outbox
+    assert "checkpoint_02" in body and "draft-0.md" in body  # checkpoints and artifacts
+    assert "run.created" in body and "lease.acquired" in body  # this run's ledger
+    assert f'ws-connect="/ws/runs/{run.pk}/"' in body
+
+
+def test_viewer_sees_no_stop_button_and_a_forged_post_is_403(as_viewer, team):
+    run, _lease = running(team)
+    body = as_viewer.get(f"/runs/{run.pk}/").content.decode()
+    assert "Confirm stop" not in body and "Take over" not in body
+    assert "need the reviewer role" in body
+    for path, data in [("stop", {"reason": "user_stop"}), ("takeover", {}), ("steering", {"text": "x"}),
+                       ("resume", {}), ("close", {})]:
+        response = as_viewer.post(f"/runs/{run.pk}/{path}/", data)
+        assert response.status_code == 403, path
+    assert _reload(run).status == RunStatus.RUNNING
+    assert not StopRequest.objects.filter(run=run).exists()
+
+
+def test_another_teams_run_is_not_found(as_outsider, team):
+    run = new_run(team)
+    assert as_outsider.get(f"/runs/{run.pk}/").status_code == 404
+    assert as_outsider.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop"}).status_code == 404
+    assert _reload(run).status == RunStatus.PENDING
+
+
+def test_stop_without_htmx_redirects_and_records_one_stop(as_reviewer, team, bob):
+    run, _lease = running(team)
+    response = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop", "note": "wrong data"})
+    assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
+    run = _reload(run)
+    assert run.status == RunStatus.CANCEL_REQUESTED  # a live lease: waiting for the worker
+    assert run.stop_reason == "user_stop" and run.stop_requested_by == "bob" and run.stop_epoch == 2
+    page = as_reviewer.get(response["Location"]).content.decode()
+    assert "Stop recorded (user_stop)" in page
+    assert "Cancel requested" in page and "wrong data" in page
+
+
+def test_double_submitted_stop_stops_once(as_reviewer, team):
+    run, _lease = running(team)
+    first = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions"))
+    second = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions"))
+    assert first.status_code == second.status_code == 200
+    assert StopRequest.objects.filter(run=run).count() == 1
+    assert _reload(run).stop_epoch == 2
+    assert "nothing new was done" in second.content.decode()
+
+
+def test_htmx_stop_answers_with_fragments_not_a_redirect(as_reviewer, team):
+    run = new_run(team)  # no worker: cancel_requested → draining → stopped_cleanly at once
+    response = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions"))
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<section id="run-actions"')
+    assert '<section id="run-summary"' in body and 'id="run-detail"' in body
+    assert body.count('hx-swap-oob="true"') == 2
+    assert 'data-status="stopped_cleanly"' in body
+    assert _reload(run).status == RunStatus.STOPPED_CLEANLY
+
+
+def test_admin_kill_is_only_offered_to_admins(as_reviewer, as_admin, team):
+    run, _lease = running(team)
+    assert "admin_kill" not in as_reviewer.get(f"/runs/{run.pk}/").content.decode()
+    assert "admin_kill" in as_admin.get(f"/runs/{run.pk}/").content.decode()
+    refused = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "admin_kill"}, **htmx("run-actions"))
+    assert refused.status_code == 200 and "Select a valid choice" in refused.content.decode()
+    assert _reload(run).status == RunStatus.RUNNING
+    as_admin.post(f"/runs/{run.pk}/stop/", {"reason": "admin_kill"})
+    assert _reload(run).stop_reason == "admin_kill"
+
+
+def test_domain_errors_are_messages_not_500(as_reviewer, team):
+    run, _lease = running(team)
+    closing = as_reviewer.post(f"/runs/{run.pk}/close/", {"note": "x"}, **htmx("run-actions"))
+    assert closing.status_code == 200
+    assert "cannot be closed" in closing.content.decode() and 'role="alert"' in closing.content.decode()
+    plain = as_reviewer.post(f"/runs/{run.pk}/resume/", {})
+    assert plain.status_code == 302
+    assert "cannot be resumed" in as_reviewer.get(plain["Location"]).content.decode()
+    assert _reload(run).status == RunStatus.RUNNING
+
+
+def test_take_over_a_running_run_ends_handed_off_after_the_drain(as_reviewer, team, bob):
+    run, lease = running(team)
+    response = as_reviewer.post(f"/runs/{run.pk}/takeover/", {"note": "mine now"}, **htmx("run-actions"))
+    assert "handed off as soon as it is stopped cleanly" in response.content.decode()
+    assert _reload(run).status == RunStatus.CANCEL_REQUESTED
+    services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT)
+    run = _reload(run)
+    assert run.status == RunStatus.HANDED_OFF
+    assert run.handoffs.get().assignee == bob
+
+
+def test_resume_from_a_checkpoint_and_close(as_reviewer, team):
+    run = stopped_cleanly(team)
+    response = as_reviewer.post(f"/runs/{run.pk}/resume/", {"checkpoint": "checkpoint_01"}, **htmx("run-actions"))
+    assert "Resumed from checkpoint_01" in response.content.decode()
+    run = _reload(run)
+    assert run.status == RunStatus.PENDING and run.resume_from == "checkpoint_01" and run.stop_epoch == 3
+    other = stopped_cleanly(team)
+    as_reviewer.post(f"/runs/{other.pk}/close/", {"note": "not needed"})
+    assert _reload(other).status == RunStatus.CANCELLED
+
+
+def test_steering_is_queued_and_shown(as_reviewer, team):
+    run, _lease = running(team)
+    response = as_reviewer.post(f"/runs/{run.pk}/steering/", {"text": "Prefer the EU region"},
+                                **htmx("steering-form-box"))
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<section id="steering-form-box"')
+    assert "Queued for the agent." in body
+    assert "Prefer the EU region" in body  # in the out-of-band detail region
+    empty = as_reviewer.post(f"/runs/{run.pk}/steering/", {"text": "  "}, **htmx("steering-form-box"))
+    assert "required" in empty.content.decode().lower()
+
+
+def test_unapplied_steering_is_carried_over_or_discarded(as_reviewer, team, bob):
+    run = handed_off(team, by=Actor.for_user(bob))
+    message = run.steering_messages.get()
+    assert message.status == "unapplied_at_stop"
+    response = as_reviewer.post(f"/runs/{run.pk}/steering/{message.pk}/decide/", {"decision": "carry_over"},
+                                **htmx("run-detail"))
+    assert response.status_code == 200 and "Carried over" in response.content.decode()
+    message.refresh_from_db()
+    assert message.status == "carried_over"
+
+
+def test_frozen_outbox_item_is_released_or_discarded(as_reviewer, team):
+    run = stopped_cleanly(team)
+    item = run.outbox_items.get()
+    assert item.status == "frozen"
+    page = as_reviewer.get(f"/runs/{run.pk}/").content.decode()
+    assert f"/runs/{run.pk}/outbox/{item.pk}/release/" in page
+    response = as_reviewer.post(f"/runs/{run.pk}/outbox/{item.pk}/discard/", {}, **htmx("run-detail"))
+    assert response.status_code == 200 and "discarded" in response.content.decode()
+    item.refresh_from_db()
+    assert item.status == "discarded"
+    assert as_reviewer.post(f"/runs/{run.pk}/outbox/{item.pk}/explode/", {}).status_code == 404
+
+
+def test_live_fragments_by_target(as_viewer, team):
+    run, _lease = running(team)
+    summary = as_viewer.get(f"/runs/{run.pk}/", **htmx("run-summary")).content.decode()
+    assert summary.lstrip().startswith('<section id="run-summary"')
+    assert f'data-seq="{_reload(run).change_seq}"' in summary
+    assert 'id="run-detail" class="run-detail" hx-swap-oob="true"' in summary
+    actions = as_viewer.get(f"/runs/{run.pk}/", **htmx("run-actions")).content.decode()
+    assert actions.lstrip().startswith('<section id="run-actions"') and "<html" not in actions
+
+
+def _busy_run(team, size: int) -> Run:
+    steps = tuple(f"step{i}" for i in range(size))
+    run = new_run(team, steps=steps)
+    lease = start(run)
+    work(run, lease, steps=size, calls_per_step=1, outbox=size, artifacts=size)
+    for i in range(size):
+        services.steering_queue(run_id=run.pk, text=f"hint {i}", actor=AGENT)
+    return _reload(run)
+
+
+def test_run_page_queries_do_not_grow_with_rows(as_reviewer, team, django_assert_max_num_queries):
+    small = _busy_run(team, 5)
+    big = _busy_run(team, 50)
+    with CaptureQueriesContext(connection) as few:
+        assert as_reviewer.get(f"/runs/{small.pk}/").status_code == 200
+    with CaptureQueriesContext(connection) as many:
+        response = as_reviewer.get(f"/runs/{big.pk}/")
+    assert response.status_code == 200 and response.content.decode().count('class="timeline__item') == 50
+    assert len(many) == len(few)
+    with django_assert_max_num_queries(RUN_PAGE_MAX_QUERIES):
+        as_reviewer.get(f"/runs/{big.pk}/", **htmx("run-summary"))
