@@ -1,0 +1,175 @@
+"""A real Celery worker (and beat) on Redis, in their own processes, on the test database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from console.celery import app as safestop_app
+from console.celery import beat_schedule
+from runs import services
+from runs.actors import Actor
+from runs.models import OutboxItem, OutboxStatus, RunStatus
+from tests.dispatch.conftest import ROOT, child_env
+from tests.runs.factories import make_running, reload
+
+# A Redis database of our own, so nothing else's queue is touched (FLUSHDB before and after).
+REDIS_URL = os.environ.get("SAFESTOP_TEST_DISPATCH_REDIS_URL", "redis://127.0.0.1:6379/5")
+AGENT = Actor.system("agent")
+
+
+def _wait(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+class CeleryProcess:
+    def __init__(self, args: list[str], *, env: dict[str, str], log: Path, ready_marker: str) -> None:
+        self.log_path = log
+        self._log = log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "console", *args], cwd=ROOT, env=env,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+        if not _wait(lambda: ready_marker in self.log() or self.proc.poll() is not None, timeout=60):
+            raise AssertionError(f"celery {args[0]} did not start: {self.log()[-3000:]}")
+        assert self.proc.poll() is None, self.log()[-3000:]
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def redis_db() -> Iterator[str]:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.ping()  # fails loudly: the suite never skips because a service is missing
+    client.flushdb()
+    try:
+        yield REDIS_URL
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def celery_env(receiver, redis_db) -> dict[str, str]:
+    return child_env(REDIS_URL=redis_db, SAFESTOP_WEBHOOK_ALLOWED_HOSTS=receiver.host,
+                     SAFESTOP_BACKGROUND_INTERVAL="0.5", SAFESTOP_LOG_LEVEL="INFO")
+
+
+@pytest.fixture
+def worker(celery_env, tmp_path) -> Iterator[CeleryProcess]:
+    process = CeleryProcess(
+        ["worker", "--pool=solo", "--loglevel=INFO", "--without-mingle", "--without-gossip", "--without-heartbeat",
+         "--hostname=dispatch-test@%h"],
+        env=celery_env, log=tmp_path / "worker.log", ready_marker="ready.",
+    )
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def client_app(redis_db) -> Iterator[Celery]:
+    """A plain Celery client on the same broker: it only knows task *names*."""
+    client = Celery("test-client", broker=redis_db)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _enqueue(run, receiver, key: str, payload: dict) -> OutboxItem:
+    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=run.stop_epoch, transport="webhook",
+                                      destination=receiver.url("/hook"), payload=payload, idempotency_key=key,
+                                      actor=AGENT)
+    return item
+
+
+def _status(item: OutboxItem) -> str:
+    return OutboxItem.objects.values_list("status", flat=True).get(pk=item.pk)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_worker_dispatches_to_the_webhook_and_refuses_frozen_items(team, receiver, worker, client_app) -> None:
+    live, _lease = make_running(team)
+    stopped, _lease2 = make_running(team)
+    first = _enqueue(live, receiver, "pay-1", {"amount": 12, "to": "acct-9"})
+    frozen = _enqueue(stopped, receiver, "frozen-1", {"amount": 99})
+    services.run_stop(run_id=stopped.pk, reason="user_stop", actor=Actor.system("reviewer"))
+    assert _status(frozen) == OutboxStatus.FROZEN
+
+    client_app.send_task("runs.tasks.dispatch_outbox_item", args=[first.pk])
+    assert receiver.wait_for(1, timeout=30), worker.log()[-3000:]
+    assert _wait(lambda: _status(first) == OutboxStatus.SENT), worker.log()[-3000:]
+
+    [receipt] = receiver.receipts
+    assert receipt.body == {"amount": 12, "to": "acct-9"}
+    assert receipt.idempotency_key == "pay-1"
+    first.refresh_from_db()
+    assert f":{worker.proc.pid}:" in first.claimed_by  # the worker process did it, not us
+    assert first.response_status == 200
+
+    # The solo worker runs tasks in order: the frozen item's task and a redelivery of the first
+    # are both done by the time the last one's item is sent.
+    last = _enqueue(live, receiver, "pay-2", {"amount": 1})
+    for item_id in (frozen.pk, first.pk, last.pk):
+        client_app.send_task("runs.tasks.dispatch_outbox_item", args=[item_id])
+    assert _wait(lambda: _status(last) == OutboxStatus.SENT), worker.log()[-3000:]
+    assert receiver.keys() == ["pay-1", "pay-2"]
+    assert _status(frozen) == OutboxStatus.FROZEN
+    assert "Traceback" not in worker.log()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_celery_beat_drives_dispatch_and_the_lease_reaper(team, receiver, worker, celery_env, tmp_path) -> None:
+    beat = CeleryProcess(["beat", "--loglevel=INFO", f"--schedule={tmp_path / 'beat-schedule'}"],
+                         env=celery_env, log=tmp_path / "beat.log", ready_marker="beat: Starting")
+    try:
+        run, _lease = make_running(team)
+        doomed, _ = make_running(team, ttl=1)
+        item = _enqueue(run, receiver, "beat-1", {"hello": "beat"})
+
+        assert _wait(lambda: _status(item) == OutboxStatus.SENT, timeout=30), worker.log()[-3000:]
+        assert _wait(lambda: reload(doomed).status == RunStatus.INTERRUPTED, timeout=30), worker.log()[-3000:]
+        assert reload(doomed).interruption["reason"] == "lease_expired"
+        assert receiver.keys() == ["beat-1"]
+        beat_log = beat.log()
+        for task in ("runs.tasks.dispatch_pending", "runs.tasks.reap_expired_leases", "runs.tasks.fence_overdue_stops"):
+            assert "Sending due task" in beat_log and f"({task})" in beat_log, task
+    finally:
+        beat.stop()
+
+
+def test_the_beat_schedule_names_only_registered_tasks() -> None:
+    import runs.tasks  # noqa: F401  (registers the tasks)
+
+    schedule = beat_schedule(0.5)
+    assert {entry["task"] for entry in schedule.values()} <= set(safestop_app.tasks)
+    assert {"runs.tasks.dispatch_pending", "runs.tasks.reap_stuck_dispatches", "runs.tasks.reap_expired_leases",
+            "runs.tasks.fence_overdue_stops", "runs.tasks.enforce_budgets"} == {e["task"] for e in schedule.values()}
+    for name in ("runs.tasks.dispatch_outbox_item", *(entry["task"] for entry in schedule.values())):
+        assert safestop_app.tasks[name].acks_late is True
