@@ -11,6 +11,7 @@ from django.test import Client
 from runs import services
 from runs.actors import Actor
 from runs.models import Lease, Run
+from tests.livestack import live_stack, live_stack_redis  # noqa: F401  (fixtures for test_live)
 from tests.runs.factories import make_run, make_running, reload
 
 __all__ = ["Api", "make_run", "make_running", "reload", "stop"]

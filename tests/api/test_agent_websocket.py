@@ -1,0 +1,114 @@
+"""The agent push channel `/ws/agent/runs/<id>/`, in-process with WebsocketCommunicator.
+
+No Origin header anywhere: agents are not browsers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from console.asgi import application
+from runs.api.models import Denial
+from runs.models import Run, StopRequest
+from tests.api.conftest import make_run, make_running, stop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def bearer(token) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {token.raw}".encode())]
+
+
+async def open_socket(path: str, headers=None) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, path, headers=headers or [])
+    connected, _ = await communicator.connect(timeout=3)
+    assert connected
+    return communicator
+
+
+async def close_code(path: str, headers=None) -> int:
+    communicator = await open_socket(path, headers)
+    message = await communicator.receive_output(timeout=3)
+    await communicator.wait()
+    assert message["type"] == "websocket.close"
+    return message["code"]
+
+
+async def test_a_stop_is_pushed_the_moment_it_commits(team, agent_token):
+    run, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    assert await socket.receive_nothing(timeout=0.1)
+    outcome = await database_sync_to_async(stop)(run)
+    frame = await socket.receive_json_from(timeout=3)
+    assert frame == {"type": "cancel_requested", "reason": "user_stop", "requested_by": "test", "stop_epoch": 2,
+                     "stop_request_id": outcome.stop_request.pk, "run_id": run.pk,
+                     "requested_at": outcome.stop_request.requested_at.isoformat()}
+    delivered = None
+    for _ in range(40):
+        delivered = await database_sync_to_async(
+            lambda: StopRequest.objects.get(pk=outcome.stop_request.pk).signal_delivered_at)()
+        if delivered:
+            break
+        await asyncio.sleep(0.05)
+    assert delivered is not None
+    await socket.disconnect()
+
+
+async def test_the_worker_acks_over_the_socket(team, agent_token):
+    run, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    await database_sync_to_async(stop)(run)
+    await socket.receive_json_from(timeout=3)
+    await socket.send_json_to({"type": "ack"})
+    assert await socket.receive_json_from(timeout=3) == {"type": "ack", "status": "draining", "stop_epoch": 2}
+    assert (await database_sync_to_async(Run.objects.get)(pk=run.pk)).status == "draining"
+    await socket.disconnect()
+
+
+async def test_connecting_to_a_run_already_stopping_gets_the_signal_at_once(team, agent_token):
+    run, _ = await database_sync_to_async(make_running)(team)
+    await database_sync_to_async(stop)(run)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/?token={agent_token.raw}")
+    frame = await socket.receive_json_from(timeout=3)
+    assert (frame["type"], frame["stop_epoch"]) == ("cancel_requested", 2)
+    await socket.disconnect()
+
+
+async def test_a_pending_run_sends_nothing_and_answers_pings(team, agent_token):
+    run = await database_sync_to_async(make_run)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    assert await socket.receive_nothing(timeout=0.2)
+    await socket.send_json_to({"type": "ping"})
+    assert await socket.receive_json_from(timeout=3) == {"type": "pong"}
+    await socket.send_to(text_data="{not json")
+    assert (await socket.receive_json_from(timeout=3))["error"] == "invalid_json"
+    await socket.send_json_to(["ack"])
+    assert (await socket.receive_json_from(timeout=3))["error"] == "unknown_frame"
+    await socket.disconnect()
+
+
+@pytest.mark.parametrize("headers", [[], [(b"authorization", b"Bearer ss_wrong")], [(b"authorization", b"Basic x")]])
+async def test_a_bad_or_missing_token_is_refused_with_4401(team, headers):
+    run = await database_sync_to_async(make_run)(team)
+    assert await close_code(f"/ws/agent/runs/{run.pk}/", headers) == 4401
+
+
+async def test_another_teams_run_is_refused_like_a_missing_one(other_team, agent_token):
+    theirs = await database_sync_to_async(make_run)(other_team)
+    assert await close_code(f"/ws/agent/runs/{theirs.pk}/", bearer(agent_token)) == 4404
+    assert await close_code("/ws/agent/runs/run_000000000000/", bearer(agent_token)) == 4404
+    denial = await database_sync_to_async(Denial.objects.get)()
+    assert (denial.reason, denial.credential) == ("wrong_team", "token:agent-1")
+
+
+async def test_another_teams_stop_is_never_pushed_to_this_token(team, other_team, agent_token, outsider_token):
+    mine, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{mine.pk}/", bearer(agent_token))
+    theirs, _ = await database_sync_to_async(make_running)(other_team)
+    await database_sync_to_async(stop)(theirs)
+    assert await socket.receive_nothing(timeout=0.3)
+    await socket.disconnect()

@@ -1,0 +1,111 @@
+"""Per-caller rate limit: 429 with Retry-After; atomic counters in the database or Redis."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from django.db import connection
+
+from runs.api import ratelimit
+from runs.api.models import RateWindow
+from runs.api.ratelimit import rate_limit_hit
+from tests.livestack import _redis_reachable
+
+NOW = 1_800_000_030.0  # 30 s into a window: Retry-After is 30
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    monkeypatch.setattr(ratelimit.time, "time", lambda: NOW)
+
+
+@pytest.mark.django_db
+def test_over_the_limit_is_429_with_retry_after(api, agent_token, reviewer_token, settings, frozen_clock):
+    settings.SAFESTOP_RATE_LIMIT_PER_MINUTE = 3
+    assert [api.get("/api/v1/runs/", agent_token).status_code for _ in range(3)] == [200, 200, 200]
+    refused = api.get("/api/v1/runs/", agent_token)
+    assert refused.status_code == 429
+    assert refused.json()["error"] == "rate_limited"
+    assert refused["Retry-After"] == "30"
+    # per token: another caller is not held back
+    assert api.get("/api/v1/runs/", reviewer_token).status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_limit_resets_in_the_next_window(api, agent_token, settings, monkeypatch):
+    settings.SAFESTOP_RATE_LIMIT_PER_MINUTE = 1
+    monkeypatch.setattr(ratelimit.time, "time", lambda: NOW)
+    assert [api.get("/api/v1/runs/", agent_token).status_code for _ in range(2)] == [200, 429]
+    monkeypatch.setattr(ratelimit.time, "time", lambda: NOW + 60)
+    assert api.get("/api/v1/runs/", agent_token).status_code == 200
+
+
+@pytest.mark.django_db
+def test_session_users_are_limited_too_and_zero_disables(api, client, bob, settings, frozen_clock):
+    client.force_login(bob)
+    settings.SAFESTOP_RATE_LIMIT_PER_MINUTE = 1
+    assert [api.get("/api/v1/runs/").status_code for _ in range(2)] == [200, 429]
+    settings.SAFESTOP_RATE_LIMIT_PER_MINUTE = 0
+    assert api.get("/api/v1/runs/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_counter_loses_no_increment_under_concurrency(settings):
+    settings.REDIS_URL = ""
+    threads, per_thread, limit = 8, 25, 50
+    decisions: list[ratelimit.RateDecision] = []
+    lock = threading.Lock()
+    start = threading.Barrier(threads)
+
+    def hammer() -> None:
+        try:
+            start.wait()
+            for _ in range(per_thread):
+                decision = rate_limit_hit(bucket="token:race", limit=limit, now=NOW)
+                with lock:
+                    decisions.append(decision)
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=hammer) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert sorted(d.hits for d in decisions) == list(range(1, threads * per_thread + 1))
+    assert sum(d.allowed for d in decisions) == limit
+    assert RateWindow.objects.get(bucket="token:race").hits == threads * per_thread
+
+
+@pytest.mark.django_db
+def test_old_windows_are_pruned_by_the_callers_next_window(settings):
+    settings.REDIS_URL = ""
+    rate_limit_hit(bucket="token:old", limit=5, now=NOW - 3600)
+    rate_limit_hit(bucket="token:old", limit=5, now=NOW)
+    assert list(RateWindow.objects.filter(bucket="token:old").values_list("hits", flat=True)) == [1]
+
+
+@pytest.mark.django_db
+def test_with_redis_the_counter_is_a_redis_key(settings):
+    url = "redis://127.0.0.1:6379/15"
+    if not _redis_reachable(url):
+        pytest.skip("Redis is not reachable")
+    settings.REDIS_URL = url
+    bucket = f"token:{uuid.uuid4().hex}"
+    decisions = [rate_limit_hit(bucket=bucket, limit=2, now=NOW) for _ in range(3)]
+    assert [(d.hits, d.allowed) for d in decisions] == [(1, True), (2, True), (3, False)]
+    client = ratelimit._redis_client(url)
+    key = f"safestop:rl:{bucket}:{int(NOW // 60)}"
+    assert int(client.get(key)) == 3
+    assert 0 < client.ttl(key) <= 120
+    client.delete(key)
+    assert not RateWindow.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_unreachable_redis_falls_back_to_the_database(settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    assert rate_limit_hit(bucket="token:fallback", limit=5, now=NOW).hits == 1
+    assert RateWindow.objects.get(bucket="token:fallback").hits == 1
