@@ -85,7 +85,7 @@ def audit_verify(request: HtmxHttpRequest) -> HttpResponse:
     context = {"checked": checked, "broken": broken, "in_scope": in_scope, "elapsed_ms": elapsed_ms,
                "verified_at": timezone.now()}
     if request.htmx:
-        return fragments(request, TEMPLATE, "verify", context)
+        return fragments(request, "console/audit_verify.html", "verify", context)
     return page(request, "console/audit_verify.html", context)
 
 

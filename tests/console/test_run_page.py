@@ -11,7 +11,15 @@ from runs import services
 from runs.actors import Actor
 from runs.models import Run, RunStatus, StopRequest
 from tests.console.conftest import htmx
-from tests.console.scenarios import AGENT, handed_off, new_run, running, start, stopped_cleanly, work
+from tests.console.scenarios import (
+    AGENT,
+    handed_off,
+    new_run,
+    running,
+    start,
+    stopped_cleanly,
+    work,
+)
 
 pytestmark = pytest.mark.django_db
 
