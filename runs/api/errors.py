@@ -77,8 +77,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         body["errors"] = exc.detail
     else:
         body["detail"] = str(getattr(exc, "detail", exc))
-    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-        response["Retry-After"] = str(max(1, math.ceil(exc.wait)))
+    wait = getattr(exc, "wait", None) if isinstance(exc, exceptions.Throttled) else None
+    if wait is not None:
+        response["Retry-After"] = str(max(1, math.ceil(wait)))
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response["WWW-Authenticate"] = "Bearer"
     response.data = body

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -71,7 +72,7 @@ def make_storable(data: Any) -> Any:
 
 
 class SafeJSONParser(JSONParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         parser_context = parser_context or {}
         encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

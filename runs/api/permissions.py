@@ -46,11 +46,11 @@ class Capability(enum.StrEnum):
     ADMIN = "admin"
 
 
-_TOKEN_CAPABILITIES = {
+_TOKEN_CAPABILITIES: dict[str, set[Capability]] = {
     TokenRole.AGENT: {Capability.READ, Capability.WORK, Capability.STOP},
     TokenRole.REVIEWER: {Capability.READ, Capability.WORK, Capability.STOP, Capability.REVIEW, Capability.AUDIT},
 }
-_ROLE_CAPABILITIES = {
+_ROLE_CAPABILITIES: dict[str, set[Capability]] = {
     Role.VIEWER: {Capability.READ},
     Role.REVIEWER: {Capability.READ, Capability.STOP, Capability.REVIEW, Capability.AUDIT},
     Role.ADMIN: {Capability.READ, Capability.STOP, Capability.REVIEW, Capability.AUDIT, Capability.ADMIN},
@@ -92,7 +92,7 @@ class Caller:
         user = request.user
         if getattr(user, "is_staff", False) or getattr(user, "is_superuser", False):
             return cls(actor=Actor.for_user(user), user=user, every_team=True)
-        roles = Membership.objects.filter(user=user).values_list("team_id", "role")
+        roles = Membership.objects.filter(user_id=user.pk).values_list("team_id", "role")  # type: ignore[misc]
         return cls(actor=Actor.for_user(user), user=user,
                    capabilities={team_id: frozenset(_ROLE_CAPABILITIES.get(role, set())) for team_id, role in roles})
 

@@ -14,7 +14,7 @@ from runs.models import STOPPING_STATUSES, LedgerEntry, Run, RunStatus, StopRequ
 
 def run_state(*, run_id: str) -> dict[str, Any]:
     """The run's status and epoch right now (after a service call returned something else)."""
-    return Run.objects.filter(pk=run_id).values("status", "stop_epoch").get()
+    return dict(Run.objects.filter(pk=run_id).values("status", "stop_epoch").get())
 
 
 def stop_packet_get(*, run: Run, epoch: int | None = None) -> StopPacket | None:

@@ -53,7 +53,7 @@ class ErrorSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=RunStatus.choices, required=False,
                                      help_text="the run's current status (409)")
     stop_epoch = serializers.IntegerField(required=False, help_text="the run's current epoch (409)")
-    errors = AnyJSONField(required=False, help_text="every field error (400 only)")
+    errors = AnyJSONField(required=False, help_text="every field error (400 only)")  # type: ignore[assignment]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +74,7 @@ class BudgetIn(serializers.Serializer):
 class RunCreateIn(serializers.Serializer):
     title = serializers.CharField(max_length=300)
     agent = serializers.CharField(max_length=120)
-    steps = PlannedStepIn(many=True, required=False, max_length=MAX_PLANNED_STEPS)
+    steps = PlannedStepIn(many=True, required=False, max_length=MAX_PLANNED_STEPS)  # type: ignore[call-arg]
     budget = BudgetIn(required=False)
 
     def validate_steps(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -329,7 +329,7 @@ class ObservationIn(serializers.Serializer):
 class DrainedIn(serializers.Serializer):
     lease_id = serializers.CharField(max_length=64)
     epoch = epoch_field(help_text="the lease's epoch (not the new stop epoch)")
-    observations = ObservationIn(many=True, required=False, max_length=MAX_OBSERVATIONS)
+    observations = ObservationIn(many=True, required=False, max_length=MAX_OBSERVATIONS)  # type: ignore[call-arg]
     stop_epoch = epoch_field(required=False, help_text="informational: the stop epoch the worker saw")
 
 

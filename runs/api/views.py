@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -72,6 +73,14 @@ class _Page(CursorPagination):
     page_size = 50
     max_page_size = 500
     page_size_query_param = "limit"
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any] | None:
+        # A cursor is client text: a forged position ("p=garbage") fails in the ORM, not in
+        # DRF's decoder, and must be a 404 like any other invalid cursor, not a 500.
+        try:
+            return super().paginate_queryset(queryset, request, view)
+        except (ValueError, TypeError, OverflowError, DjangoValidationError):
+            raise NotFound(self.invalid_cursor_message) from None
 
 
 class RunPage(_Page):

@@ -103,3 +103,15 @@ def test_strange_query_values_are_400_not_500(api, agent_token, reviewer_token):
     assert api.get("/api/v1/metrics/stop-quality/", agent_token, since="9999-12-31T23:59:59+14:00").status_code == 400
     assert api.get("/api/v1/metrics/stop-quality/", agent_token, since="0001-01-01T00:00:00+14:00").status_code == 400
     assert api.get("/api/v1/metrics/stop-quality/", agent_token, until="0001-01-01T00:00:01Z").status_code == 200
+
+
+@pytest.mark.parametrize("position", ["garbage", "2020-01-01 00:00:00+00:00", "\x00", "9" * 40])
+def test_a_forged_cursor_is_404_not_500(api, team, reviewer_token, position):
+    import base64
+    from urllib.parse import urlencode
+
+    cursor = base64.b64encode(urlencode({"p": position}).encode()).decode()
+    for path in ("/api/v1/runs/", "/api/v1/ledger/"):
+        response = api.get(path, reviewer_token, cursor=cursor)
+        assert response.status_code in (200, 404)
+        assert "error" in response.json() or "results" in response.json()
