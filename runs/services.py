@@ -441,6 +441,20 @@ def tool_result_report(
 def _apply_tool_result(run: Run, record: ExecutionRecord, *, execution_state: str, operation_id: str, observation: str,
                        output_truncated: bool, remote_cancel_state: str, source: str, recovery_action: str,
                        actor: Actor, now: Any) -> None:
+    after_stop = run.stop_epoch > record.permit_epoch
+    keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved
+    if keeps_state:
+        # Seed 001 §6 row 9: a verified success (or a reviewer's decision) stands with its own
+        # evidence; a later, contradicting report (e.g. a drain saying "unknown") is kept as a
+        # fact in the ledger only, and does not make the success look "reported after stop".
+        ledger_append(
+            run=run, actor=actor, action="tool.result",
+            payload={"tool_call_id": record.tool_call_id, "reported": execution_state, "kept": record.execution_state,
+                     "reported_after_stop": after_stop, "side_effect_state": record.side_effect_state,
+                     "ignored_observation": observation[:500]},
+        )
+        _changed(run, kind="tool.result")
+        return
     record.last_observation = observation or record.last_observation
     record.observed_at = now
     record.observation_source = source
@@ -449,15 +463,12 @@ def _apply_tool_result(run: Run, record: ExecutionRecord, *, execution_state: st
     record.recovery_action = recovery_action or record.recovery_action
     if remote_cancel_state:
         record.remote_cancel_state = remote_cancel_state
-    after_stop = run.stop_epoch > record.permit_epoch
     record.reported_after_stop = record.reported_after_stop or after_stop
-    keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved
-    if not keeps_state:
-        record.execution_state = execution_state
-        if record.side_effect == SideEffect.WRITE:
-            record.side_effect_state = _SIDE_EFFECT_AFTER[execution_state]
-        if execution_state != ExecutionState.RUNNING:
-            record.finished_at = now
+    record.execution_state = execution_state
+    if record.side_effect == SideEffect.WRITE:
+        record.side_effect_state = _SIDE_EFFECT_AFTER[execution_state]
+    if execution_state != ExecutionState.RUNNING:
+        record.finished_at = now
     record.save()
     ledger_append(
         run=run, actor=actor, action="tool.result",
