@@ -17,6 +17,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 app = Celery("safestop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["runs"])
+# Several deployments (or test sessions) may share one Redis: each names its own queue.
+app.conf.task_default_queue = os.environ.get("SAFESTOP_CELERY_QUEUE", "safestop")
 
 
 def beat_schedule(interval: float) -> dict[str, dict[str, object]]:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from runs.models import OutboxItem, OutboxStatus, RunStatus
 from tests.dispatch.conftest import ROOT, child_env
 from tests.runs.factories import make_running, reload
 
-# A Redis database of our own, so nothing else's queue is touched (FLUSHDB before and after).
+# A Redis database of our own, and a queue (and worker name) unique to this test, so test
+# sessions sharing the Redis server never consume each other's tasks.
 REDIS_URL = os.environ.get("SAFESTOP_TEST_DISPATCH_REDIS_URL", "redis://127.0.0.1:6379/5")
 AGENT = Actor.system("agent")
 
@@ -60,28 +62,35 @@ class CeleryProcess:
 
 
 @pytest.fixture
-def redis_db() -> Iterator[str]:
+def queue_name() -> str:
+    return f"safestop-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def redis_db(queue_name: str) -> Iterator[str]:
     client = redis.Redis.from_url(REDIS_URL)
     client.ping()  # fails loudly: the suite never skips because a service is missing
-    client.flushdb()
     try:
         yield REDIS_URL
     finally:
-        client.flushdb()
+        ours = list(client.scan_iter(match=f"*{queue_name}*"))  # the queue and kombu's bindings
+        if ours:
+            client.delete(*ours)
         client.close()
 
 
 @pytest.fixture
-def celery_env(receiver, redis_db) -> dict[str, str]:
-    return child_env(REDIS_URL=redis_db, SAFESTOP_WEBHOOK_ALLOWED_HOSTS=receiver.host,
-                     SAFESTOP_BACKGROUND_INTERVAL="0.5", SAFESTOP_LOG_LEVEL="INFO")
+def celery_env(receiver, redis_db, queue_name) -> dict[str, str]:
+    return child_env(REDIS_URL=redis_db, SAFESTOP_CELERY_QUEUE=queue_name,
+                     SAFESTOP_WEBHOOK_ALLOWED_HOSTS=receiver.host, SAFESTOP_BACKGROUND_INTERVAL="0.5",
+                     SAFESTOP_LOG_LEVEL="INFO")
 
 
 @pytest.fixture
-def worker(celery_env, tmp_path) -> Iterator[CeleryProcess]:
+def worker(celery_env, queue_name, tmp_path) -> Iterator[CeleryProcess]:
     process = CeleryProcess(
         ["worker", "--pool=solo", "--loglevel=INFO", "--without-mingle", "--without-gossip", "--without-heartbeat",
-         "--hostname=dispatch-test@%h"],
+         f"--hostname={queue_name}@%h"],
         env=celery_env, log=tmp_path / "worker.log", ready_marker="ready.",
     )
     try:
@@ -91,9 +100,10 @@ def worker(celery_env, tmp_path) -> Iterator[CeleryProcess]:
 
 
 @pytest.fixture
-def client_app(redis_db) -> Iterator[Celery]:
-    """A plain Celery client on the same broker: it only knows task *names*."""
+def client_app(redis_db, queue_name) -> Iterator[Celery]:
+    """A plain Celery client on the same broker and queue: it only knows task *names*."""
     client = Celery("test-client", broker=redis_db)
+    client.conf.task_default_queue = queue_name
     try:
         yield client
     finally:
