@@ -166,3 +166,22 @@ def leased(client: SafestopClient, run_id: str, worker_id: str = "worker-1", ttl
 
 def planned(*steps: tuple[str, str]) -> list[dict[str, str]]:
     return [{"key": key, "name": key.replace("_", " "), "kind": kind} for key, kind in steps]
+
+
+def racer(barrier: threading.Barrier, fn: Callable[[], Any], results: dict[str, Any], name: str,
+          head_start: float = 0.0) -> threading.Thread:
+    """A thread that waits at `barrier`, sleeps `head_start`, calls `fn` and stores its answer (or
+    exception) in `results[name]`; its own PostgreSQL session is closed when it ends."""
+    from django.db import connection
+
+    def body() -> None:
+        try:
+            barrier.wait(10)
+            time.sleep(head_start)
+            results[name] = fn()
+        except Exception as error:
+            results[name] = error
+        finally:
+            connection.close()
+
+    return threading.Thread(target=body, name=name)

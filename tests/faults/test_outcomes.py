@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-from django.db import connection
 
 from handoff.models import StopPacket
 from runs import dispatch, services
@@ -36,7 +34,15 @@ from runs.models import (
     SideEffectState,
 )
 from safestop_agent import AgentRun, ApiError, Cancelled
-from tests.faults.support import WorkerThread, actions, leased, planned, wait_status, wait_until
+from tests.faults.support import (
+    WorkerThread,
+    actions,
+    leased,
+    planned,
+    racer,
+    wait_status,
+    wait_until,
+)
 from tests.runs.factories import make_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,21 +130,6 @@ def test_parallel_tools_some_succeed_some_cancelled_each_keeps_its_own_result(st
     assert [u["tool_call_id"] for u in packet["unconfirmed_side_effects"]] == ["call_c"]
 
 
-def _in_thread(barrier: threading.Barrier, fn: Any, results: dict[str, Any], name: str,
-               head_start: float = 0.0) -> threading.Thread:
-    def body() -> None:
-        try:
-            barrier.wait(5)
-            time.sleep(head_start)
-            results[name] = fn()
-        except Exception as error:
-            results[name] = error
-        finally:
-            connection.close()  # each thread's own PostgreSQL session
-
-    return threading.Thread(target=body, name=name)
-
-
 def test_tool_success_racing_the_stop_keeps_the_success_and_dispatches_nothing_more(transactional_db, team, receiver):
     """Row 9 (工具成功与取消同时发生): a verifiable success is never overwritten, and nothing
     after it is dispatched — whichever of the two commits first."""
@@ -154,10 +145,10 @@ def test_tool_success_racing_the_stop_keeps_the_success_and_dispatches_nothing_m
         # A third of the runs let the success go first, a third the stop, a third a true race.
         late_success, late_stop = {0: (0.0, 0.02), 1: (0.02, 0.0), 2: (0.0, 0.0)}[attempt % 3]
         threads = [
-            _in_thread(barrier, lambda run_id=run.pk: services.tool_result_report(
+            racer(barrier, lambda run_id=run.pk: services.tool_result_report(
                 run_id=run_id, tool_call_id="call_charge", execution_state="succeeded", operation_id="ch_1",
                 observation="charge ch_1 captured", actor=AGENT), results, "success", late_success),
-            _in_thread(barrier, lambda run_id=run.pk: services.run_stop(
+            racer(barrier, lambda run_id=run.pk: services.run_stop(
                 run_id=run_id, reason="user_stop", actor=REVIEWER), results, "stop", late_stop),
         ]
         for thread in threads:
