@@ -22,12 +22,11 @@ PAD_TOP = 10
 
 
 def _nice_max(value: int) -> int:
-    if value <= 4:
-        return max(value, 1)
-    for step in (5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10_000):
+    """The axis top: an even number at or above the largest value, so the middle tick is whole."""
+    for step in (2, 4, 10, 20, 40, 100, 200, 400, 1000, 2000, 4000, 10_000, 20_000, 40_000, 100_000):
         if value <= step:
             return step
-    return value
+    return value + value % 2
 
 
 def _frame(height: int, label: str, body: list[str], width: int = WIDTH) -> SafeString:
@@ -45,7 +44,7 @@ def _axis(height: int, top: int, width: int = WIDTH) -> list[str]:
         f'<line class="chart__grid" x1="{PAD_LEFT}" x2="{width}" y1="{mid}" y2="{mid}"/>',
         f'<line class="chart__axis" x1="{PAD_LEFT}" x2="{width}" y1="{base}" y2="{base}"/>',
         f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{PAD_TOP + 4}" text-anchor="end">{top}</text>',
-        f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{mid + 4}" text-anchor="end">{top / 2:g}</text>',
+        f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{mid + 4}" text-anchor="end">{top // 2}</text>',
         f'<text class="chart__tick" x="{PAD_LEFT - 6}" y="{base + 4}" text-anchor="end">0</text>',
     ]
 

@@ -168,6 +168,26 @@ def _age_text(seconds: float) -> str:
 
 
 @register.simple_tag
+def countdown(value: Any, offset_seconds: Any = 0) -> str:
+    """'in 24 s' until `value` + offset; the page's script keeps it counting down."""
+    moment = _as_datetime(value)
+    if moment is None:
+        return "—"
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    end = moment + timedelta(seconds=float(offset_seconds or 0))
+    left = (end - timezone.now()).total_seconds()
+    text = f"in {int(left) + 1} s" if left > 0 else f"passed {int(-left)} s ago"
+    return format_html(
+        '<time class="{}" datetime="{}" data-countdown data-offset="{}" title="{}">{}</time>',
+        "" if left > 0 else "is-late", moment.isoformat(), float(offset_seconds or 0),
+        end.strftime("%Y-%m-%d %H:%M:%S UTC"), text,
+    )
+
+
+@register.simple_tag
 def stamp(value: Any) -> str:
     """An absolute UTC time, precise to the millisecond, for the record."""
     moment = _as_datetime(value)

@@ -86,7 +86,9 @@ def run_page(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     context = run_context(request, run)
     if wants_fragment(request):
         if request.htmx.target == "run-summary":
-            return fragments(request, TEMPLATE, "summary", context, oob=["detail"])
+            # The actions region comes along when the page saw the status change (?with=actions).
+            also = ["actions"] if "actions" in request.GET.get("with", "").split(",") else []
+            return fragments(request, TEMPLATE, "summary", context, oob=["detail", *also])
         if request.htmx.target == "run-actions":
             return fragments(request, TEMPLATE, "actions", context)
     return page(request, TEMPLATE, context)

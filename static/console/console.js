@@ -9,6 +9,8 @@
  *   data-live="always"  refetch on every frame, unless its data-seq shows it is already newer
  *   data-live="status"  refetch only when the run's status or epoch differs from what it shows
  *   data-live="guarded" refetch unless the user is typing in it; then show a "changed" notice
+ * A region with data-live-via="<id>" data-live-part="<name>" is not fetched on its own: it rides
+ * out of band on the response of region <id> (the run's actions change with its summary).
  * At most one request per region is in flight; frames arriving meanwhile coalesce into one
  * more fetch, so a burst of changes never queues a burst of requests and the last state wins.
  * After a reconnect every region is refetched (frames sent while offline are not replayed).
@@ -16,23 +18,35 @@
 (function () {
   "use strict";
 
-  var regions = {}; // id -> {busy: bool, again: bool}
+  var regions = {}; // id -> {busy, again, parts}
 
-  function refresh(id) {
-    var state = regions[id] || (regions[id] = { busy: false, again: false });
+  // `part`: another region to bring along out of band (`?with=actions`), so regions that
+  // depend on one another change in the same swap.
+  function refresh(id, part) {
+    var state = regions[id] || (regions[id] = { busy: false, again: false, parts: {} });
+    if (part) state.parts[part] = true;
     if (state.busy) { state.again = true; return; }
     state.busy = true;
     var run = function () {
       state.again = false;
+      var parts = Object.keys(state.parts);
+      state.parts = {};
       var el = document.getElementById(id);
       if (!el || !el.dataset.liveUrl) { state.busy = false; return; }
-      htmx.ajax("GET", el.dataset.liveUrl, { source: el, target: el, swap: "outerHTML" })
-        .catch(function () { /* network error: the next frame or reconnect retries */ })
+      var options = { source: el, target: el, swap: "outerHTML" };
+      if (parts.length) options.values = { "with": parts.join(",") };
+      htmx.ajax("GET", el.dataset.liveUrl, options)
+        .catch(function () { /* network error: the next frame or a reconnect retries */ })
         .then(function () {
           if (state.again) { run(); } else { state.busy = false; }
         });
     };
     run();
+  }
+
+  function refreshRegion(el) {
+    if (el.dataset.liveVia) refresh(el.dataset.liveVia, el.dataset.livePart);
+    else refresh(el.id);
   }
 
   function isBusyTyping(el) {
@@ -68,7 +82,9 @@
     recentlyChanged[msg.run_id] = Date.now();
     var scopeRun = root.dataset.runId;
     if (scopeRun && scopeRun !== msg.run_id) return;
-    var nodes = root.querySelectorAll("[data-live]");
+    // Regions that ride on another go first, so their part joins that region's next fetch.
+    var nodes = Array.prototype.slice.call(root.querySelectorAll("[data-live]"));
+    nodes.sort(function (a, b) { return (b.dataset.liveVia ? 1 : 0) - (a.dataset.liveVia ? 1 : 0); });
     for (var i = 0; i < nodes.length; i++) {
       var el = nodes[i];
       var mode = el.dataset.live;
@@ -85,13 +101,13 @@
       if (mode === "status" && scopeRun && el.dataset.status !== msg.status) {
         announce("Run is now " + (statusLabels[msg.status] || msg.status));
       }
-      refresh(el.id);
+      refreshRegion(el);
     }
   }
 
   function refreshAll(root) {
     var nodes = root.querySelectorAll("[data-live]");
-    for (var i = 0; i < nodes.length; i++) refresh(nodes[i].id);
+    for (var i = 0; i < nodes.length; i++) refreshRegion(nodes[i]);
   }
 
   function setIndicator(state, text) {

@@ -55,8 +55,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a service call off the Playwright loop's thread (it may publish with async_to_sync)."""
+    from django.db import connections
+
+    def call() -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()  # the worker thread's own connection, or the test DB cannot be dropped
+
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn, *args, **kwargs).result()
+        return pool.submit(call).result()
 
 
 @pytest.fixture

@@ -125,6 +125,7 @@ def test_stop_in_one_browser_is_seen_live_in_another(browser: Browser, page: Pag
 
         expect(watcher.locator("#run-summary .chip")).to_have_text("Cancel requested", timeout=LIVE_TIMEOUT)
         expect(watcher.locator(".progression")).to_contain_text("waiting for the worker")
+        expect(watcher.get_by_test_id("stop-open")).to_have_count(0)  # the actions followed the status
         watcher.screenshot(path=screenshot_dir / "run-cancel-requested.png", full_page=True)
 
         # The worker notices on its heartbeat (the ack), then says it has drained.
@@ -137,6 +138,7 @@ def test_stop_in_one_browser_is_seen_live_in_another(browser: Browser, page: Pag
         assert drained.status_code == 200, drained.text
         expect(watcher.locator("#run-summary .chip")).to_have_text("Stopped cleanly", timeout=LIVE_TIMEOUT)
 
+        expect(watcher.locator("#run-actions")).to_have_attribute("data-status", "stopped_cleanly")
         seen = watcher.evaluate("window.__seen")
         assert seen[0] == "running" and seen[-1] == "stopped_cleanly", seen
         assert seen.index("cancel_requested") < seen.index("stopped_cleanly"), seen

@@ -186,6 +186,9 @@ def test_live_fragments_by_target(as_viewer, team):
     assert summary.lstrip().startswith('<section id="run-summary"')
     assert f'data-seq="{_reload(run).change_seq}"' in summary
     assert 'id="run-detail" class="run-detail" hx-swap-oob="true"' in summary
+    assert 'id="run-actions"' not in summary
+    with_actions = as_viewer.get(f"/runs/{run.pk}/", {"with": "actions"}, **htmx("run-summary")).content.decode()
+    assert '<section id="run-actions"' in with_actions and with_actions.count('hx-swap-oob="true"') == 2
     actions = as_viewer.get(f"/runs/{run.pk}/", **htmx("run-actions")).content.decode()
     assert actions.lstrip().startswith('<section id="run-actions"') and "<html" not in actions
 
