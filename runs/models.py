@@ -140,6 +140,8 @@ class Run(models.Model):
     late_reports = models.JSONField(default=list, blank=True)
     late_writes_rejected = models.PositiveIntegerField(default=0)
     created_by = models.CharField(max_length=150, blank=True)
+    # The client's id for this create, so a retried POST returns the first run (blank: none).
+    idempotency_key = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -156,6 +158,11 @@ class Run(models.Model):
                 fields=["status", "stop_requested_at"],
                 name="run_stopping_idx",
                 condition=Q(status__in=["cancel_requested", "draining"]),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "idempotency_key"], condition=~Q(idempotency_key=""), name="run_unique_team_key"
             ),
         ]
 

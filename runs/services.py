@@ -193,20 +193,42 @@ class PlannedStep:
 
 def run_create(
     *, team: Team, title: str, agent: str, actor: Actor, steps: list[PlannedStep] | None = None,
-    max_seconds: int | None = None, max_tool_calls: int | None = None,
+    max_seconds: int | None = None, max_tool_calls: int | None = None, idempotency_key: str = "",
 ) -> Run:
-    with transaction.atomic(durable=True):
-        run = Run.objects.create(
-            team=team, title=title, agent=agent, max_seconds=max_seconds, max_tool_calls=max_tool_calls,
-            created_by=actor.name,
-        )
-        Step.objects.bulk_create(
-            Step(run=run, seq=index, key=step.key, name=step.name or step.key, kind=step.kind)
-            for index, step in enumerate(steps or [], start=1)
-        )
-        ledger_append(run=run, actor=actor, action="run.created", payload={"title": title, "agent": agent})
-        notify.run_changed(run, kind="run.created")
+    run, _created = run_create_or_get(team=team, title=title, agent=agent, actor=actor, steps=steps,
+                                      max_seconds=max_seconds, max_tool_calls=max_tool_calls,
+                                      idempotency_key=idempotency_key)
     return run
+
+
+def run_create_or_get(
+    *, team: Team, title: str, agent: str, actor: Actor, steps: list[PlannedStep] | None = None,
+    max_seconds: int | None = None, max_tool_calls: int | None = None, idempotency_key: str = "",
+) -> tuple[Run, bool]:
+    """Create a run; with an idempotency key, a retry returns the first run (created=False)."""
+    if idempotency_key:
+        existing = Run.objects.filter(team=team, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic(durable=True):
+            run = Run.objects.create(
+                team=team, title=title, agent=agent, max_seconds=max_seconds, max_tool_calls=max_tool_calls,
+                created_by=actor.name, idempotency_key=idempotency_key,
+            )
+            Step.objects.bulk_create(
+                Step(run=run, seq=index, key=step.key, name=step.name or step.key, kind=step.kind)
+                for index, step in enumerate(steps or [], start=1)
+            )
+            ledger_append(run=run, actor=actor, action="run.created", payload={"title": title, "agent": agent})
+            notify.run_changed(run, kind="run.created")
+    except IntegrityError:
+        # Two concurrent retries with one key: the unique constraint lets one through.
+        existing = Run.objects.filter(team=team, idempotency_key=idempotency_key).first() if idempotency_key else None
+        if existing is None:
+            raise
+        return existing, False
+    return run, True
 
 
 # --------------------------------------------------------------------------------------------
@@ -949,13 +971,13 @@ def outbox_reap_stuck(*, item_id: int, older_than_seconds: float) -> bool:
     return True
 
 
-def _freeze_outbox(run: Run, *, now: Any) -> list[int]:
-    frozen_ids = list(OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).values_list("pk", flat=True))
-    if frozen_ids:
-        OutboxItem.objects.filter(pk__in=frozen_ids).update(
-            status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
-        )
-    return frozen_ids
+def _freeze_outbox(run: Run, *, now: Any) -> int:
+    """Freeze the run's pending items; returns how many. Called under the run lock, which every
+    enqueue also takes, so no item can slip in between. One set-based UPDATE: reading the ids
+    first and sending them back as a 1,000-element IN list doubled the stop's cost."""
+    return OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
+        status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
+    )
 
 
 def outbox_release(*, run_id: str, item_id: int, actor: Actor, note: str = "") -> OutboxItem:
@@ -1070,7 +1092,7 @@ def _stop_locked(run: Run, *, reason: str, note: str, actor: Actor, now: Any, ta
         run=run, requested_by=actor.name, actor_kind=actor.kind, reason=reason, note=note, takeover=takeover,
         requested_at=now, epoch_before=epoch_before, epoch_after=run.stop_epoch,
     )
-    frozen_ids = _freeze_outbox(run, now=now)
+    frozen = _freeze_outbox(run, now=now)
     ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES).update(
         cancel_requested=True, remote_cancel_state=RemoteCancelState.REQUESTED
     )
@@ -1079,7 +1101,7 @@ def _stop_locked(run: Run, *, reason: str, note: str, actor: Actor, now: Any, ta
     )
     _move(run, RunStatus.CANCEL_REQUESTED, actor=actor, action="run.stop_requested", reason=reason,
           payload={"stop_request_id": stop_request.pk, "epoch_before": epoch_before, "note": note,
-                   "frozen_outbox": len(frozen_ids), "takeover": takeover},
+                   "frozen_outbox": frozen, "takeover": takeover},
           fields=("stop_epoch", "stop_reason", "stop_requested_by", "stop_requested_at"))
     notify.stop_signal(run, stop_request)
     lease = _live_lease(run)

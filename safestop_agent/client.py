@@ -146,8 +146,12 @@ class SafestopClient:
         *,
         steps: Sequence[Mapping[str, Any]] | None = None,
         budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> RunInfo:
+        """Create a run. Pass `idempotency_key` to make a retried create return the first run."""
         body: JSON = {"title": title, "agent": agent}
+        if idempotency_key:
+            body["idempotency_key"] = idempotency_key
         if steps is not None:
             body["steps"] = list(steps)
         if budget is not None:

@@ -76,6 +76,8 @@ class RunCreateIn(serializers.Serializer):
     agent = serializers.CharField(max_length=120)
     steps = PlannedStepIn(many=True, required=False, max_length=MAX_PLANNED_STEPS)  # type: ignore[call-arg]
     budget = BudgetIn(required=False)
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=True,
+                                            help_text="client id of this create: a retry returns the first run (200)")
 
     def validate_steps(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         keys = [step["key"] for step in steps]

@@ -129,20 +129,21 @@ class RunsView(ApiView):
 
     @extend_schema(
         operation_id="runs_create", summary="Create a run (agent or reviewer token)",
-        request=s.RunCreateIn, responses={201: s.RunOut, **_errors(*_ALWAYS, 400, 403, 413, 415)},
+        request=s.RunCreateIn, responses={201: s.RunOut, 200: s.RunOut, **_errors(*_ALWAYS, 400, 403, 413, 415)},
     )
     def post(self, request: Request) -> Response:
         self.caller.require(Capability.WORK)
         data = self.parse(s.RunCreateIn)
         budget = data.get("budget") or {}
         assert self.caller.token is not None  # WORK is a token capability
-        run = services.run_create(
+        run, created = services.run_create_or_get(
             team=self.caller.token.team, title=data["title"], agent=data["agent"], actor=self.caller.actor,
             steps=[PlannedStep(**step) for step in data.get("steps", [])],
             max_seconds=budget.get("max_seconds"), max_tool_calls=budget.get("max_tool_calls"),
+            idempotency_key=data.get("idempotency_key", ""),
         )
         run = run_selectors.runs_for_teams(None).get(pk=run.pk)
-        return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED)
+        return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class RunDetailView(ApiView):

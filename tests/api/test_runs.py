@@ -28,6 +28,16 @@ def test_create_answers_201_with_id_status_and_epoch(api, agent_token):
         ("plan", "model_call"), ("send", "external_action")]
 
 
+def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_run(api, agent_token, outsider_token):
+    body = {"title": "Nightly export", "agent": "export-bot", "idempotency_key": "export-2026-11-30"}
+    first = api.post("/api/v1/runs/", body, agent_token)
+    again = api.post("/api/v1/runs/", body, agent_token)
+    other_team = api.post("/api/v1/runs/", body, outsider_token)
+    assert (first.status_code, again.status_code, other_team.status_code) == (201, 200, 201)
+    assert again.json()["id"] == first.json()["id"]
+    assert other_team.json()["id"] != first.json()["id"]  # keys are per team
+
+
 @pytest.mark.parametrize(("body", "field"), [
     ({"agent": "a"}, "title"),
     ({"title": ["not", "text"], "agent": "a"}, "title"),
