@@ -103,7 +103,10 @@ class BackgroundLoop:
     def _tick(self) -> None:
         close_old_connections()  # a connection broken since the last tick is replaced, not reused
         try:
-            report = run_periodic_work(dispatch_limit=self.dispatch_limit)
+            # Sends are bounded per tick so the reapers below still run every couple of seconds
+            # while a slow receiver has a backlog (the rest goes out on the next ticks).
+            report = run_periodic_work(dispatch_limit=self.dispatch_limit,
+                                       dispatch_seconds=max(2.0, self.interval * 2))
             self.last_report = report
             if report.errors:
                 self.errors += len(report.errors)

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -70,15 +71,17 @@ def dispatch_one(item: OutboxItem | int, *, dispatcher: str = "") -> OutboxItem 
     return _send_claimed(claimed)
 
 
-def dispatch_pending(*, limit: int = 100, dispatcher: str = "") -> int:
-    """Claim and send claimable items, oldest first, until none is left or `limit` is reached.
+def dispatch_pending(*, limit: int = 100, dispatcher: str = "", max_seconds: float | None = None) -> int:
+    """Claim and send claimable items, oldest first, until none is left, `limit` items were
+    sent, or (with `max_seconds`) no new claim is started after that long.
 
     Several dispatchers may run this at once (threads, processes, Celery workers): two that
     pick the same candidate serialise on its run row and only one claim succeeds.
     """
     name = dispatcher or dispatcher_name()
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     done = 0
-    while done < limit:
+    while done < limit and (deadline is None or time.monotonic() < deadline):
         claimed = services.outbox_claim_next(dispatcher=name)
         if claimed is None:
             break
@@ -179,15 +182,21 @@ class TickReport:
                 + self.dispatches_reaped)
 
 
-def run_periodic_work(*, dispatch_limit: int = 100, dispatcher: str = "") -> TickReport:
+def run_periodic_work(*, dispatch_limit: int = 100, dispatch_seconds: float | None = None,
+                      dispatcher: str = "") -> TickReport:
     """All periodic work once. Stops first (expired leases, budgets, overdue drains), so a run
-    that must stop this tick does not dispatch first; then dispatch; then the outbox reaper."""
+    that must stop this tick does not dispatch first; then dispatch; then the outbox reaper.
+
+    `dispatch_seconds` bounds how long one tick keeps starting sends, so in a single-threaded
+    loop a backlog for a slow receiver cannot hold the lease reaper and drain watchdog back.
+    """
     report = TickReport()
     steps: list[tuple[str, Callable[[], int]]] = [
         ("leases_expired", reap_expired_leases),
         ("budgets_enforced", enforce_budgets),
         ("stops_fenced", fence_overdue_stops),
-        ("dispatched", lambda: dispatch_pending(limit=dispatch_limit, dispatcher=dispatcher)),
+        ("dispatched", lambda: dispatch_pending(limit=dispatch_limit, dispatcher=dispatcher,
+                                                max_seconds=dispatch_seconds)),
         ("dispatches_reaped", reap_stuck_dispatches),
     ]
     for name, step in steps:

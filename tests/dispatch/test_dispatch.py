@@ -167,3 +167,15 @@ def test_an_enqueue_kicks_a_celery_dispatch_after_commit_without_waiting_for_the
     assert 1 <= kicks <= 2
     assert len(queued) == kicks
     assert queued[0] == {"kwargs": {"limit": tasks.KICK_LIMIT}, "retry": False, "expires": 60}
+
+
+def test_a_time_bounded_dispatch_leaves_the_rest_for_the_next_tick(team, receiver) -> None:
+    run, _lease = make_running(team)
+    items = _enqueue_many(run, receiver, 5, path="/slow/0.3")
+
+    sent_now = dispatch.dispatch_pending(limit=100, max_seconds=0.5)
+
+    assert 1 <= sent_now < 5
+    assert OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).count() == 5 - sent_now
+    assert dispatch.dispatch_pending(limit=100) == 5 - sent_now
+    assert receiver.keys() == [item.idempotency_key for item in items]
