@@ -222,7 +222,8 @@ def run_detail(run: Run) -> RunDetail:
         lease=lease,
         live_lease=lease is not None and lease.released_at is None,
         stop_request=StopRequest.objects.filter(run=run).order_by("-epoch_after").first(),
-        packets=list(StopPacket.objects.filter(run=run).order_by("-stop_epoch").values("stop_epoch", "created_at")),
+        packets=[dict(row) for row in
+                 StopPacket.objects.filter(run=run).order_by("-stop_epoch").values("stop_epoch", "created_at")],
         handoff=Handoff.objects.filter(run=run).select_related("assignee").order_by("-created_at", "-pk").first(),
         ledger=ledger,
         # run_seq counts this run's entries, so the newest one says how many there are.
@@ -504,7 +505,7 @@ def _fill(since: datetime, until: datetime, hourly: bool, values: dict[datetime,
     start = since.replace(minute=0, second=0, microsecond=0)
     if not hourly:
         start = start.replace(hour=0)
-    out = []
+    out: list[tuple[datetime, int, int]] = []
     cursor = start
     while cursor < until and len(out) < 400:
         value = values.get(cursor, (0, 0))

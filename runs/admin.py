@@ -94,7 +94,7 @@ class ApiTokenAdmin(ReadOnlyAdmin):
 
 class StepInline(admin.TabularInline):
     model = Step
-    fields = ["seq", "key", "name", "kind", "status", "epoch", "started_at", "finished_at"]
+    fields = ("seq", "key", "name", "kind", "status", "epoch", "started_at", "finished_at")
     readonly_fields = fields
     extra = 0
     can_delete = False

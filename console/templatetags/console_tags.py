@@ -49,6 +49,15 @@ TONES: dict[str, dict[str, str]] = {
 }
 
 
+@register.simple_tag(takes_context=True)
+def current_access(context: template.Context) -> Any:
+    """For pages rendered without the console's context (login, error pages): the user's Access."""
+    from console.access import request_access
+
+    request = context.get("request")
+    return request_access(request) if request is not None else None
+
+
 @register.simple_tag
 def status_chip(status: str, size: str = "") -> str:
     _glyph, label = RUN_STATES.get(status, ("?", status))

@@ -112,7 +112,7 @@ def _csv_rows(entries: Any) -> Iterator[str]:
 
 @login_required
 @require_GET
-def audit_csv(request: HtmxHttpRequest) -> HttpResponse:
+def audit_csv(request: HtmxHttpRequest) -> StreamingHttpResponse:
     _access, slugs, _teams = _admin_scope(request)
     filters = _filters(AuditFilterForm(request.GET))
     filters.after = None  # the export is the whole filtered ledger, not one page

@@ -210,6 +210,39 @@
     }
   });
 
+  // A session that ended: htmx would follow the redirect and swap the login form into a
+  // region. Go to the login page instead.
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var url = (evt.detail.xhr && evt.detail.xhr.responseURL) || "";
+    if (url.indexOf("/login/") !== -1 && location.pathname.indexOf("/login/") !== 0) {
+      evt.detail.shouldSwap = false;
+      window.location.href = url;
+    }
+  });
+
+  // A refused or failed request is said out loud, not silently dropped.
+  function toast(text) {
+    var box = document.getElementById("toast");
+    if (!box) {
+      box = document.createElement("div");
+      box.id = "toast";
+      box.className = "toast";
+      box.setAttribute("role", "alert");
+      document.body.appendChild(box);
+    }
+    box.textContent = text;
+    box.hidden = false;
+    clearTimeout(box._timer);
+    box._timer = setTimeout(function () { box.hidden = true; }, 8000);
+  }
+  document.addEventListener("htmx:responseError", function (evt) {
+    var status = evt.detail.xhr ? evt.detail.xhr.status : 0;
+    toast(status === 403 ? "Not allowed: your role does not permit this." :
+          status === 404 ? "Not found: it may belong to a team you are not in." :
+          "The server could not do that (" + status + "). Reload the page and try again.");
+  });
+  document.addEventListener("htmx:sendError", function () { toast("The server is unreachable. Retrying when it is back."); });
+
   // A printed stop packet carries its raw JSON too.
   window.addEventListener("beforeprint", function () {
     var raw = document.querySelectorAll("details.raw-json");
