@@ -1,0 +1,1 @@
+from tests.faults.support import receiver, stack  # noqa: F401  (fixtures)
