@@ -14,12 +14,12 @@ from runs.models import RunStatus, StopReason, TokenRole
 # Reasons a person picks when pressing Stop. manual_takeover is the Take over button;
 # lease_expired and drain_deadline are the system's own and never chosen by hand.
 HUMAN_STOP_REASONS = [
-    (StopReason.USER_STOP.value, "User stop — a reviewer decided to stop it"),
-    (StopReason.DEPENDENCY_FAILURE.value, "Dependency failure — something it relies on is broken"),
-    (StopReason.BUDGET_EXHAUSTED.value, "Budget exhausted — it has spent what it may"),
-    (StopReason.TIMEOUT.value, "Timeout — it has run too long"),
+    (StopReason.USER_STOP.value, "User stop"),
+    (StopReason.DEPENDENCY_FAILURE.value, "Dependency failure"),
+    (StopReason.BUDGET_EXHAUSTED.value, "Budget exhausted"),
+    (StopReason.TIMEOUT.value, "Timeout"),
 ]
-ADMIN_STOP_REASONS = [(StopReason.ADMIN_KILL.value, "Admin kill — stop it now, on an admin's authority")]
+ADMIN_STOP_REASONS = [(StopReason.ADMIN_KILL.value, "Admin kill (admins only)")]
 
 
 class StopForm(forms.Form):

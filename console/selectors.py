@@ -184,6 +184,11 @@ class RunDetail:
     unresolved: int
 
     @property
+    def lease_expired(self) -> bool:
+        """A live lease past its expiry: the worker missed its heartbeats (the reaper will act)."""
+        return self.live_lease and self.lease is not None and self.lease.expires_at <= timezone.now()
+
+    @property
     def unapplied_steering(self) -> list[SteeringMessage]:
         return [message for message in self.steering if message.status == SteeringStatus.UNAPPLIED_AT_STOP]
 

@@ -122,8 +122,10 @@ def format_ms(value: Any) -> str:
     if value is None or value == "":
         return "—"
     ms = float(value)
+    if ms < 0.5:
+        return "0 ms"
     if ms < 1:
-        return f"{ms:.2f} ms"
+        return f"{ms:.1f} ms"
     if ms < 1000:
         return f"{ms:.0f} ms"
     if ms < 60_000:
@@ -188,7 +190,7 @@ def countdown(value: Any, offset_seconds: Any = 0) -> str:
 
     end = moment + timedelta(seconds=float(offset_seconds or 0))
     left = (end - timezone.now()).total_seconds()
-    text = f"in {int(left) + 1} s" if left > 0 else f"passed {int(-left)} s ago"
+    text = f"in {int(left) + 1} s" if left > 0 else f"passed, {_age_text(-left)}"
     return format_html(
         '<time class="{}" datetime="{}" data-countdown data-offset="{}" title="{}">{}</time>',
         "" if left > 0 else "is-late", moment.isoformat(), float(offset_seconds or 0),

@@ -89,8 +89,8 @@
       var el = nodes[i];
       var mode = el.dataset.live;
       if (el.dataset.liveFilter && FILTERS[el.dataset.liveFilter] && !FILTERS[el.dataset.liveFilter](msg)) continue;
-      if (mode === "always" && el.dataset.seq && el.dataset.runId === msg.run_id &&
-          Number(msg.seq) <= Number(el.dataset.seq)) continue; // already showing this change or a newer one
+      // Already showing this change or a newer one (a frame can arrive after our own POST's answer).
+      if (el.dataset.seq && el.dataset.runId === msg.run_id && Number(msg.seq) <= Number(el.dataset.seq)) continue;
       if (mode === "status" && el.dataset.status === msg.status &&
           String(el.dataset.epoch) === String(msg.stop_epoch)) continue;
       if (mode === "guarded" && isBusyTyping(el)) {
@@ -121,12 +121,35 @@
 
   var opened = new WeakSet();
 
+  // While one of our own POSTs is in flight, frames wait: the change it made is announced the
+  // moment it commits, before its answer arrives, and refetching then would overwrite the
+  // answer (and its message). Once the answer is swapped in, the waiting frames are replayed
+  // and most are skipped by their sequence number.
+  var posting = 0;
+  var deferred = [];
+
+  function isWrite(evt) {
+    var config = evt.detail && evt.detail.requestConfig;
+    return !!config && String(config.verb).toLowerCase() !== "get";
+  }
+  document.addEventListener("htmx:beforeRequest", function (evt) { if (isWrite(evt)) posting += 1; });
+  document.addEventListener("htmx:afterRequest", function (evt) {
+    if (!isWrite(evt) || posting === 0) return;
+    posting -= 1;
+    if (posting === 0) {
+      var waiting = deferred;
+      deferred = [];
+      for (var i = 0; i < waiting.length; i++) onFrame(waiting[i][0], waiting[i][1]);
+    }
+  });
+
   document.addEventListener("htmx:wsBeforeMessage", function (evt) {
     // Frames are JSON, not HTML: handle them here and stop the extension from swapping.
     evt.preventDefault();
     var msg;
     try { msg = JSON.parse(evt.detail.message); } catch (e) { return; }
     var root = evt.target.closest ? evt.target.closest(".live-root") || evt.target : evt.target;
+    if (posting > 0) { deferred.push([root, msg]); return; }
     onFrame(root, msg);
   });
 
@@ -184,7 +207,7 @@
       var end = Date.parse(downs[j].getAttribute("datetime")) + 1000 * Number(downs[j].dataset.offset || 0);
       if (isNaN(end)) continue;
       var left = (end - now) / 1000;
-      downs[j].textContent = left > 0 ? "in " + Math.ceil(left) + " s" : "passed " + Math.floor(-left) + " s ago";
+      downs[j].textContent = left > 0 ? "in " + Math.ceil(left) + " s" : "passed, " + ageText(-left);
       downs[j].classList.toggle("is-late", left <= 0);
     }
   }
