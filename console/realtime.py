@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 # The event loop of the daphne process we run in (set by `manage.py serve`). The in-memory
 # channel layer's queues belong to that loop, so a send from a thread that is not one of
@@ -51,14 +52,52 @@ def agent_group(run_id: str) -> str:
     return f"agent_{run_id}"
 
 
+# A process with no event loop to route to (a Celery worker, a management command) publishes
+# through one long-lived loop of its own. `async_to_sync` there would start a new thread and a
+# new event loop per call — and channels-redis keeps its connection pool per loop, so every
+# frame paid for a fresh Redis connection (docs/BENCHMARKS.md: ~10 ms per group_send).
+_publisher_lock = threading.Lock()
+_publisher: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
+
+
+def _publisher_loop() -> asyncio.AbstractEventLoop:
+    global _publisher
+    with _publisher_lock:
+        # After a fork (Celery's prefork pool) the parent's loop thread does not exist here.
+        if _publisher is None or _publisher[0] != os.getpid() or not _publisher[2].is_alive():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="safestop-publisher", daemon=True)
+            thread.start()
+            _publisher = (os.getpid(), loop, thread)
+        return _publisher[1]
+
+
+def _has_loop_to_route_to() -> bool:
+    return getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None and getattr(
+        SyncToAsync.threadlocal, "main_event_loop_pid", None) == os.getpid()
+
+
 def publish(event: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     _route_detached_thread_to_bound_loop()
     message = {**event, "type": "run.updated"}
-    send = async_to_sync(layer.group_send)
+    sends = []
     if event.get("kind") == "stop_signal":
-        send(agent_group(event["run_id"]), {**event, "type": "stop.signal"})
-    send(run_group(event["run_id"]), message)
-    send(team_group(event["team"]), message)
+        sends.append((agent_group(event["run_id"]), {**event, "type": "stop.signal"}))
+    sends.append((run_group(event["run_id"]), message))
+    sends.append((team_group(event["team"]), message))
+
+    async def send_all() -> None:
+        # One hop to the event loop for all of an event's groups (not one per group), in order:
+        # the worker's stop signal first.
+        for group, frame in sends:
+            await layer.group_send(group, frame)
+
+    if _has_loop_to_route_to() or isinstance(layer, InMemoryChannelLayer):
+        # daphne's request threads (and the embedded background loop) run it on daphne's loop;
+        # the in-memory layer's queues must stay on the loop they were used from.
+        async_to_sync(send_all)()
+    else:
+        asyncio.run_coroutine_threadsafe(send_all(), _publisher_loop()).result(timeout=10)

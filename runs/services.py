@@ -973,8 +973,8 @@ def outbox_reap_stuck(*, item_id: int, older_than_seconds: float) -> bool:
 
 def _freeze_outbox(run: Run, *, now: Any) -> int:
     """Freeze the run's pending items; returns how many. Called under the run lock, which every
-    enqueue also takes, so no item can slip in between. One set-based UPDATE: reading the ids
-    first and sending them back as a 1,000-element IN list doubled the stop's cost."""
+    enqueue also takes, so no item can slip in between. One set-based UPDATE, not a read of
+    every id followed by an UPDATE with a 1,000-element IN list (docs/BENCHMARKS.md)."""
     return OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
         status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
     )

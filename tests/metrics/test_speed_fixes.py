@@ -1,0 +1,114 @@
+"""Behaviour kept by the speed fixes the benchmarks led to (docs/BENCHMARKS.md, "Fixes").
+
+The figures live in bench/; these tests only prove that what the code *does* is unchanged:
+- the stop freezes its run's pending outbox items (and nothing else) in one statement;
+- a run change published from a process with no event loop (Celery, a command) still reaches
+  every group — through one long-lived loop instead of a new thread, loop and Redis
+  connection per frame; from a request thread it still runs on the server's loop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from console import realtime
+from runs import services
+from runs.models import LedgerEntry, OutboxItem, OutboxStatus, StopReason
+from tests.runs.factories import SYSTEM, make_running
+
+pytestmark = pytest.mark.django_db
+
+REDIS_URL = os.environ.get("SAFESTOP_TEST_REDIS_URL") or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+def _enqueue(run, lease, key: str) -> OutboxItem:
+    item, _created = services.outbox_enqueue(
+        run_id=run.pk, epoch=lease.epoch, transport="webhook", destination="https://hooks.example.test/x",
+        payload={"key": key}, idempotency_key=key, actor=SYSTEM,
+    )
+    return item
+
+
+def test_stop_freezes_exactly_the_runs_pending_items_and_ledgers_their_count(team, settings):
+    settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS = ["hooks.example.test"]
+    run, lease = make_running(team)
+    pending = [_enqueue(run, lease, f"p{n}") for n in range(3)]
+    in_flight = _enqueue(run, lease, "claimed")
+    assert services.outbox_claim(item_id=in_flight.pk, dispatcher="d1") is not None
+    other, other_lease = make_running(team)
+    untouched = _enqueue(other, other_lease, "other")
+
+    services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=SYSTEM)
+
+    for item in pending:
+        item.refresh_from_db()
+        assert (item.status, item.frozen_by_epoch) == (OutboxStatus.FROZEN, lease.epoch + 1)
+        assert item.frozen_at is not None
+    in_flight.refresh_from_db()
+    untouched.refresh_from_db()
+    assert in_flight.status == OutboxStatus.DISPATCHING and in_flight.frozen_at is None
+    assert untouched.status == OutboxStatus.PENDING
+    entry = LedgerEntry.objects.get(run=run, action="run.stop_requested")
+    assert entry.payload["frozen_outbox"] == 3
+
+
+@pytest.fixture
+def redis_layer(settings):
+    prefix = "ssbench" + uuid.uuid4().hex[:8]
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [REDIS_URL], "prefix": prefix}}}
+    yield get_channel_layer()
+
+
+def test_publish_without_an_event_loop_reaches_every_group_through_one_loop(redis_layer):
+    layer = redis_layer
+    run_id = "run_" + uuid.uuid4().hex[:12]
+    groups = {"agent": realtime.agent_group(run_id), "run": realtime.run_group(run_id), "team": realtime.team_group(7)}
+    channels = {name: async_to_sync(layer.new_channel)() for name in groups}
+    for name, group in groups.items():
+        async_to_sync(layer.group_add)(group, channels[name])
+    event = {"type": "stop.signal", "kind": "stop_signal", "run_id": run_id, "team": 7, "status": "cancel_requested",
+             "stop_epoch": 2, "seq": 5, "signal": {"type": "cancel_requested", "stop_epoch": 2}}
+
+    loops = set()
+    for _ in range(3):
+        realtime.publish(event)  # this test's thread has no running loop: the Celery situation
+        loops.add(id(realtime._publisher_loop()))
+    publishers = [thread for thread in threading.enumerate() if thread.name == "safestop-publisher"]
+
+    received = {name: [async_to_sync(layer.receive)(channel) for _ in range(3)] for name, channel in channels.items()}
+    assert [frame["type"] for frame in received["agent"]] == ["stop.signal"] * 3
+    assert [frame["type"] for frame in received["run"]] == ["run.updated"] * 3
+    assert [frame["type"] for frame in received["team"]] == ["run.updated"] * 3
+    assert all(frame["seq"] == 5 and frame["run_id"] == run_id for frames in received.values() for frame in frames)
+    assert received["agent"][0]["signal"]["stop_epoch"] == 2
+    assert len(loops) == 1 and len(publishers) == 1
+
+
+def test_publish_from_a_request_thread_still_runs_on_the_servers_loop(redis_layer, monkeypatch):
+    """A thread inside SyncToAsync (a daphne request) routes to the server's loop as before;
+    the private publisher loop is not used for it."""
+    from asgiref.sync import sync_to_async
+
+    def no_private_loop() -> None:
+        raise AssertionError("a request thread must publish on the server's loop")
+
+    monkeypatch.setattr(realtime, "_publisher_loop", no_private_loop)
+    layer = redis_layer
+    run_id = "run_" + uuid.uuid4().hex[:12]
+
+    async def server() -> dict:
+        channel = await layer.new_channel()
+        await layer.group_add(realtime.run_group(run_id), channel)
+        await sync_to_async(realtime.publish)({"kind": "events", "run_id": run_id, "team": 1, "status": "running",
+                                                "stop_epoch": 1, "seq": 9})
+        return await layer.receive(channel)
+
+    frame = async_to_sync(server)()
+    assert frame["type"] == "run.updated" and frame["seq"] == 9
