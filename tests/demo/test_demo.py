@@ -153,7 +153,9 @@ def test_simulate_command_runs_and_ends_cleanly_on_sigterm(stack_for_command):
     assert len(set(runs.values_list("status", flat=True))) >= 2
     # SIGTERM stopped the live runs through the API: they settle instead of hanging
     wait_until(lambda: not runs.filter(status__in=LIVE).exists(), timeout=10, what="runs to settle")
-    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_reaper(pid)]
+    # and no shell-tool supervisor outlived the simulator (they die with their parent)
+    wait_until(lambda: not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_reaper(pid)], timeout=5,
+               what="shell-tool supervisors to exit")
 
 
 def _is_reaper(pid: str) -> bool:
