@@ -1,8 +1,8 @@
 """Celery tasks: thin wrappers that take ids and call `runs.dispatch` / `runs.services`.
 
-No task decides anything. Every one may run twice (`acks_late`: a worker that dies mid-task
-has its message redelivered) and that is safe, because the services re-check state under the
-run lock: a redelivered `dispatch_outbox_item` finds its item already `dispatching`, `sent` or
+No task decides anything. Every one may run twice (`acks_late`: a message whose worker
+vanished before acknowledging it is delivered again once the broker's visibility timeout passes)
+and that is safe, because the services re-check state under the run lock: a redelivered `dispatch_outbox_item` finds its item already `dispatching`, `sent` or
 `unknown` and does nothing — the claim, not Celery, is what prevents a second send.
 
 Beat runs the periodic ones (see `console.celery.beat_schedule`); `install_dispatch_kick`
