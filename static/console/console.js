@@ -89,8 +89,13 @@
       var el = nodes[i];
       var mode = el.dataset.live;
       if (el.dataset.liveFilter && FILTERS[el.dataset.liveFilter] && !FILTERS[el.dataset.liveFilter](msg)) continue;
-      // Already showing this change or a newer one (a frame can arrive after our own POST's answer).
+      // Already showing this change or a newer one (a frame can arrive after our own POST's answer):
+      // the region itself is about one run, or it shows that run in a row or card that says its seq.
       if (el.dataset.seq && el.dataset.runId === msg.run_id && Number(msg.seq) <= Number(el.dataset.seq)) continue;
+      if (!el.dataset.seq && window.CSS && CSS.escape) {
+        var shown = el.querySelector('[data-run-id="' + CSS.escape(String(msg.run_id)) + '"][data-seq]');
+        if (shown && Number(msg.seq) <= Number(shown.dataset.seq)) continue;
+      }
       if (mode === "status" && el.dataset.status === msg.status &&
           String(el.dataset.epoch) === String(msg.stop_epoch)) continue;
       if (mode === "guarded" && isBusyTyping(el)) {
