@@ -138,14 +138,22 @@ class Simulator:
         self.stopping.set()
         with self._lock:
             live = [active for active in self._active.values() if active.leased]
+        server_gone = False
         for active in live:
+            if server_gone:
+                break
             try:
                 # An agent token may stop its own run for `dependency_failure`: the runtime is
                 # going away. The worker hears the push, drains and reports like any stop.
                 self.agents[active.team].cancel(active.run_id, "dependency_failure", note="simulator shutting down")
-            except (ApiError, httpx.TransportError) as error:
+            except httpx.TransportError:
+                # The server stopped first (`serve` shutting down): nobody to drain to. Its
+                # lease reaper will mark these runs interrupted when it is back.
+                server_gone = True
+                log.info("simulator: server gone; %d run(s) left to its lease reaper", len(live))
+            except ApiError as error:
                 log.info("simulator: could not stop %s on shutdown: %s", active.run_id, error)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (min(timeout, 2.0) if server_gone else timeout)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         for client in [*self.agents.values(), *self.reviewers.values()]:
@@ -190,10 +198,13 @@ class Simulator:
             try:
                 outcome = scenario.fn(ctx)
             except Exception as error:  # one broken scenario never stops the demo
-                outcome = "error"
-                self.errors += 1
-                log.warning("simulator: %s on %s failed: %r", kind, ctx.run_id or "(no run)", error)
-                self.stopping.wait(1.0)
+                if self.stopping.is_set():
+                    outcome = "cut short by shutdown"  # the server may already be gone
+                else:
+                    outcome = "error"
+                    self.errors += 1
+                    log.warning("simulator: %s on %s failed: %r", kind, ctx.run_id or "(no run)", error)
+                    self.stopping.wait(1.0)
             finally:
                 if ctx.run_id:
                     self.unregister(ctx.run_id)
