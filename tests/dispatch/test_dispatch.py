@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from django.utils import timezone
 
 from handoff.models import StopPacket
 from runs import dispatch, services, tasks
@@ -179,3 +180,21 @@ def test_a_time_bounded_dispatch_leaves_the_rest_for_the_next_tick(team, receive
     assert OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).count() == 5 - sent_now
     assert dispatch.dispatch_pending(limit=100) == 5 - sent_now
     assert receiver.keys() == [item.idempotency_key for item in items]
+
+
+def test_items_stranded_by_an_interruption_do_not_starve_the_dispatcher(team, receiver) -> None:
+    """A run interrupted (lease expired) with pending items, then resumed at a new epoch: its old
+    items can never be claimed, and must not hide newer items from the dispatcher's scan."""
+    run, lease = make_running(team, ttl=3)
+    stranded = _enqueue_many(run, receiver, 25)
+    time.sleep(max(0.0, (lease.expires_at - timezone.now()).total_seconds()) + 0.1)
+    assert dispatch.reap_expired_leases() == 1
+    services.run_resume(run_id=run.pk, actor=REVIEWER)
+    services.lease_acquire(run_id=run.pk, worker_id="worker-2", ttl_seconds=30, actor=AGENT)
+    other, _lease2 = make_running(team)
+    [fresh] = _enqueue_many(other, receiver, 1)
+
+    assert dispatch.dispatch_pending() == 1
+    assert receiver.keys() == [fresh.idempotency_key]
+    assert all(_status == OutboxStatus.PENDING for _status in
+               OutboxItem.objects.filter(pk__in=[i.pk for i in stranded]).values_list("status", flat=True))
