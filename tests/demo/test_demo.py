@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -16,12 +17,24 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
 from console.demo.accounts import DEMO_USERS
 from console.demo.receiver import pick_port
 from console.demo.simulator import SCENARIOS, Simulator, SimulatorConfig, TeamCredentials
 from runs.ledger import ledger_verify
-from runs.models import ApiToken, Membership, OutboxItem, OutboxStatus, Role, Run, RunStatus, Team
+from runs.models import (
+    ApiToken,
+    Membership,
+    OutboxItem,
+    OutboxStatus,
+    Role,
+    Run,
+    RunStatus,
+    StopRequest,
+    Team,
+)
+from runs.selectors import side_effect_leakage
 from runs.tokens import api_token_create
 from tests.faults.support import Stack, _stack, wait_until
 
@@ -108,6 +121,10 @@ def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, recei
     wait_until(lambda: not [s for s in _statuses(simulator.run_ids).values() if s in LIVE], timeout=10,
                what="the simulator's runs to settle")
     assert all(ledger_verify(run_id=run_id)[1] is None for run_id in simulator.run_ids)
+    # across the whole busy session, nothing started after a stop (DESIGN §7: must be 0)
+    now = timezone.now()
+    assert side_effect_leakage(since=now - timedelta(hours=1), until=now)["total"] == 0
+    assert StopRequest.objects.filter(run_id__in=simulator.run_ids).count() >= 3
 
 
 def _database_url() -> str:
