@@ -19,6 +19,7 @@ Figures only: nothing here passes or fails a build.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import sys
@@ -133,6 +134,12 @@ def main() -> None:
     admin_url, db_name, _bench_db_url, env = _environment(args)
     log_dir = ROOT / "bench" / "results" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    # Two benches at once would drop each other's database: hold a lock for the whole run.
+    lock = open(ROOT / "bench" / "results" / ".lock", "w")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit("another bench/run_all.py is running (bench/results/.lock)")
     print(f"bench database {db_name}, redis {env['REDIS_URL']}, logs in {log_dir}", flush=True)
     recreate_database(admin_url, db_name)
     daphne = None
