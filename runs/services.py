@@ -546,6 +546,7 @@ def events_ingest(*, run_id: str, epoch: int, events: list[dict[str, Any]], acto
         answers: list[EventAnswer] = []
         receipts: list[EventReceipt] = []
         stale = 0
+        steps = _BatchSteps(run, events)
         for event in events:
             event_id = str(event.get("event_id", ""))
             event_type = str(event.get("type", ""))
@@ -553,7 +554,7 @@ def events_ingest(*, run_id: str, epoch: int, events: list[dict[str, Any]], acto
                 answers.append(EventAnswer(event_id, "duplicate"))
                 continue
             try:
-                _apply_event(run, event_type, event, epoch=epoch, actor=actor, now=now)
+                _apply_event(run, event_type, event, epoch=epoch, actor=actor, now=now, steps=steps)
                 answer = EventAnswer(event_id, "accepted")
             except _EventRejected as rejected:
                 answer = EventAnswer(event_id, "rejected", rejected.code, rejected.detail)
@@ -575,7 +576,39 @@ def events_ingest(*, run_id: str, epoch: int, events: list[dict[str, Any]], acto
     return answers
 
 
-def _apply_event(run: Run, event_type: str, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+class _BatchSteps:
+    """The steps one events batch names, read in one query and kept for the batch.
+
+    Every step write of the batch goes through these objects (under the run lock), so they stay
+    what the database holds. Before, each `step.started` looked its step up and read the run's
+    last seq, and each `step.completed` looked it up again: three queries per step on top of
+    its writes (docs/BENCHMARKS.md, ingestion).
+    """
+
+    def __init__(self, run: Run, events: list[dict[str, Any]]) -> None:
+        self.run = run
+        keys = {
+            str(value)[:120] for event in events for name in ("key", "step_key")
+            if isinstance(value := event.get(name), str | int | float) and str(value)
+        }
+        self.by_key = {step.key: step for step in Step.objects.filter(run=run, key__in=keys)} if keys else {}
+        self._next_seq: int | None = None
+
+    def get(self, key: str) -> Step | None:
+        return self.by_key.get(key)
+
+    def new(self, key: str) -> Step:
+        if self._next_seq is None:
+            last = Step.objects.filter(run=self.run).order_by("-seq").values_list("seq", flat=True).first()
+            self._next_seq = (last or 0) + 1
+        step = Step(run=self.run, seq=self._next_seq, key=key)
+        self._next_seq += 1
+        self.by_key[key] = step
+        return step
+
+
+def _apply_event(run: Run, event_type: str, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any,
+                 steps: _BatchSteps) -> None:
     if event_type not in EVENT_TYPES:
         raise _EventRejected("unknown_event_type", f"type must be one of {', '.join(EVENT_TYPES)}")
     if event_type in _FORWARD_EVENTS:
@@ -587,7 +620,7 @@ def _apply_event(run: Run, event_type: str, event: dict[str, Any], *, epoch: int
     elif epoch > run.stop_epoch:
         raise _EventRejected("stale_epoch", f"epoch {epoch} is ahead of the run's epoch {run.stop_epoch}")
     handler = _EVENT_HANDLERS[event_type]
-    handler(run, event, epoch=epoch, actor=actor, now=now)
+    handler(run, event, epoch=epoch, actor=actor, now=now, steps=steps)
 
 
 def _keep_late_outcome(run: Run, event_type: str, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
@@ -611,18 +644,18 @@ def _text(event: dict[str, Any], key: str, default: str = "", limit: int = 300) 
     return str(value)[:limit]
 
 
-def _on_step_started(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+def _on_step_started(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
     key = _text(event, "key", limit=120)
     if not key:
         raise _EventRejected("invalid", "step.started needs a key")
     kind = _text(event, "kind", StepKind.MODEL_CALL)
     if kind not in StepKind.values:
         raise _EventRejected("invalid", f"kind must be one of {', '.join(StepKind.values)}")
-    step = Step.objects.filter(run=run, key=key).first()
-    if step is None:
-        next_seq = (Step.objects.filter(run=run).order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
-        step = Step(run=run, seq=next_seq, key=key)
-    step.name = _text(event, "name", step.name or key)
+    existing = steps.get(key)
+    # Validate everything before a new step takes a seq (a rejected event writes nothing).
+    name = _text(event, "name", (existing.name if existing else "") or key)
+    step = existing or steps.new(key)
+    step.name = name
     step.kind = kind
     step.status = StepStatus.RUNNING
     step.epoch = epoch
@@ -631,9 +664,9 @@ def _on_step_started(run: Run, event: dict[str, Any], *, epoch: int, actor: Acto
     step.save()
 
 
-def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int) -> Step:
+def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int, steps: _BatchSteps) -> Step:
     key = _text(event, "key", limit=120)
-    step = Step.objects.filter(run=run, key=key).first()
+    step = steps.get(key)
     if step is None:
         raise _EventRejected("unknown_step", f"no step {key!r} on this run")
     if step.epoch != epoch:
@@ -643,8 +676,8 @@ def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int) -> Step:
 
 
 def _on_step_finished(status: str) -> Any:
-    def handler(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
-        step = _step_owned_by_epoch(run, event, epoch)
+    def handler(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
+        step = _step_owned_by_epoch(run, event, epoch, steps)
         step.status = status
         step.finished_at = now
         step.reported_after_stop = epoch < run.stop_epoch
@@ -655,20 +688,20 @@ def _on_step_finished(status: str) -> Any:
     return handler
 
 
-def _on_artifact_added(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+def _on_artifact_added(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
     name = _text(event, "name")
     if not name:
         raise _EventRejected("invalid", "artifact.added needs a name")
     step_key = _text(event, "step_key", limit=120)
     Artifact.objects.create(
-        run=run, step=Step.objects.filter(run=run, key=step_key).first() if step_key else None, name=name,
+        run=run, step=steps.get(step_key) if step_key else None, name=name,
         kind=_text(event, "kind", limit=60), uri=_text(event, "uri", limit=1000),
         content=_text(event, "content", limit=100_000), checksum=_text(event, "checksum", limit=128),
         reusable=bool(event.get("reusable", False)), evidence=bool(event.get("evidence", False)), epoch=epoch,
     )
 
 
-def _on_checkpoint_saved(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+def _on_checkpoint_saved(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
     label = _text(event, "label", limit=120)
     if not label:
         raise _EventRejected("invalid", "checkpoint.saved needs a label")
@@ -685,7 +718,7 @@ def _on_checkpoint_saved(run: Run, event: dict[str, Any], *, epoch: int, actor: 
         run.save(update_fields=["resume_from"])
 
 
-def _on_steering_applied(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+def _on_steering_applied(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
     message_id = event.get("steering_id")
     updated = SteeringMessage.objects.filter(
         run=run, pk=message_id if isinstance(message_id, int) else -1,
@@ -695,7 +728,7 @@ def _on_steering_applied(run: Run, event: dict[str, Any], *, epoch: int, actor: 
         raise _EventRejected("unknown_steering", f"no queued steering message {message_id!r}")
 
 
-def _on_run_suspended(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+def _on_run_suspended(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
     lease = _live_lease(run)
     if lease is not None:
         _release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
@@ -704,11 +737,11 @@ def _on_run_suspended(run: Run, event: dict[str, Any], *, epoch: int, actor: Act
           fields=("interruption",))
 
 
-def _on_run_completed(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+def _on_run_completed(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
     _finish_locked(run, RunStatus.COMPLETED, actor=actor, now=now, result=event.get("result"))
 
 
-def _on_run_failed(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any) -> None:
+def _on_run_failed(run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps) -> None:
     error = event.get("error")
     _finish_locked(run, RunStatus.FAILED, actor=actor, now=now, failure=error if isinstance(error, dict) else {"error": str(error)})
 

@@ -112,3 +112,69 @@ def test_publish_from_a_request_thread_still_runs_on_the_servers_loop(redis_laye
 
     frame = async_to_sync(server)()
     assert frame["type"] == "run.updated" and frame["seq"] == 9
+
+
+# --------------------------------------------------------------------------------------------
+# events: one read of the batch's steps instead of three queries per step
+
+
+def _ingest(run, lease, events):
+    return {answer.event_id: (answer.status, answer.code)
+            for answer in services.events_ingest(run_id=run.pk, epoch=lease.epoch, events=events, actor=SYSTEM)}
+
+
+def test_a_batch_numbers_starts_completes_and_links_steps_as_before(team):
+    from runs.models import Artifact, Step
+
+    run, lease = make_running(team)  # planned: plan (1), act (2), notify (3)
+    answers = _ingest(run, lease, [
+        {"event_id": "e1", "type": "step.started", "key": "act", "name": "Act now", "kind": "tool_read"},
+        {"event_id": "e2", "type": "step.started", "key": "fetch"},
+        {"event_id": "e3", "type": "step.completed", "key": "fetch", "detail": {"rows": 3}},
+        {"event_id": "e4", "type": "step.started", "key": "bad", "name": {"not": "a string"}},
+        {"event_id": "e5", "type": "step.started", "key": "write", "kind": "tool_write"},
+        {"event_id": "e6", "type": "artifact.added", "name": "rows.csv", "step_key": "fetch"},
+        {"event_id": "e7", "type": "artifact.added", "name": "plan.md", "step_key": "plan"},
+        {"event_id": "e8", "type": "artifact.added", "name": "loose.txt", "step_key": "ghost"},
+        {"event_id": "e9", "type": "step.completed", "key": "ghost"},
+        {"event_id": "e10", "type": "step.completed", "key": "bad"},
+    ])
+    assert answers["e4"] == ("rejected", "invalid")
+    assert answers["e9"] == ("rejected", "unknown_step") and answers["e10"] == ("rejected", "unknown_step")
+    assert all(answers[e] == ("accepted", "") for e in ("e1", "e2", "e3", "e5", "e6", "e7", "e8"))
+    steps = {step.key: step for step in Step.objects.filter(run=run)}
+    assert {key: step.seq for key, step in steps.items()} == {"plan": 1, "act": 2, "notify": 3, "fetch": 4, "write": 5}
+    assert (steps["act"].status, steps["act"].name, steps["act"].kind) == ("running", "Act now", "tool_read")
+    assert (steps["fetch"].status, steps["fetch"].detail) == ("completed", {"rows": 3})
+    assert steps["fetch"].finished_at is not None and steps["fetch"].name == "fetch"
+    assert steps["write"].status == "running"
+    links = dict(Artifact.objects.filter(run=run).values_list("name", "step_id"))
+    assert links == {"rows.csv": steps["fetch"].pk, "plan.md": steps["plan"].pk, "loose.txt": None}
+
+    # the next batch sees what the last one wrote
+    answers = _ingest(run, lease, [
+        {"event_id": "f1", "type": "step.completed", "key": "write"},
+        {"event_id": "f2", "type": "step.started", "key": "next"},
+        {"event_id": "f3", "type": "step.started", "key": "fetch"},  # a restart keeps its seq
+    ])
+    assert set(answers.values()) == {("accepted", "")}
+    steps = {step.key: step for step in Step.objects.filter(run=run)}
+    assert (steps["write"].status, steps["next"].seq, steps["fetch"].seq) == ("completed", 6, 4)
+    assert steps["fetch"].status == "running" and steps["fetch"].finished_at is None
+
+
+def test_a_batch_of_step_pairs_costs_its_writes_not_three_reads_per_step(team):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run, lease = make_running(team)
+    events = []
+    for n in range(45):
+        events.append({"event_id": f"s{n}", "type": "step.started", "key": f"k{n}"})
+        events.append({"event_id": f"c{n}", "type": "step.completed", "key": f"k{n}"})
+    with CaptureQueriesContext(connection) as queries:
+        answers = _ingest(run, lease, events)
+    assert set(answers.values()) == {("accepted", "")}
+    step_reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('SELECT') and '"runs_step"' in q["sql"]]
+    assert len(step_reads) == 2  # the batch's steps, and the last seq once
+    assert len(queries.captured_queries) <= 2 * 45 + 15  # one INSERT + one UPDATE per step, plus the batch's own
