@@ -132,7 +132,11 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 30},
+            # redis-py 8 reads with a 5 s socket timeout by default: exactly channels-redis's
+            # 5 s BZPOPMIN, so every websocket idle for 5 s died with "Timeout reading from
+            # redis" (django/channels_redis#422; found by bench/bench_fanout.py). Allow a read to
+            # outlast the blocking pop; a Redis that truly stops answering still times out.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "capacity": 5000, "expiry": 30},
         }
     }
 else:

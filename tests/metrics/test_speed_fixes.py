@@ -178,3 +178,27 @@ def test_a_batch_of_step_pairs_costs_its_writes_not_three_reads_per_step(team):
     step_reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('SELECT') and '"runs_step"' in q["sql"]]
     assert len(step_reads) == 2  # the batch's steps, and the last seq once
     assert len(queries.captured_queries) <= 2 * 45 + 15  # one INSERT + one UPDATE per step, plus the batch's own
+
+
+# --------------------------------------------------------------------------------------------
+# the Redis channel layer: a socket read must outlast the layer's blocking pop
+
+
+def test_the_redis_channel_layer_reads_longer_than_its_blocking_pop():
+    """With redis-py 8 (5 s default socket timeout) an idle consumer's BZPOPMIN (5 s) timed out
+    and the websocket died with 1011 every 5 s of silence: found by the fan-out bench."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import django; django.setup();"
+        "from channels.layers import get_channel_layer;"
+        "layer = get_channel_layer();"
+        "connection = layer.create_pool(0).make_connection();"
+        "print(connection.socket_timeout, layer.brpop_timeout)"
+    )
+    env = {**os.environ, "REDIS_URL": REDIS_URL, "DJANGO_SETTINGS_MODULE": "console.settings"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True)
+    socket_timeout, brpop_timeout = out.stdout.split()
+    assert socket_timeout == "None" or float(socket_timeout) > float(brpop_timeout)
+
