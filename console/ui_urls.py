@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.generic import RedirectView
 
 from console.views import audit, handoffs, packets, quality, run, runs, tokens
 
@@ -14,6 +15,7 @@ urlpatterns = [
                                                 redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", runs.runs_list, name="runs"),
+    path("runs/", RedirectView.as_view(pattern_name="console:runs", query_string=True)),
     path("runs/<str:run_id>/", run.run_page, name="run"),
     path("runs/<str:run_id>/stop/", run.run_stop, name="run_stop"),
     path("runs/<str:run_id>/takeover/", run.run_takeover, name="run_takeover"),

@@ -133,3 +133,17 @@ def test_runs_page_queries_do_not_grow_with_rows(as_reviewer, team, django_asser
         as_reviewer.get("/", {"status": "pending", "q": "many"})
     with django_assert_max_num_queries(RUNS_PAGE_MAX_QUERIES):
         as_reviewer.get("/", **htmx("runs-region"))
+
+
+def test_htmx_and_its_websocket_extension_come_from_our_static_files(as_reviewer, team):
+    body = as_reviewer.get("/").content.decode()
+    assert '<script src="/static/django_htmx/htmx-2.min.js"' in body
+    assert '<script src="/static/django_htmx/ext/hx-ws-2.min.js"' in body
+    assert 'src="http' not in body and "cdn" not in body.lower()  # no CDN, nothing third-party
+    assert 'hx-headers=\'{"X-CSRFToken": "' in body  # CSRF for every htmx request, on <body>
+    assert 'ws-connect="/ws/runs/"' in body
+
+
+def test_runs_path_redirects_to_the_runs_page(as_reviewer):
+    response = as_reviewer.get("/runs/", {"status": "running"})
+    assert response.status_code == 302 and response["Location"] == "/?status=running"
