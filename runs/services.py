@@ -825,11 +825,15 @@ def _interrupt_locked(run: Run, *, reason: str, actor: Actor, now: Any, detail: 
         _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
     in_flight = list(ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES))
     _mark_outcomes_unknown(in_flight, now=now, source="interruption")
+    # An interruption is a failure: what the worker queued is not sent on anyone's say-so but a
+    # reviewer's (release), and a later resume (new epoch) cannot strand it as `pending`.
+    frozen = _freeze_outbox(run, now=now)
     current = Step.objects.filter(run=run, status=StepStatus.RUNNING).order_by("-seq").first()
     run.interruption = {
         "reason": reason, "detail": detail, "at": now.isoformat(),
         "current_step": {"seq": current.seq, "key": current.key} if current else None,
         "calls_in_flight": [record.tool_call_id for record in in_flight],
+        "frozen_outbox": frozen,
         "worker_id": lease.worker_id if lease else None,
     }
     _move(run, RunStatus.INTERRUPTED, actor=actor, action="run.interrupted", reason=reason,
@@ -1041,7 +1045,7 @@ def _decide_frozen(*, run_id: str, item_id: int, actor: Actor, to: str, note: st
         if item.status != OutboxStatus.FROZEN:
             raise IllegalTransition(f"only a frozen item can be {to}; this one is {item.status}",
                                     status=run.status, stop_epoch=run.stop_epoch)
-        if run.status not in (*STOPPED_STATUSES, RunStatus.HANDED_OFF, *TERMINAL_STATUSES):
+        if run.status not in (*STOPPED_STATUSES, RunStatus.INTERRUPTED, RunStatus.HANDED_OFF, *TERMINAL_STATUSES):
             raise IllegalTransition("frozen items are decided once the run has stopped",
                                     status=run.status, stop_epoch=run.stop_epoch)
         item.status = to
@@ -1438,6 +1442,10 @@ def _end_open_handoffs(run: Run, status: str) -> None:
 def _resume_locked(run: Run, *, actor: Actor, checkpoint: str, carry_over_steering: bool, via: str) -> None:
     if run.status == RunStatus.HANDED_OFF:
         _end_open_handoffs(run, "returned")
+    if run.status == RunStatus.SUSPENDED:
+        # Suspension is waiting, not failure: items queued before it go out once the run runs
+        # again, so they move to the new epoch with it (interruptions and stops froze theirs).
+        OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(enqueue_epoch=run.stop_epoch + 1)
     if checkpoint:
         if not Checkpoint.objects.filter(run=run, label=checkpoint).exists():
             raise InvalidInput(f"no checkpoint {checkpoint!r} on this run", field="checkpoint")

@@ -184,7 +184,8 @@ def test_a_time_bounded_dispatch_leaves_the_rest_for_the_next_tick(team, receive
 
 def test_items_stranded_by_an_interruption_do_not_starve_the_dispatcher(team, receiver) -> None:
     """A run interrupted (lease expired) with pending items, then resumed at a new epoch: its old
-    items can never be claimed, and must not hide newer items from the dispatcher's scan."""
+    items are frozen by the interruption (a reviewer may release them), are never claimed on
+    their own, and must not hide newer items from the dispatcher's scan."""
     run, lease = make_running(team, ttl=3)
     stranded = _enqueue_many(run, receiver, 25)
     time.sleep(max(0.0, (lease.expires_at - timezone.now()).total_seconds()) + 0.1)
@@ -196,5 +197,5 @@ def test_items_stranded_by_an_interruption_do_not_starve_the_dispatcher(team, re
 
     assert dispatch.dispatch_pending() == 1
     assert receiver.keys() == [fresh.idempotency_key]
-    assert all(_status == OutboxStatus.PENDING for _status in
+    assert all(_status == OutboxStatus.FROZEN for _status in
                OutboxItem.objects.filter(pk__in=[i.pk for i in stranded]).values_list("status", flat=True))

@@ -375,3 +375,28 @@ def test_budget_of_tool_calls_stops_the_run_at_the_permit(team):
     run = reload(run)
     assert run.status == RunStatus.CANCEL_REQUESTED
     assert run.stop_reason == StopReason.BUDGET_EXHAUSTED
+
+
+def test_an_interruption_freezes_pending_outbox_and_a_reviewer_can_release_it(team):
+    run, _lease = make_running(team)
+    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=1, transport="email", destination="ops@example.com",
+                                      payload={}, idempotency_key="mail-1", actor=SYSTEM)
+    services.run_interrupt(run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
+    item.refresh_from_db()
+    assert item.status == OutboxStatus.FROZEN
+    assert reload(run).interruption["frozen_outbox"] == 1
+    assert services.outbox_claim(item_id=item.pk, dispatcher="d") is None
+    services.outbox_release(run_id=run.pk, item_id=item.pk, actor=ALICE, note="customer asked for it")
+    assert services.outbox_claim(item_id=item.pk, dispatcher="d") is not None
+
+
+def test_a_suspended_runs_pending_outbox_goes_out_after_resume(team):
+    run, _lease = make_running(team)
+    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=1, transport="email", destination="ops@example.com",
+                                      payload={}, idempotency_key="mail-1", actor=SYSTEM)
+    services.run_suspend(run_id=run.pk, epoch=1, actor=SYSTEM, reason="awaiting approval")
+    assert services.outbox_claim(item_id=item.pk, dispatcher="d") is None  # suspended: no dispatch
+    services.run_resume(run_id=run.pk, actor=ALICE)
+    services.lease_acquire(run_id=run.pk, worker_id="w2", ttl_seconds=30, actor=SYSTEM)
+    claimed = services.outbox_claim(item_id=item.pk, dispatcher="d")
+    assert claimed is not None and claimed.claim_epoch == 2
