@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from typing import Any
 
 from django.conf import settings
@@ -57,6 +56,12 @@ class Command(BaseCommand):
 
         base_url = f"http://{host}:{port}"
         simulator = self._start_simulator(base_url) if demo else None
+        if simulator is not None:
+            # Ctrl-C: stop the simulator while daphne still serves, so its workers can drain
+            # their runs through the API instead of being left to the lease reaper.
+            from twisted.internet import reactor, threads
+
+            reactor.addSystemEventTrigger("before", "shutdown", threads.deferToThread, _stop_process, simulator)
         self.stdout.write(self.style.SUCCESS(f"safestop console on {base_url}/  (API docs: {base_url}/api/docs/)"))
         try:
             Server(
@@ -67,7 +72,7 @@ class Command(BaseCommand):
             ).run()
         finally:
             if simulator is not None:
-                simulator.terminate()
+                _stop_process(simulator)
             if background is not None:
                 background.stop()
 
@@ -87,6 +92,16 @@ class Command(BaseCommand):
             [sys.executable, "manage.py", "simulate", "--url", base_url, "--receiver-port", str(receiver_port)],
             cwd=str(settings.BASE_DIR), env=env,
         )
-        threading.Thread(target=process.wait, daemon=True).start()
         self.stdout.write(f"Simulator started (pid {process.pid}).")
         return process
+
+
+def _stop_process(process: subprocess.Popen[bytes], grace_seconds: float = 8.0) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
