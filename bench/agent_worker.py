@@ -50,16 +50,31 @@ def serve_one(client: SafestopClient, run_id: str, *, quantum: float, worker_id:
     token = TimedToken()
     # A long TTL keeps the heartbeat (ttl/3) out of the way: the push is what is measured.
     run = AgentRun(client, run_id, worker_id, ttl_seconds=120, token=token)
+    phases: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phases[name] = time.monotonic()
+        return wrapper
+
     with run:
         listener = run._listener  # noqa: SLF001  (the bench waits for the socket, as tests do)
         connected = listener is not None and listener.connected.wait(10)
+        # Where the time between "noticed" and "drained" goes (the block's own exit does these).
+        if listener is not None:
+            listener.stop = timed("push_closed_at", listener.stop)  # type: ignore[method-assign]
+        if run._heartbeat is not None:  # noqa: SLF001
+            run._heartbeat.stop = timed("heartbeat_stopped_at", run._heartbeat.stop)  # type: ignore[method-assign]  # noqa: SLF001
         emit({"ready": run_id, "push_connected": bool(connected)})
         while not token.cancelled:
             time.sleep(quantum)  # one unit of work; the token is checked between units
         noticed_at = time.monotonic()
     drained_at = time.monotonic()
     return {"run_id": run_id, "signal_at": token.cancelled_at, "noticed_at": noticed_at,
-            "drained_at": drained_at, "reason": token.reason}
+            "drained_at": drained_at, "reason": token.reason, **phases}
 
 
 def main() -> None:

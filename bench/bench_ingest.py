@@ -106,15 +106,17 @@ def _run_clients(count: int, work: Callable[[int], tuple[int, list[float]]]) -> 
     return wall, done, latencies
 
 
-def api_batches(stack: Stack, clients: int, batches: int, time_limit: float) -> tuple[float, int, list[float]]:
+def api_batches(stack: Stack, clients: int, batches: int, time_limit: float,
+                base_urls: list[str] | None = None) -> tuple[float, int, list[float]]:
     runs = _leased_runs(stack, clients, f"batch-c{clients}")
+    urls = base_urls or [stack.base_url]
 
     def work(index: int) -> tuple[int, list[float]]:
         run_id, epoch = runs[index]
         latencies: list[float] = []
         accepted = 0
         deadline = time.perf_counter() + time_limit
-        with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.agent_token}"},
+        with httpx.Client(base_url=urls[index % len(urls)], headers={"Authorization": f"Bearer {stack.agent_token}"},
                           timeout=30) as http:
             for batch in range(batches):
                 if time.perf_counter() > deadline:
@@ -134,15 +136,17 @@ def api_batches(stack: Stack, clients: int, batches: int, time_limit: float) -> 
     return _run_clients(clients, work)
 
 
-def api_singles(stack: Stack, clients: int, requests: int, time_limit: float) -> tuple[float, int, list[float]]:
+def api_singles(stack: Stack, clients: int, requests: int, time_limit: float,
+                base_urls: list[str] | None = None) -> tuple[float, int, list[float]]:
     runs = _leased_runs(stack, clients, f"single-c{clients}")
+    urls = base_urls or [stack.base_url]
 
     def work(index: int) -> tuple[int, list[float]]:
         run_id, epoch = runs[index]
         latencies: list[float] = []
         accepted = 0
         deadline = time.perf_counter() + time_limit
-        with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.agent_token}"},
+        with httpx.Client(base_url=urls[index % len(urls)], headers={"Authorization": f"Bearer {stack.agent_token}"},
                           timeout=30) as http:
             for number in range(requests):
                 if time.perf_counter() > deadline:
@@ -292,4 +296,33 @@ def run(stack: Stack) -> list[Row]:
             note=f"raw psycopg, one commit per event: {raw_rate:,.0f} commits/s → API at {api_rate / raw_rate:.1%} of raw;"
                  f" latency columns are per request (ms)",
         ))
+    rows += _scale_out(stack)
+    return rows
+
+
+def _scale_out(stack: Stack) -> list[Row]:
+    """DESIGN §8's scale-out, on this machine: a second daphne process on the same database and
+    Redis, the four clients split between the two (as a proxy would). Same workloads."""
+    from bench.common import PYTHON, free_port, start, wait_for_port
+
+    port = free_port()
+    second = start("daphne-2", [PYTHON, "manage.py", "serve", "--no-demo", "--host", "127.0.0.1", "--port", str(port)],
+                   stack.env, stack.log_dir)
+    rows: list[Row] = []
+    try:
+        wait_for_port(port, timeout=60, process=second.process)
+        urls = [stack.base_url, f"http://127.0.0.1:{port}"]
+        api_singles(stack, 2, 20, 10, base_urls=urls)  # warm the second process
+        batches = stack.n(100, 8)
+        wall, events, latencies = api_batches(stack, 4, batches // 4, 60, base_urls=urls)
+        rows.append(rate_row("ingest", "events/s, batches of 100, 4 clients, 2 daphne processes", events / wall,
+                             "events/s", extra={"count": events, **{key: value for key, value in summary(latencies).items()
+                                                                     if key != "count"}}))
+        requests = stack.n(1200, 80)
+        wall, done, latencies = api_singles(stack, 4, requests // 4, 60, base_urls=urls)
+        rows.append(rate_row("ingest", "single-event requests/s, 4 clients, 2 daphne processes", done / wall, "req/s",
+                             extra={"count": done, **{key: value for key, value in summary(latencies).items()
+                                                      if key != "count"}}))
+    finally:
+        second.stop()
     return rows

@@ -137,6 +137,8 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
     commit_to_drained: list[float] = []
     request_to_signal: list[float] = []
     request_to_drained: list[float] = []
+    noticed_to_push_closed: list[float] = []
+    push_closed_to_drained: list[float] = []
     server_request_to_stopped: list[float] = []
     not_clean: list[str] = []
 
@@ -186,6 +188,10 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
                 if index >= warmup:
                     request_to_signal.append((answer["signal_at"] - requested) * 1000)
                     request_to_drained.append((answer["drained_at"] - requested) * 1000)
+                    if answer.get("push_closed_at"):
+                        noticed_to_push_closed.append((answer["push_closed_at"] - answer["noticed_at"]) * 1000)
+                        push_closed_to_drained.append(
+                            (answer["drained_at"] - answer.get("heartbeat_stopped_at", answer["push_closed_at"])) * 1000)
                     server_side(run.pk)
     finally:
         clock.uninstall()
@@ -200,4 +206,6 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
         latency_row("stop", "POST /cancel/ → stopped_cleanly (worker's drained answer)", request_to_drained,
                     target_key="p95", target_ms=300, note=note),
         latency_row("stop", "  server-side: requested_at → stopped_at", server_request_to_stopped),
+        latency_row("stop", "  worker: noticed → push socket closed", noticed_to_push_closed),
+        latency_row("stop", "  worker: listeners stopped → drained answer (POST /drained/)", push_closed_to_drained),
     ]

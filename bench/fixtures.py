@@ -61,10 +61,12 @@ def copy_rows(model: type[models.Model], rows: Iterable[dict[str, Any]], *, chun
     return count
 
 
-def analyze(*tables: str) -> None:
+def analyze(*tables: str, vacuum: bool = False) -> None:
+    """What autovacuum does to a live table: statistics (and, with `vacuum`, the visibility map
+    that index-only scans need). Freshly COPYed tables have neither."""
     with connection.cursor() as cursor:
         for table in tables:
-            cursor.execute(f'ANALYZE "{table}"')
+            cursor.execute(f'{"VACUUM " if vacuum else ""}ANALYZE "{table}"')
 
 
 # --------------------------------------------------------------------------------------------

@@ -104,15 +104,20 @@ def _principals() -> dict[str, object]:
             "reviewer_username": "bench-reviewer"}
 
 
+LOADS: dict[str, tuple[float, float]] = {}
+
+
 def _run_section(name: str, fn: Callable[[], list[Row]]) -> tuple[list[Row], float]:
     started = time.monotonic()
-    print(f"\n== {name} ...", flush=True)
+    load_before = os.getloadavg()[0]
+    print(f"\n== {name} ... (load average {load_before:.2f})", flush=True)
     try:
         rows = fn()
     except Exception as error:  # one broken benchmark must not hide the others' figures
         traceback.print_exc()
         rows = [Row(name, "FAILED", {}, "", note=f"{type(error).__name__}: {error}"[:300])]
     elapsed = time.monotonic() - started
+    LOADS[name] = (load_before, os.getloadavg()[0])
     for row in rows:
         print(format_table([row]).splitlines()[-1], flush=True)
     print(f"   ({elapsed:.1f} s)", flush=True)
@@ -204,6 +209,8 @@ def main() -> None:
     print(f"\nmachine: {info['nproc']} cores, {info['cpu']}; {info['python']}; {info['postgres']}; {info['redis']}")
     print("sections: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sections.items())
           + f"; total {total:.0f} s")
+    print("1-min load average before → after each section (2 cores; other work on the machine shows here): "
+          + ", ".join(f"{name} {before:.1f}→{after:.1f}" for name, (before, after) in LOADS.items()))
     for row in rows:
         if row.note:
             print(f"  - {row.section} / {row.metric.strip()}: {row.note}")
@@ -212,6 +219,7 @@ def main() -> None:
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["bench/run_all.py", *sys.argv[1:]]),
         "machine": info, "total_seconds": round(total, 1), "sections_seconds": sections,
+        "load_average": {name: {"before": before, "after": after} for name, (before, after) in LOADS.items()},
         "rows": [row.as_dict() for row in rows], "table": table,
     }, indent=2, default=str))
     print(f"\nwritten: {out.relative_to(ROOT)}")

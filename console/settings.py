@@ -87,6 +87,15 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # One psycopg pool per process. Without it every request and every websocket handshake
+    # opened (and closed) a PostgreSQL connection: ~10 ms of a ~25 ms single-event request on
+    # the bench machine (docs/BENCHMARKS.md). CONN_MAX_AGE stays 0, as Django requires with a
+    # pool. max_size is a cap, not a reservation: threads that each hold a connection (the race
+    # tests run 20 at once) must not wait for one another.
+    if env_bool("SAFESTOP_DB_POOL", True):
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1, "max_size": int(os.environ.get("SAFESTOP_DB_POOL_MAX_SIZE", 50)), "timeout": 10,
+        }
     DATABASES["default"].setdefault("TEST", {})
     DATABASES["default"]["TEST"]["NAME"] = os.environ.get(
         "SAFESTOP_TEST_DB_NAME", "test_safestop"

@@ -563,6 +563,7 @@ def events_ingest(*, run_id: str, epoch: int, events: list[dict[str, Any]], acto
             answers.append(answer)
             receipts.append(EventReceipt(run=run, event_id=event_id, type=event_type[:40], epoch=epoch,
                                          outcome=answer.status, code=answer.code))
+        steps.flush()
         EventReceipt.objects.bulk_create(receipts)
         if stale:
             RejectedWrite.objects.bulk_create(
@@ -576,13 +577,18 @@ def events_ingest(*, run_id: str, epoch: int, events: list[dict[str, Any]], acto
     return answers
 
 
-class _BatchSteps:
-    """The steps one events batch names, read in one query and kept for the batch.
+# Every field an event handler may set on a step.
+_STEP_EVENT_FIELDS = ["name", "kind", "status", "epoch", "started_at", "finished_at", "reported_after_stop", "detail"]
 
-    Every step write of the batch goes through these objects (under the run lock), so they stay
-    what the database holds. Before, each `step.started` looked its step up and read the run's
-    last seq, and each `step.completed` looked it up again: three queries per step on top of
-    its writes (docs/BENCHMARKS.md, ingestion).
+
+class _BatchSteps:
+    """The steps one events batch names: read in one query, changed in memory, written once.
+
+    Under the run lock nobody else writes this run's steps, so the objects here are what the
+    database holds plus this batch's changes. `flush()` writes them: new steps in one INSERT
+    (a step started and completed in the same batch is inserted completed), changed ones in one
+    UPDATE. Before, every step event cost a lookup and a write of its own, and every new step a
+    read of the last seq (docs/BENCHMARKS.md, ingestion).
     """
 
     def __init__(self, run: Run, events: list[dict[str, Any]]) -> None:
@@ -593,9 +599,18 @@ class _BatchSteps:
         }
         self.by_key = {step.key: step for step in Step.objects.filter(run=run, key__in=keys)} if keys else {}
         self._next_seq: int | None = None
+        self._new: list[Step] = []
+        self._changed: dict[int, Step] = {}
 
     def get(self, key: str) -> Step | None:
         return self.by_key.get(key)
+
+    def saved(self, key: str) -> Step | None:
+        """The step, with a primary key (for a row that points at it)."""
+        step = self.by_key.get(key)
+        if step is not None and step.pk is None:
+            self.flush()
+        return step
 
     def new(self, key: str) -> Step:
         if self._next_seq is None:
@@ -604,7 +619,20 @@ class _BatchSteps:
         step = Step(run=self.run, seq=self._next_seq, key=key)
         self._next_seq += 1
         self.by_key[key] = step
+        self._new.append(step)
         return step
+
+    def changed(self, step: Step) -> None:
+        if step.pk is not None:  # a new step is inserted whole by flush()
+            self._changed[step.pk] = step
+
+    def flush(self) -> None:
+        if self._new:
+            Step.objects.bulk_create(self._new)
+            self._new = []
+        if self._changed:
+            Step.objects.bulk_update(list(self._changed.values()), _STEP_EVENT_FIELDS)
+            self._changed = {}
 
 
 def _apply_event(run: Run, event_type: str, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any,
@@ -661,7 +689,7 @@ def _on_step_started(run: Run, event: dict[str, Any], *, epoch: int, actor: Acto
     step.epoch = epoch
     step.started_at = now
     step.finished_at = None
-    step.save()
+    steps.changed(step)
 
 
 def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int, steps: _BatchSteps) -> Step:
@@ -684,7 +712,7 @@ def _on_step_finished(status: str) -> Any:
         detail = event.get("detail") or event.get("error")
         if detail is not None:
             step.detail = detail if isinstance(detail, dict) else {"detail": str(detail)[:2000]}
-        step.save(update_fields=["status", "finished_at", "reported_after_stop", "detail"])
+        steps.changed(step)
     return handler
 
 
@@ -694,7 +722,7 @@ def _on_artifact_added(run: Run, event: dict[str, Any], *, epoch: int, actor: Ac
         raise _EventRejected("invalid", "artifact.added needs a name")
     step_key = _text(event, "step_key", limit=120)
     Artifact.objects.create(
-        run=run, step=steps.get(step_key) if step_key else None, name=name,
+        run=run, step=steps.saved(step_key) if step_key else None, name=name,
         kind=_text(event, "kind", limit=60), uri=_text(event, "uri", limit=1000),
         content=_text(event, "content", limit=100_000), checksum=_text(event, "checksum", limit=128),
         reusable=bool(event.get("reusable", False)), evidence=bool(event.get("evidence", False)), epoch=epoch,
