@@ -191,6 +191,10 @@ def main() -> None:
 
             section_rows, sections["fanout"] = _run_section("fanout", lambda: bench_fanout.run(stack))
             rows += section_rows
+            # the same 200 viewers at a lighter pace: where the current fan-out still keeps up
+            section_rows, sections["fanout 10/s"] = _run_section(
+                "fanout (10 changes/s)", lambda: bench_fanout.run(stack, rate=10.0, seconds=stack.n(15.0, 4.0)))
+            rows += [row for row in section_rows if row.section == "fanout"]
     finally:
         if stack is not None:
             stack.stop_celery()
