@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from handoff.models import StopPacket
 from runs.models import (
     Artifact,
     ExecutionRecord,
@@ -19,8 +20,6 @@ from runs.models import (
     StepStatus,
     StopRequest,
 )
-
-from handoff.models import StopPacket
 
 
 def _iso(value: Any) -> str | None:
