@@ -61,7 +61,9 @@ class Command(BaseCommand):
             # their runs through the API instead of being left to the lease reaper.
             from twisted.internet import reactor, threads
 
-            reactor.addSystemEventTrigger("before", "shutdown", threads.deferToThread, _stop_process, simulator)
+            # (twisted's stub of the installed reactor is IReactorCore's, whose callable is variadic)
+            trigger = reactor.addSystemEventTrigger
+            trigger("before", "shutdown", threads.deferToThread, _stop_process, simulator)  # type: ignore[arg-type]
         self.stdout.write(self.style.SUCCESS(f"safestop console on {base_url}/  (API docs: {base_url}/api/docs/)"))
         try:
             Server(
