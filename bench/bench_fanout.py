@@ -150,8 +150,7 @@ def run(stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds
             time.sleep(0.5)
             first_seq = clock.by_seq(run_obj.pk)
             changes = _drive(stack, run_obj.pk, lease.epoch, rate, seconds)
-            time.sleep(2.0)  # let the last frames land
-            viewer_process.send({"op": "report"})
+            viewer_process.send({"op": "report", "quiet": 1.0, "max_wait": 30})
             report = viewer_process.receive(timeout=120)
         rss_after = rss_kib(stack.daphne.pid)
     finally:

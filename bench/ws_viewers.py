@@ -6,7 +6,9 @@ It stamps every frame with time.monotonic() on arrival and checks the frames' `s
 that sees seq jump by more than one has missed an update (that is how the console page knows
 to refetch). Driven by JSON lines on stdin:
 
-    {"op": "report"}  → {"arrivals": {seq: [t, ...]}, "gaps": n, "duplicates": n, ...}; exits
+    {"op": "report", "quiet": 1.0, "max_wait": 30}
+        → waits until no frame arrived for `quiet` s (late frames are late, not lost), then
+          {"arrivals": {seq: [t, ...]}, "missed_in_sequence": n, "duplicates": n, ...}; exits
 """
 
 from __future__ import annotations
@@ -99,10 +101,20 @@ async def main_async(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    command: dict[str, Any] = {}
     while True:
         line = await reader.readline()
-        if not line or json.loads(line).get("op") == "report":
+        command = json.loads(line) if line else {}
+        if not line or command.get("op") == "report":
             break
+    # Frames still on their way are late, not lost: wait until none has arrived for `quiet`
+    # seconds (at most `max_wait`), so "never arrived" counts real losses only.
+    quiet, deadline = float(command.get("quiet", 1.0)), time.monotonic() + float(command.get("max_wait", 30))
+    while time.monotonic() < deadline:
+        last = max((viewer.times[-1] for viewer in viewers if viewer.times), default=0.0)
+        if time.monotonic() - last >= quiet:
+            break
+        await asyncio.sleep(0.1)
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     arrivals: dict[int, list[float]] = defaultdict(list)
