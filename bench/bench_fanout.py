@@ -173,11 +173,11 @@ def run(stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds
             slowest_viewer.append((max(times) - committed) * 1000)
     gaps = report["missed_in_sequence"] + never_arrived
     peak = max(rss_after.get("VmHWM", 0), *(sampler.samples or [0]))
-    frames_per_second = report["frames"] / seconds
+    offered = changes * viewers / seconds
     return [
         latency_row("fanout", f"commit → arrival, {viewers} viewers of one run ({changes} changes at {rate:g}/s)",
                     latencies, target_key="p99", target_ms=150,
-                    note=f"{report['frames']:,} frames ({frames_per_second:,.0f}/s); gaps detected via seq: {gaps} "
+                    note=f"{report['frames']:,} frames (offered {offered:,.0f}/s); gaps detected via seq: {gaps} "
                          f"(missed in sequence {report['missed_in_sequence']}, never arrived {never_arrived}); "
                          f"duplicates {report['duplicates']}, out of order {report['out_of_order']}; "
                          f"viewers connected in {hello['connect_seconds']:.1f} s; "
