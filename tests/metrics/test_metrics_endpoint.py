@@ -227,3 +227,19 @@ def test_queue_depths_count_each_state_once(team, settings):
     assert depths == {"outbox_pending": 0, "outbox_dispatching": 0, "outbox_frozen": 3, "outbox_unknown": 0,
                       "runs_stopping": 1, "runs_stopped_dirty": 0}
     assert queue_depths(team_ids=[team.pk + 999]) == dict.fromkeys(depths, 0)
+
+
+def test_metrics_and_the_stop_quality_api_agree(client, reviewer_token, scenario):
+    """DESIGN §7 figures are the same whether scraped or asked for over the API."""
+    samples = parse(client.get(URL, **reviewer_token.header).content.decode())
+    api = client.get("/api/v1/metrics/stop-quality/", **reviewer_token.header)
+    assert api.status_code == 200
+    figures = api.json()
+    assert value(samples, "safestop_stops", outcome="all") == figures["stops"] == 3
+    assert value(samples, "safestop_late_writes_rejected") == figures["late_writes_rejected"] == 1
+    assert value(samples, "safestop_side_effect_leakage", kind="dispatch") == (
+        figures["side_effect_leakage"]["dispatches_after_stop"])
+    assert value(samples, "safestop_interruptions", state="recovered_cleanly") == (
+        figures["interruptions_recovered_cleanly"]["recovered_cleanly"])
+    assert value(samples, "safestop_handoffs", state="created") == figures["handoff_completion"]["handoffs"]
+    assert value(samples, "safestop_stop_latency_samples", to="stopped") == figures["stop_latency"]["to_stopped"]["count"]
