@@ -45,6 +45,15 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Browsers only listen; anything they send is ignored."""
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # `run.updated` only forwards a frame (no ORM): skip channels' per-message
+        # close_old_connections(), a hop through the one sync thread that HTTP views also need.
+        # With 200 viewers of a busy run that hop was the fan-out bottleneck (docs/BENCHMARKS.md).
+        if message.get("type") == "run.updated":
+            await self.run_updated(message)
+            return
+        await super().dispatch(message)
+
     async def run_updated(self, event: dict[str, Any]) -> None:
         await self.send_json(_frame(event))
 
