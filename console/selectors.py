@@ -36,6 +36,9 @@ from runs.models import (
 
 RUNS_PAGE_SIZE = 50
 RUN_LEDGER_LIMIT = 200
+# The run page shows the newest steps and tool calls (and every unresolved call, whatever its
+# age): rendering 5,000 steps took a second (docs/BENCHMARKS.md). "Show all" lifts the window.
+RUN_STEP_WINDOW = 200
 AUDIT_PAGE_SIZE = 100
 
 
@@ -182,6 +185,12 @@ class RunDetail:
     ledger: list[LedgerEntry]
     ledger_total: int
     unresolved: int
+    steps_total: int = 0
+    calls_total: int = 0
+
+    @property
+    def windowed(self) -> bool:
+        return self.steps_total > len(self.steps) or self.calls_total > len(self.calls)
 
     @property
     def lease_expired(self) -> bool:
@@ -197,10 +206,35 @@ class RunDetail:
         return self.packets[0]["stop_epoch"] if self.packets else None
 
 
-def run_detail(run: Run) -> RunDetail:
-    """Eleven queries whatever the run's size; children are grouped in Python."""
-    steps = list(Step.objects.filter(run=run).order_by("seq"))
-    calls = list(ExecutionRecord.objects.filter(run=run).order_by("permitted_at", "pk"))
+def _latest_steps(run: Run, window: int | None) -> tuple[list[Step], int]:
+    if window is None:
+        steps = list(Step.objects.filter(run=run).order_by("seq"))
+        return steps, len(steps)
+    steps = list(Step.objects.filter(run=run).order_by("-seq")[:window])[::-1]
+    total = len(steps) if len(steps) < window else Step.objects.filter(run=run).count()
+    return steps, total
+
+
+def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], int]:
+    calls = ExecutionRecord.objects.filter(run=run)
+    if window is None:
+        found = list(calls.order_by("permitted_at", "pk"))
+        return found, len(found)
+    newest = calls.order_by("-permitted_at", "-pk").values("pk")[:window]
+    unresolved = Q(side_effect="write", side_effect_state="pending_verification", resolved=False)
+    found = list(calls.filter(Q(pk__in=newest) | unresolved).order_by("permitted_at", "pk"))
+    total = len(found) if len(found) < window else calls.count()
+    return found, total
+
+
+def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
+    """A bounded number of queries whatever the run's size; children are grouped in Python.
+
+    Without `everything`, only the newest RUN_STEP_WINDOW steps and calls are loaded (plus every
+    unresolved call): a reviewer needs the recent work and every unknown, not 5,000 rows."""
+    window = None if everything else RUN_STEP_WINDOW
+    steps, steps_total = _latest_steps(run, window)
+    calls, calls_total = _latest_calls(run, window)
     by_step: dict[int | None, list[ExecutionRecord]] = defaultdict(list)
     for call in calls:
         by_step[call.step_id].append(call)
@@ -234,6 +268,8 @@ def run_detail(run: Run) -> RunDetail:
         # run_seq counts this run's entries, so the newest one says how many there are.
         ledger_total=ledger[0].run_seq if ledger else 0,
         unresolved=unresolved,
+        steps_total=steps_total,
+        calls_total=calls_total,
     )
 
 

@@ -50,7 +50,7 @@ TEMPLATE = "console/run.html"
 
 def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, Any]:
     access = request_access(request)
-    detail = run_detail(run)
+    detail = run_detail(run, everything=request.GET.get("all") == "1")
     status = run.status
     can_act = access.can_act(run.team_id)
     checkpoints = [checkpoint.label for checkpoint in detail.checkpoints]

@@ -214,3 +214,39 @@ def test_run_page_queries_do_not_grow_with_rows(as_reviewer, team, django_assert
     assert len(many) == len(few)
     with django_assert_max_num_queries(RUN_PAGE_MAX_QUERIES):
         as_reviewer.get(f"/runs/{big.pk}/", **htmx("run-summary"))
+
+
+def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(as_viewer, team, settings):
+    import console.selectors as console_selectors
+
+    window = 5
+    original = console_selectors.RUN_STEP_WINDOW
+    console_selectors.RUN_STEP_WINDOW = window
+    try:
+        run = services.run_create(team=team, title="long", agent="bot", actor=AGENT,
+                                  steps=[services.PlannedStep(f"step_{n:02d}") for n in range(12)])
+        lease = services.lease_acquire(run_id=run.pk, worker_id="w", ttl_seconds=60, actor=AGENT)
+        services.permit_request(run_id=run.pk, epoch=lease.epoch, tool_call_id="call_old_write", tool="deploy",
+                                side_effect="write", actor=AGENT)
+        services.tool_result_report(run_id=run.pk, tool_call_id="call_old_write", execution_state="unknown",
+                                    actor=AGENT)
+        for n in range(8):
+            services.permit_request(run_id=run.pk, epoch=lease.epoch, tool_call_id=f"call_read_{n}", tool="search",
+                                    actor=AGENT)
+        body = as_viewer.get(f"/runs/{run.pk}/").content.decode()
+        steps = _section(body, "steps")
+        calls = _section(body, "tool-calls")
+        assert "Showing the latest 5 of 12 steps" in steps
+        assert "step_11" in steps and "step_00" not in steps
+        assert "call_read_7" in calls and "call_read_0" not in calls
+        assert "call_old_write" in calls  # unresolved: shown whatever its age
+        everything = as_viewer.get(f"/runs/{run.pk}/?all=1").content.decode()
+        assert "Showing the latest" not in everything
+        assert "step_00" in everything and "call_read_0" in everything
+    finally:
+        console_selectors.RUN_STEP_WINDOW = original
+
+
+def _section(body: str, section_id: str) -> str:
+    start = body.index(f'<section id="{section_id}"')
+    return body[start:body.index("</section>", start)]
