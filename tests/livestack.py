@@ -223,7 +223,7 @@ def live_stack_redis(transactional_db: None, django_db_blocker: Any) -> Iterator
 
     url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
     if not _redis_reachable(url):
-        pytest.skip(f"Redis is not reachable at {url}")
+        pytest.fail(f"Redis is not reachable at {url}: run `make services`")
     layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                           "CONFIG": {"hosts": [url], "prefix": f"livestack-{uuid.uuid4().hex[:12]}"}}}
     saved = dict(channel_layers.backends)

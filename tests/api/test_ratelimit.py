@@ -91,7 +91,7 @@ def test_old_windows_are_pruned_by_the_callers_next_window(settings):
 def test_with_redis_the_counter_is_a_redis_key(settings):
     url = "redis://127.0.0.1:6379/15"
     if not _redis_reachable(url):
-        pytest.skip("Redis is not reachable")
+        pytest.fail("Redis is not reachable on 127.0.0.1:6379: run `make services`")
     settings.REDIS_URL = url
     bucket = f"token:{uuid.uuid4().hex}"
     decisions = [rate_limit_hit(bucket=bucket, limit=2, now=NOW) for _ in range(3)]

@@ -33,7 +33,7 @@ T = TypeVar("T")
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: run `bash scripts/ensure-chromium.sh`")
+        pytest.fail(f"{CHROMIUM} is missing: run `bash scripts/ensure-chromium.sh` (make test does)")
     return {
         **browser_type_launch_args,
         "executable_path": CHROMIUM,
