@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from rest_framework import exceptions
@@ -152,6 +153,32 @@ def run_for(caller: Caller, run_id: str, capability: Capability) -> Run:
     if not caller.may(capability, run.team_id):
         raise WrongRole(_WHY_NOT.get(capability, "not allowed"))
     return run
+
+
+def run_id_for(caller: Caller, run_id: str, capability: Capability) -> str:
+    """`run_for` for endpoints that only need the run's id (every agent write).
+
+    The write's service locks and loads the run anyway; loading it here too cost the hottest
+    endpoint (`events/`) a query per request. A run's team never changes and runs are never
+    deleted, so the team is cached per process; a run that does not exist is never cached.
+    """
+    try:
+        team_id = _run_team_id(run_id) if plausible_run_id(run_id) else None
+    except Run.DoesNotExist:
+        team_id = None
+    if team_id is None:
+        raise exceptions.NotFound(f"run {run_id[:64]} does not exist")
+    if not caller.may(Capability.READ, team_id):
+        raise WrongTeam(f"run {run_id} does not exist")
+    if not caller.may(capability, team_id):
+        raise WrongRole(_WHY_NOT.get(capability, "not allowed"))
+    return run_id
+
+
+@lru_cache(maxsize=8192)
+def _run_team_id(run_id: str) -> int:
+    # lru_cache does not keep exceptions: a missing run is looked up again next time.
+    return Run.objects.values_list("team_id", flat=True).get(pk=run_id)
 
 
 def plausible_run_id(run_id: str) -> bool:

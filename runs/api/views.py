@@ -30,7 +30,7 @@ from runs.api import schema as _schema  # noqa: F401  (registers the bearer auth
 from runs.api import selectors
 from runs.api import serializers as s
 from runs.api.parsers import SafeJSONParser
-from runs.api.permissions import Caller, Capability, run_for
+from runs.api.permissions import Caller, Capability, run_for, run_id_for
 from runs.api.ratelimit import CallerRateThrottle, denials_list
 from runs.errors import AlreadyFinished, NotFound
 from runs.services import EventAnswer, PlannedStep, StopOutcome
@@ -67,6 +67,10 @@ class ApiView(APIView):
 
     def run(self, run_id: str, capability: Capability) -> Any:
         return run_for(self.caller, run_id, capability)
+
+    def work_run_id(self, run_id: str) -> str:
+        """Access check for an agent write, which needs only the run's id (see `run_id_for`)."""
+        return run_id_for(self.caller, run_id, Capability.WORK)
 
 
 class _Page(CursorPagination):
@@ -165,9 +169,9 @@ class LeaseAcquireView(ApiView):
         parameters=[RUN_ID], request=s.LeaseAcquireIn, responses={201: s.LeaseOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         data = self.parse(s.LeaseAcquireIn)
-        lease = services.lease_acquire(run_id=run.pk, worker_id=data["worker_id"], ttl_seconds=data["ttl_seconds"],
+        lease = services.lease_acquire(run_id=run_id, worker_id=data["worker_id"], ttl_seconds=data["ttl_seconds"],
                                        actor=self.caller.actor)
         return Response(s.LeaseOut(lease).data, status=status.HTTP_201_CREATED)
 
@@ -180,9 +184,9 @@ class LeaseHeartbeatView(ApiView):
         parameters=[RUN_ID], request=s.LeaseIn, responses={200: s.HeartbeatOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         data = self.parse(s.LeaseIn)
-        answer = services.lease_heartbeat(run_id=run.pk, lease_token=data["lease_id"], epoch=data["epoch"],
+        answer = services.lease_heartbeat(run_id=run_id, lease_token=data["lease_id"], epoch=data["epoch"],
                                           actor=self.caller.actor)
         lease = answer.lease
         return Response(s.HeartbeatOut({"lease_id": lease.token, "epoch": lease.epoch, "expires_at": lease.expires_at,
@@ -197,11 +201,11 @@ class LeaseReleaseView(ApiView):
         parameters=[RUN_ID], request=s.LeaseIn, responses={200: s.LeaseReleaseOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         data = self.parse(s.LeaseIn)
-        lease = services.lease_release(run_id=run.pk, lease_token=data["lease_id"], epoch=data["epoch"],
+        lease = services.lease_release(run_id=run_id, lease_token=data["lease_id"], epoch=data["epoch"],
                                        actor=self.caller.actor)
-        state = selectors.run_state(run_id=run.pk)
+        state = selectors.run_state(run_id=run_id)
         return Response(s.LeaseReleaseOut({"lease_id": lease.token, "released_at": lease.released_at,
                                            "release_reason": lease.release_reason, **state}).data)
 
@@ -219,9 +223,9 @@ class PermitsView(ApiView):
         parameters=[RUN_ID], request=s.PermitIn, responses={201: s.PermitOut, 200: s.PermitOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         data = self.parse(s.PermitIn)
-        record, created = services.permit_request(run_id=run.pk, actor=self.caller.actor, **data)
+        record, created = services.permit_request(run_id=run_id, actor=self.caller.actor, **data)
         return Response(s.PermitOut(record).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -234,11 +238,11 @@ class ToolResultView(ApiView):
         request=s.ToolResultIn, responses={200: s.ToolCallOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str, tool_call_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         if len(tool_call_id) > 120 or "\x00" in tool_call_id:
-            raise NotFound(f"tool call {tool_call_id[:120]!r} was never permitted on run {run.pk}")
+            raise NotFound(f"tool call {tool_call_id[:120]!r} was never permitted on run {run_id}")
         data = self.parse(s.ToolResultIn)
-        record = services.tool_result_report(run_id=run.pk, tool_call_id=tool_call_id, actor=self.caller.actor, **data)
+        record = services.tool_result_report(run_id=run_id, tool_call_id=tool_call_id, actor=self.caller.actor, **data)
         return Response(s.ToolCallOut(record).data)
 
 
@@ -257,7 +261,7 @@ class EventsView(ApiView):
         parameters=[RUN_ID], request=s.EventsIn, responses={200: s.EventsOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         data = self.parse(s.EventsIn)
         # Field-level problems of one event are that event's rejection, not the batch's.
         slots: list[EventAnswer | None] = []
@@ -270,7 +274,7 @@ class EventsView(ApiView):
             else:
                 field, messages = next(iter(checked.errors.items()))
                 slots.append(EventAnswer(str(event["event_id"]), "rejected", "invalid", f"{field}: {messages[0]}"))
-        answered = iter(services.events_ingest(run_id=run.pk, epoch=data["epoch"], events=valid,
+        answered = iter(services.events_ingest(run_id=run_id, epoch=data["epoch"], events=valid,
                                                actor=self.caller.actor) if valid else [])
         results = [slot or next(answered) for slot in slots]
         counts = {name: sum(1 for answer in results if answer.status == name)
@@ -286,9 +290,9 @@ class OutboxView(ApiView):
         parameters=[RUN_ID], request=s.OutboxIn, responses={201: s.OutboxOut, 200: s.OutboxOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         data = self.parse(s.OutboxIn)
-        item, created = services.outbox_enqueue(run_id=run.pk, actor=self.caller.actor, **data)
+        item, created = services.outbox_enqueue(run_id=run_id, actor=self.caller.actor, **data)
         return Response(s.OutboxOut(item).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -300,9 +304,9 @@ class DrainedView(ApiView):
         parameters=[RUN_ID], request=s.DrainedIn, responses={200: s.RunOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = self.run(run_id, Capability.WORK)
+        run_id = self.work_run_id(run_id)
         data = self.parse(s.DrainedIn)
-        services.run_drained(run_id=run.pk, lease_token=data["lease_id"], epoch=data["epoch"],
+        services.run_drained(run_id=run_id, lease_token=data["lease_id"], epoch=data["epoch"],
                              observations=data.get("observations", []), actor=self.caller.actor)
         return Response(s.RunOut(self.run(run_id, Capability.READ)).data)
 

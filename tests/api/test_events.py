@@ -92,3 +92,46 @@ def test_events_wrong_role_and_other_team(api, client, team, other_team, charlie
     mine, _ = make_running(team)
     client.force_login(charlie)
     assert api.post(url(mine, "events/"), body).status_code == 403
+
+
+def test_a_warm_run_team_cache_still_hides_the_run_from_another_team(api, team, other_team, agent_token):
+    """Agent writes check the run's team from a per-process cache (runs.api.permissions.run_id_for):
+    once the owner's agent has warmed it, another team's token still gets a 404, not the run."""
+    from runs.tokens import api_token_create
+    from tests.conftest import IssuedToken
+
+    run, _ = make_running(team)
+    owner = api.post(url(run, "events/"), {"epoch": 1, "events": [
+        {"event_id": "w1", "type": "step.started", "key": "plan"}]}, agent_token)
+    assert owner.status_code == 200
+    token, raw = api_token_create(team_slug=other_team.slug, name="globex-agent", role="agent")
+    stranger = api.post(url(run, "events/"), {"epoch": 1, "events": [
+        {"event_id": "w2", "type": "step.completed", "key": "plan"}]}, IssuedToken(token, raw))
+    assert stranger.status_code == 404
+    assert Step.objects.get(run=run, key="plan").status == "running"
+
+
+def test_an_unknown_run_is_404_and_is_not_remembered_as_missing(api, team, agent_token):
+    from runs.api.permissions import _run_team_id
+
+    missing = api.post(url("run_000000000abc", "events/"), {"epoch": 1, "events": []}, agent_token)
+    assert missing.status_code == 404
+    run, _ = make_running(team)
+    _run_team_id.cache_clear()
+    assert api.post(url(run, "events/"), {"epoch": 1, "events": [
+        {"event_id": "x", "type": "artifact.added", "name": "a"}]}, agent_token).status_code == 200
+    assert _run_team_id.cache_info().currsize >= 1
+
+
+def test_one_event_per_request_moves_a_step_through_its_life(api, team, agent_token):
+    """Single-event requests change one step each (a plain UPDATE, not bulk_update): every field
+    an event sets must land."""
+    run, _ = make_running(team)
+    for event in ({"event_id": "s", "type": "step.started", "key": "call", "name": "Call the model",
+                   "kind": "model_call"},
+                  {"event_id": "c", "type": "step.completed", "key": "call", "detail": {"tokens": 900}}):
+        assert api.post(url(run, "events/"), {"epoch": 1, "events": [event]}, agent_token).json()["accepted"] == 1
+    step = Step.objects.get(run=run, key="call")
+    assert (step.status, step.name, step.kind, step.detail) == ("completed", "Call the model", "model_call",
+                                                                {"tokens": 900})
+    assert step.finished_at is not None and step.started_at is not None
