@@ -187,7 +187,11 @@ class StepStatus(models.TextChoices):
 
 
 class Step(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # db_index=False on the run FKs of the busy child tables: Django would add two indexes per FK
+    # (run_id and a varchar_pattern_ops twin, run ids being strings), each one more write per
+    # row. A (run, ...) unique index or an explicit Index(fields=["run"]) serves run_id lookups
+    # (docs/BENCHMARKS.md: the 1,000-item freeze went from ~10 to ~5.5 ms without them).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     seq = models.PositiveIntegerField()
     key = models.CharField(max_length=120)
     name = models.CharField(max_length=300, blank=True)
@@ -250,7 +254,7 @@ class RecoveryPolicy(models.TextChoices):
 class ExecutionRecord(models.Model):
     """One tool call: intent written before it runs (the permit), result after."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="execution_records")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="execution_records", db_index=False)
     step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="execution_records")
     tool_call_id = models.CharField(max_length=120)
     tool = models.CharField(max_length=120)
@@ -308,8 +312,9 @@ class OutboxStatus(models.TextChoices):
 
 
 class OutboxItem(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="outbox_items")
-    execution_record = models.ForeignKey(ExecutionRecord, on_delete=models.SET_NULL, null=True, blank=True, related_name="outbox_items")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="outbox_items", db_index=False)
+    execution_record = models.ForeignKey(ExecutionRecord, on_delete=models.SET_NULL, null=True, blank=True,
+                                         related_name="outbox_items", db_index=False)
     transport = models.CharField(max_length=16)
     destination = models.CharField(max_length=500)
     payload = models.JSONField(default=dict, blank=True)
@@ -339,6 +344,10 @@ class OutboxItem(models.Model):
             models.Index(fields=["created_at"], name="outbox_pending_idx", condition=Q(status="pending")),
             # reaper: dispatching items whose claim is too old
             models.Index(fields=["claimed_at"], name="outbox_dispatching_idx", condition=Q(status="dispatching")),
+            # Most items have no execution record; a full index would take a write per item on
+            # every freeze (a status change is never a HOT update: `status` is in the predicates).
+            models.Index(fields=["execution_record"], name="outbox_exec_record_idx",
+                         condition=Q(execution_record__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -418,7 +427,7 @@ class StopRequest(models.Model):
 
 
 class Artifact(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts", db_index=False)
     step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts")
     name = models.CharField(max_length=300)
     kind = models.CharField(max_length=60, blank=True)
@@ -432,13 +441,14 @@ class Artifact(models.Model):
 
     class Meta:
         ordering = ["id"]
+        indexes = [models.Index(fields=["run"], name="artifact_run_idx")]
 
     def __str__(self) -> str:
         return self.name
 
 
 class Checkpoint(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     step_seq = models.PositiveIntegerField(null=True, blank=True)
     label = models.CharField(max_length=120)
     state = models.JSONField(default=dict, blank=True)
@@ -447,6 +457,7 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["id"]
+        indexes = [models.Index(fields=["run"], name="checkpoint_run_idx")]
 
     def __str__(self) -> str:
         return self.label
@@ -478,7 +489,7 @@ class SteeringMessage(models.Model):
 class EventReceipt(models.Model):
     """Dedup for batched events: a retried event_id answers `duplicate` with the first outcome."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="event_receipts")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="event_receipts", db_index=False)
     event_id = models.CharField(max_length=120)
     type = models.CharField(max_length=40)
     epoch = models.PositiveIntegerField()
@@ -519,6 +530,8 @@ class ActorKind(models.TextChoices):
 class LedgerEntry(models.Model):
     """Append-only, hash-chained per run. UPDATE and DELETE are refused by a trigger."""
 
+    # Keeps Django's run_id indexes: on SQLite an index change remakes the table, which would
+    # drop the append-only triggers (migration 0002).
     run = models.ForeignKey(Run, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries", db_constraint=True)
     run_seq = models.PositiveIntegerField()
     at = models.DateTimeField()
