@@ -597,8 +597,12 @@ class _BatchSteps:
             str(value)[:120] for event in events for name in ("key", "step_key")
             if isinstance(value := event.get(name), str | int | float) and str(value)
         }
-        self.by_key = {step.key: step for step in Step.objects.filter(run=run, key__in=keys)} if keys else {}
-        self._next_seq: int | None = None
+        # One query for the named steps *and* the run's last step (its seq numbers the new ones):
+        # a single-event request used to spend a second round trip on "SELECT max(seq)".
+        last_step = Step.objects.filter(run=run).order_by("-seq").values("pk")[:1]
+        found = list(Step.objects.filter(Q(key__in=keys) | Q(pk__in=last_step), run=run)) if keys else []
+        self.by_key = {step.key: step for step in found if step.key in keys}
+        self._next_seq: int | None = max((step.seq for step in found), default=0) + 1 if keys else None
         self._new: list[Step] = []
         self._changed: dict[int, Step] = {}
 

@@ -135,3 +135,15 @@ def test_one_event_per_request_moves_a_step_through_its_life(api, team, agent_to
     assert (step.status, step.name, step.kind, step.detail) == ("completed", "Call the model", "model_call",
                                                                 {"tokens": 900})
     assert step.finished_at is not None and step.started_at is not None
+
+
+def test_steps_started_one_request_at_a_time_are_numbered_in_order(api, team, agent_token):
+    run, _ = make_running(team)
+    planned = list(Step.objects.filter(run=run).order_by("seq").values_list("seq", "key"))
+    assert not {"search", "fetch", "write"} & {key for _, key in planned} and planned[-1][0] == len(planned)
+    for n, key in enumerate(["search", "fetch", "search", "write"]):  # "search" twice: no second step
+        api.post(url(run, "events/"), {"epoch": 1, "events": [
+            {"event_id": f"s{n}", "type": "step.started", "key": key}]}, agent_token)
+    last = len(planned)
+    assert list(Step.objects.filter(run=run).order_by("seq").values_list("seq", "key")) == [
+        *planned, (last + 1, "search"), (last + 2, "fetch"), (last + 3, "write")]
