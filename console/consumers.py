@@ -17,7 +17,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.access import user_may_view_run, user_team_ids
-from console.realtime import run_group, team_group
+from console.realtime import VIEWER_LAYER, run_group, team_group
 
 FRAME_FIELDS = ("type", "run_id", "team", "status", "stop_epoch", "seq", "kind")
 
@@ -27,6 +27,10 @@ def _frame(event: dict[str, Any]) -> dict[str, Any]:
 
 
 class _BrowserConsumer(AsyncJsonWebsocketConsumer):
+    # Browser frames travel on their own layer (Pub/Sub with Redis: one PUBLISH per change, at
+    # most once; a lost frame shows as a `seq` gap and the page refetches). The agent consumer
+    # stays on "default": the stop signal must not be lost. See console/realtime.py.
+    channel_layer_alias = VIEWER_LAYER
     joined: list[str]
 
     async def _join(self, groups: list[str]) -> None:

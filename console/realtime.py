@@ -1,9 +1,16 @@
 """Channels publisher for run changes (registered in `console.apps`).
 
-Group names are the contract between publishers and consumers:
+Group names and channel layers are the contract between publishers and consumers:
 - `run_<id>`: viewers of one run (browser) — every change, with its sequence number;
 - `team_<team_id>`: the runs page of a team — every change of any of its runs;
-- `agent_<id>`: the worker of one run — the stop signal only.
+  both on the `VIEWER_LAYER` alias (consumers in `console/consumers.py`);
+- `agent_<id>`: the worker of one run — the stop signal only; on the "default" alias
+  (consumer in `runs/api/consumers.py`).
+
+Why two layers (console/settings.py): with Redis, "viewers" is Pub/Sub — one PUBLISH per change
+however many browsers watch, but at most once. A lost browser frame costs a refetch (the next
+frame's `seq` shows the gap; console.js refetches). A lost stop signal would leave a worker
+running until its next heartbeat, so it stays on the core layer, which queues per channel.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ def _route_detached_thread_to_bound_loop() -> None:
         pass
     SyncToAsync.threadlocal.main_event_loop = _bound_loop
     SyncToAsync.threadlocal.main_event_loop_pid = os.getpid()
+
+
+# The channel-layer alias of browser frames; `console.consumers` listens on the same one.
+VIEWER_LAYER = "viewers"
 
 
 def run_group(run_id: str) -> str:
@@ -78,24 +89,27 @@ def _has_loop_to_route_to() -> bool:
 
 
 def publish(event: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
+    workers = get_channel_layer()
+    viewers = get_channel_layer(VIEWER_LAYER)
+    message = {**event, "type": "run.updated"}
+    sends: list[tuple[Any, str, dict[str, Any]]] = []
+    if event.get("kind") == "stop_signal" and workers is not None:
+        # Workers: the reliable layer only (see the module docstring).
+        sends.append((workers, agent_group(event["run_id"]), {**event, "type": "stop.signal"}))
+    if viewers is not None:
+        sends.append((viewers, run_group(event["run_id"]), message))
+        sends.append((viewers, team_group(event["team"]), message))
+    if not sends:
         return
     _route_detached_thread_to_bound_loop()
-    message = {**event, "type": "run.updated"}
-    sends = []
-    if event.get("kind") == "stop_signal":
-        sends.append((agent_group(event["run_id"]), {**event, "type": "stop.signal"}))
-    sends.append((run_group(event["run_id"]), message))
-    sends.append((team_group(event["team"]), message))
 
     async def send_all() -> None:
         # One hop to the event loop for all of an event's groups (not one per group), in order:
         # the worker's stop signal first.
-        for group, frame in sends:
+        for layer, group, frame in sends:
             await layer.group_send(group, frame)
 
-    if _has_loop_to_route_to() or isinstance(layer, InMemoryChannelLayer):
+    if _has_loop_to_route_to() or any(isinstance(layer, InMemoryChannelLayer) for layer, _, _ in sends):
         # daphne's request threads (and the embedded background loop) run it on daphne's loop;
         # the in-memory layer's queues must stay on the loop they were used from.
         async_to_sync(send_all)()

@@ -137,6 +137,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("SAFESTOP_MAX_BODY_BYTES", 1024
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 
+# Two channel layers (console/realtime.py says who sends what where):
+# - "default": what agent workers listen on (`agent_<run_id>`, the stop signal). Reliable
+#   delivery: the stop signal must not be lost while a worker is connected.
+# - "viewers": what browsers listen on (`run_<id>`, `team_<id>`), many sockets per change.
+# The in-memory layer is one instance per alias: a publisher and its consumers must use the
+# same alias, or frames go nowhere (`console.realtime.VIEWER_LAYER` names it in the code).
+
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -146,11 +153,26 @@ if REDIS_URL:
             # redis" (django/channels_redis#422; found by bench/bench_fanout.py). Allow a read to
             # outlast the blocking pop; a Redis that truly stops answering still times out.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "capacity": 5000, "expiry": 30},
-        }
+        },
+        "viewers": {
+            # Pub/Sub: one PUBLISH per change, and each daphne process fans it out to its own
+            # sockets; the core layer above writes one Redis message per socket per change, popped
+            # one by one (200 viewers of a busy run: p99 4.9 s; docs/BENCHMARKS.md, fan-out).
+            # At most once: a frame published while a process's subscription is down (Redis restart,
+            # dropped connection; it resubscribes by itself) is lost. That is fine for browsers only: every frame carries the run's `seq`, and console.js refetches
+            # when it sees a gap. Never put the stop signal on this layer.
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            # Its reader polls with a 0.1 s timeout, so the 5 s default does not cut idle sockets
+            # (tests/console/test_viewer_layer.py idles past it); kept equal to "default" so a slow
+            # Redis is judged the same way on both. Pub/Sub channels ignore the database number:
+            # deployments sharing one Redis server need different "prefix"es.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+        },
     }
 else:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 5000}}
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 5000}},
+        "viewers": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 5000}},
     }
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"

@@ -18,8 +18,9 @@ flushed after the server has stopped):
   push (stop signal, run updates) reaches websockets only when the change is made through the
   server: trigger stops over HTTP (`POST {url}/api/v1/runs/<id>/cancel/`). A service called
   directly in the test process commits, but its push goes nowhere (SETUP pitfall 7).
-- `live_stack_redis` — the Redis channel layer, in the server *and* the test process (same
-  Redis, a prefix unique to the test), so a service called in the test process also pushes to
+- `live_stack_redis` — the Redis channel layers (core for agents, Pub/Sub for browsers, as in
+  console/settings.py), in the server *and* the test process (same Redis, a prefix unique to
+  the test), so a service called in the test process also pushes to
   the server's websockets. Skipped when Redis is not reachable. Its rate limiter and background
   work are unaffected: only CHANNEL_LAYERS changes, REDIS_URL stays as configured.
 
@@ -224,8 +225,15 @@ def live_stack_redis(transactional_db: None, django_db_blocker: Any) -> Iterator
     url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
     if not _redis_reachable(url):
         pytest.fail(f"Redis is not reachable at {url}: run `make services`")
+    prefix = f"livestack-{uuid.uuid4().hex[:12]}"
+    # The two aliases of console/settings.py, with its socket timeout (without it an agent socket
+    # idle for 5 s dies: django/channels_redis#422): agents on the core layer, browsers on
+    # Pub/Sub (whose channels ignore the database number: the prefix keeps tests apart).
+    host = {"address": url, "socket_timeout": 15}
     layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                          "CONFIG": {"hosts": [url], "prefix": f"livestack-{uuid.uuid4().hex[:12]}"}}}
+                          "CONFIG": {"hosts": [host], "prefix": prefix}},
+              "viewers": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                          "CONFIG": {"hosts": [host], "prefix": prefix}}}
     saved = dict(channel_layers.backends)
     with override_settings(CHANNEL_LAYERS=layers):
         channel_layers.backends = {}

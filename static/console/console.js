@@ -11,24 +11,31 @@
  *   data-live="guarded" refetch unless the user is typing in it; then show a "changed" notice
  * A region with data-live-via="<id>" data-live-part="<name>" is not fetched on its own: it rides
  * out of band on the response of region <id> (the run's actions change with its summary).
- * At most one request per region is in flight; frames arriving meanwhile coalesce into one
- * more fetch, so a burst of changes never queues a burst of requests and the last state wins.
+ * At most one request per region is in flight, and fetches of a region start at least
+ * MIN_GAP_MS apart; frames arriving meanwhile coalesce into one trailing fetch that starts after
+ * the last of them, so a burst of changes costs two requests and the last state still wins.
+ * Frames are at most once (Redis Pub/Sub, console/settings.py): when a run's `seq` skips a
+ * number, a frame was lost, and every region showing that run refetches whatever the frame says.
  * After a reconnect every region is refetched (frames sent while offline are not replayed).
  */
 (function () {
   "use strict";
 
-  var regions = {}; // id -> {busy, again, parts}
+  var MIN_GAP_MS = 250; // between the starts of two fetches of one region
+  var regions = {}; // id -> {busy, again, parts, startedAt}
 
   // `part`: another region to bring along out of band (`?with=actions`), so regions that
   // depend on one another change in the same swap.
+  // `busy` covers a fetch in flight *or* one waiting for its MIN_GAP_MS slot; a frame arriving
+  // then only sets `again`, so the whole burst costs one more fetch, started after it.
   function refresh(id, part) {
-    var state = regions[id] || (regions[id] = { busy: false, again: false, parts: {} });
+    var state = regions[id] || (regions[id] = { busy: false, again: false, parts: {}, startedAt: 0 });
     if (part) state.parts[part] = true;
     if (state.busy) { state.again = true; return; }
     state.busy = true;
     var run = function () {
       state.again = false;
+      state.startedAt = Date.now();
       var parts = Object.keys(state.parts);
       state.parts = {};
       var el = document.getElementById(id);
@@ -38,10 +45,11 @@
       htmx.ajax("GET", el.dataset.liveUrl, options)
         .catch(function () { /* network error: the next frame or a reconnect retries */ })
         .then(function () {
-          if (state.again) { run(); } else { state.busy = false; }
+          if (state.again) { later(); } else { state.busy = false; }
         });
     };
-    run();
+    var later = function () { setTimeout(run, Math.max(0, state.startedAt + MIN_GAP_MS - Date.now())); };
+    later();
   }
 
   function refreshRegion(el) {
@@ -77,18 +85,30 @@
     if (box) { box.textContent = text; }
   }
 
+  // The highest seq seen per run: a frame more than one past it means frames were lost.
+  var lastSeq = {};
+
+  function sawGap(msg) {
+    var seq = Number(msg.seq), last = lastSeq[msg.run_id];
+    if (isNaN(seq)) return false;
+    if (last === undefined || seq > last) lastSeq[msg.run_id] = seq;
+    return last !== undefined && seq > last + 1;
+  }
+
   function onFrame(root, msg) {
     if (!msg || msg.type !== "run.updated") return;
     recentlyChanged[msg.run_id] = Date.now();
     var scopeRun = root.dataset.runId;
     if (scopeRun && scopeRun !== msg.run_id) return;
+    // A lost frame may have been the one a filter or a status check would have let through.
+    var gap = sawGap(msg);
     // Regions that ride on another go first, so their part joins that region's next fetch.
     var nodes = Array.prototype.slice.call(root.querySelectorAll("[data-live]"));
     nodes.sort(function (a, b) { return (b.dataset.liveVia ? 1 : 0) - (a.dataset.liveVia ? 1 : 0); });
     for (var i = 0; i < nodes.length; i++) {
       var el = nodes[i];
       var mode = el.dataset.live;
-      if (el.dataset.liveFilter && FILTERS[el.dataset.liveFilter] && !FILTERS[el.dataset.liveFilter](msg)) continue;
+      if (!gap && el.dataset.liveFilter && FILTERS[el.dataset.liveFilter] && !FILTERS[el.dataset.liveFilter](msg)) continue;
       // Already showing this change or a newer one (a frame can arrive after our own POST's answer):
       // the region itself is about one run, or it shows that run in a row or card that says its seq.
       if (el.dataset.seq && el.dataset.runId === msg.run_id && Number(msg.seq) <= Number(el.dataset.seq)) continue;
@@ -96,7 +116,7 @@
         var shown = el.querySelector('[data-run-id="' + CSS.escape(String(msg.run_id)) + '"][data-seq]');
         if (shown && Number(msg.seq) <= Number(shown.dataset.seq)) continue;
       }
-      if (mode === "status" && el.dataset.status === msg.status &&
+      if (!gap && mode === "status" && el.dataset.status === msg.status &&
           String(el.dataset.epoch) === String(msg.stop_epoch)) continue;
       if (mode === "guarded" && isBusyTyping(el)) {
         var notice = el.querySelector(".stale-notice");

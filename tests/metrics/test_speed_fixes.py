@@ -62,27 +62,42 @@ def test_stop_freezes_exactly_the_runs_pending_items_and_ledgers_their_count(tea
 def redis_layer(settings):
     prefix = "ssbench" + uuid.uuid4().hex[:8]
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": [REDIS_URL], "prefix": prefix}}}
-    yield get_channel_layer()
+                                           "CONFIG": {"hosts": [REDIS_URL], "prefix": prefix}},
+                               realtime.VIEWER_LAYER: {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                                                       "CONFIG": {"hosts": [REDIS_URL], "prefix": prefix}}}
+    yield get_channel_layer(), get_channel_layer(realtime.VIEWER_LAYER)
 
 
 def test_publish_without_an_event_loop_reaches_every_group_through_one_loop(redis_layer):
-    layer = redis_layer
+    """The stop signal on the workers' (core) layer, browser frames on the viewers' (Pub/Sub) one."""
+    import asyncio
+
+    workers, viewers = redis_layer
     run_id = "run_" + uuid.uuid4().hex[:12]
-    groups = {"agent": realtime.agent_group(run_id), "run": realtime.run_group(run_id), "team": realtime.team_group(7)}
-    channels = {name: async_to_sync(layer.new_channel)() for name in groups}
-    for name, group in groups.items():
-        async_to_sync(layer.group_add)(group, channels[name])
+    groups = {"agent": (workers, realtime.agent_group(run_id)), "run": (viewers, realtime.run_group(run_id)),
+              "team": (viewers, realtime.team_group(7))}
     event = {"type": "stop.signal", "kind": "stop_signal", "run_id": run_id, "team": 7, "status": "cancel_requested",
              "stop_epoch": 2, "seq": 5, "signal": {"type": "cancel_requested", "stop_epoch": 2}}
-
     loops = set()
-    for _ in range(3):
-        realtime.publish(event)  # this test's thread has no running loop: the Celery situation
-        loops.add(id(realtime._publisher_loop()))
-    publishers = [thread for thread in threading.enumerate() if thread.name == "safestop-publisher"]
 
-    received = {name: [async_to_sync(layer.receive)(channel) for _ in range(3)] for name, channel in channels.items()}
+    def publish_three_times() -> None:  # a plain thread with no running loop: the Celery situation
+        for _ in range(3):
+            realtime.publish(event)
+            loops.add(id(realtime._publisher_loop()))
+
+    async def listen_while_publishing() -> dict:
+        # Pub/Sub subscriptions live on the loop that made them: subscribe, publish and receive
+        # all while this one loop runs.
+        channels = {}
+        for name, (layer, group) in groups.items():
+            channels[name] = await layer.new_channel()
+            await layer.group_add(group, channels[name])
+        await asyncio.get_running_loop().run_in_executor(None, publish_three_times)
+        return {name: [await asyncio.wait_for(groups[name][0].receive(channel), 5) for _ in range(3)]
+                for name, channel in channels.items()}
+
+    received = async_to_sync(listen_while_publishing)()
+    publishers = [thread for thread in threading.enumerate() if thread.name == "safestop-publisher"]
     assert [frame["type"] for frame in received["agent"]] == ["stop.signal"] * 3
     assert [frame["type"] for frame in received["run"]] == ["run.updated"] * 3
     assert [frame["type"] for frame in received["team"]] == ["run.updated"] * 3
@@ -100,7 +115,7 @@ def test_publish_from_a_request_thread_still_runs_on_the_servers_loop(redis_laye
         raise AssertionError("a request thread must publish on the server's loop")
 
     monkeypatch.setattr(realtime, "_publisher_loop", no_private_loop)
-    layer = redis_layer
+    _workers, layer = redis_layer
     run_id = "run_" + uuid.uuid4().hex[:12]
 
     async def server() -> dict:

@@ -1,0 +1,181 @@
+"""Browser frames on their own channel layer (console/settings.py, console/realtime.py).
+
+With Redis, browsers listen on the "viewers" alias (channels-redis Pub/Sub: one PUBLISH per
+change, at most once) and agent workers on "default" (the core layer: the stop signal must not
+be lost). Over real sockets (`live_stack_redis`: daphne in another process, the same Redis):
+- a burst of changes reaches a browser viewer in `seq` order with no gap, on the run socket and
+  the runs-page socket, while the worker on the same run gets the stop signal and nothing else;
+- a socket idle for longer than redis-py's 5 s default socket timeout still gets the next change
+  (django/channels_redis#422 killed idle sockets on the core layer);
+- the Pub/Sub layer resubscribes by itself when its Redis connection drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import Client
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from console import realtime
+from console.consumers import RunConsumer, TeamRunsConsumer
+from runs import services
+from runs.api.consumers import AgentRunConsumer
+from tests.console.scenarios import AGENT, SYSTEM, new_run, start
+from tests.livestack import LiveStack, live_stack_redis  # noqa: F401  (fixture)
+
+REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+def _viewer(stack: LiveStack, path: str, user: Any) -> ClientConnection:
+    client = Client()
+    client.force_login(user)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    return connect(f"{stack.ws_url}{path}", origin=f"http://127.0.0.1:{stack.port}",
+                   additional_headers={"Cookie": cookie}, open_timeout=5)
+
+
+def _worker(stack: LiveStack, run_id: str, raw_token: str) -> ClientConnection:
+    return connect(stack.agent_ws_url(run_id), additional_headers={"Authorization": f"Bearer {raw_token}"},
+                   open_timeout=5)
+
+
+def _frames_until(socket: ClientConnection, run_id: str, last_seq: int, timeout: float = 10) -> list[dict]:
+    """This run's frames until one says `last_seq` (or the timeout)."""
+    frames: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            frame = json.loads(socket.recv(timeout=max(0.05, deadline - time.monotonic())))
+        except TimeoutError:
+            break
+        if frame.get("run_id") == run_id:
+            frames.append(frame)
+            if frame["seq"] >= last_seq:
+                break
+    return frames
+
+
+def _ingest_one(run_id: str, epoch: int, key: str) -> None:
+    services.events_ingest(run_id=run_id, epoch=epoch, actor=AGENT,
+                           events=[{"event_id": key, "type": "step.started", "key": key}])
+
+
+def _assert_in_order_without_gaps(frames: list[dict], first: int, last: int) -> None:
+    seqs = [frame["seq"] for frame in frames]
+    assert seqs == sorted(seqs), seqs
+    # The stop sends two frames with its seq (the change and its signal): compare distinct values.
+    assert sorted(set(seqs)) == list(range(first, last + 1)), seqs
+    assert all(frame["type"] == "run.updated" for frame in frames)
+
+
+def test_the_aliases_the_consumers_and_the_publisher_agree_on():
+    assert RunConsumer.channel_layer_alias == TeamRunsConsumer.channel_layer_alias == realtime.VIEWER_LAYER
+    assert AgentRunConsumer.channel_layer_alias == "default" != realtime.VIEWER_LAYER
+    assert set(settings.CHANNEL_LAYERS) >= {"default", realtime.VIEWER_LAYER}
+    probe = ("import django; django.setup(); from django.conf import settings;"
+             "print(' '.join(settings.CHANNEL_LAYERS[a]['BACKEND'] for a in ('default', 'viewers')))")
+    with_redis = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
+                                env={**os.environ, "REDIS_URL": REDIS_URL, "DJANGO_SETTINGS_MODULE": "console.settings"})
+    # The stop signal stays on the reliable core layer; only browsers move to Pub/Sub.
+    assert with_redis.stdout.split() == ["channels_redis.core.RedisChannelLayer",
+                                         "channels_redis.pubsub.RedisPubSubChannelLayer"]
+    embedded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
+                              env={**{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+                                   "DJANGO_SETTINGS_MODULE": "console.settings"})
+    assert embedded.stdout.split() == ["channels.layers.InMemoryChannelLayer"] * 2
+
+
+def test_a_burst_reaches_browser_viewers_in_order_and_the_stop_reaches_the_worker(
+        live_stack_redis, team, charlie, agent_token):  # noqa: F811
+    stack = live_stack_redis
+    run = new_run(team)
+    lease = start(run)
+    run.refresh_from_db()
+    first = run.change_seq + 1
+    with _viewer(stack, f"/ws/runs/{run.pk}/", charlie) as viewer, _viewer(stack, "/ws/runs/", charlie) as runs_page, \
+            _worker(stack, run.pk, agent_token.raw) as worker:
+        time.sleep(0.3)  # subscriptions are made before accept(); give Redis a moment all the same
+        for n in range(40):  # as fast as the test process commits: one frame per change
+            _ingest_one(run.pk, lease.epoch, f"burst-{n}")
+        services.run_stop(run_id=run.pk, reason="user_stop", actor=SYSTEM)
+        run.refresh_from_db()
+        last = run.change_seq
+
+        signal = json.loads(worker.recv(timeout=10))
+        assert (signal["type"], signal["stop_epoch"], signal["run_id"]) == ("cancel_requested", 2, run.pk)
+        for socket in (viewer, runs_page):
+            frames = _frames_until(socket, run.pk, last)
+            _assert_in_order_without_gaps(frames, first, last)
+            assert frames[-1]["status"] == "cancel_requested"
+        # the worker's socket carries the stop signal only, never browser frames
+        with pytest.raises(TimeoutError):
+            worker.recv(timeout=0.5)
+
+
+def test_sockets_idle_past_the_redis_default_socket_timeout_still_get_the_next_change(
+        live_stack_redis, team, charlie, agent_token):  # noqa: F811
+    stack = live_stack_redis
+    run = new_run(team)
+    start(run)
+    with _viewer(stack, f"/ws/runs/{run.pk}/", charlie) as viewer, _worker(stack, run.pk, agent_token.raw) as worker:
+        time.sleep(7)  # redis-py 8's default socket timeout is 5 s
+        services.run_stop(run_id=run.pk, reason="user_stop", actor=SYSTEM)
+        run.refresh_from_db()
+        try:
+            signal = json.loads(worker.recv(timeout=10))
+            frames = _frames_until(viewer, run.pk, run.change_seq)
+        except ConnectionClosed as closed:  # 1011 was the symptom of #422
+            pytest.fail(f"an idle socket was closed: {closed}")
+    assert signal["type"] == "cancel_requested"
+    assert frames and frames[-1]["seq"] == run.change_seq and frames[-1]["status"] == "cancel_requested"
+
+
+def test_the_pubsub_layer_resubscribes_after_its_redis_connection_drops():
+    """At most once, but not at most until the next restart: after a dropped connection the
+    layer's reader reconnects and resubscribes; frames published meanwhile may be lost."""
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    layer = RedisPubSubChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": 15}],
+                                    prefix=f"viewertest-{uuid.uuid4().hex[:12]}")
+    group = "run_" + uuid.uuid4().hex[:12]
+
+    async def scenario() -> tuple[dict, int]:
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        await layer.group_send(group, {"type": "run.updated", "seq": 1})
+        assert (await asyncio.wait_for(layer.receive(channel), 5))["seq"] == 1
+
+        # Drop exactly this layer's subscriber connection, from the server side.
+        shard = layer._get_layer()._shards[0]
+        host, port = shard._pubsub.connection._writer.get_extra_info("sockname")[:2]
+        admin = redis.Redis.from_url(REDIS_URL)
+        try:
+            assert admin.client_kill_filter(_type="pubsub", addr=f"{host}:{port}") == 1
+        finally:
+            admin.close()
+
+        receiving = asyncio.ensure_future(layer.receive(channel))
+        seq, deadline = 2, time.monotonic() + 10
+        while not receiving.done() and time.monotonic() < deadline:
+            await layer.group_send(group, {"type": "run.updated", "seq": seq})
+            seq += 1
+            await asyncio.wait([receiving], timeout=0.2)
+        assert receiving.done(), "the layer never resubscribed"
+        frame = receiving.result()
+        await layer.flush()
+        return frame, seq
+
+    frame, sent = asyncio.run(scenario())
+    assert 2 <= frame["seq"] < sent
