@@ -38,10 +38,60 @@ def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
     return StopPacket.objects.create(run=run, stop_epoch=run.stop_epoch, snapshot=stop_packet_snapshot(run, stop_request))
 
 
+# Only the columns the packet keeps are read: the packet is built inside the settling
+# transaction with the run row locked, and loading whole rows (each step's `detail` JSON, every
+# call's `arguments`) made a 5,000-step stop wait ~400 ms between drained and stopped
+# (docs/BENCHMARKS.md). Each list is read and walked once.
+_STEP_FIELDS = ("seq", "key", "name", "status", "finished_at", "reported_after_stop")
+_OUTBOX_FIELDS = ("pk", "transport", "destination", "status", "idempotency_key", "claimed_at", "frozen_at")
+_ARTIFACT_FIELDS = ("pk", "name", "kind", "uri", "checksum", "reusable", "evidence")
+_RECORD_FIELDS = (
+    "tool_call_id", "tool", "operation_id", "side_effect", "execution_state", "side_effect_state",
+    "remote_cancel_state", "cancel_requested", "last_observation", "observed_at", "observation_source",
+    "output_truncated", "recovery_policy", "recovery_action", "idempotency_key", "permit_epoch",
+    "reported_after_stop", "resolved",
+)
+_IN_FLIGHT = (OutboxStatus.DISPATCHING, OutboxStatus.UNKNOWN)
+
+
 def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
-    steps = list(Step.objects.filter(run=run).order_by("seq"))
-    outbox = list(OutboxItem.objects.filter(run=run).order_by("id"))
-    records = list(ExecutionRecord.objects.filter(run=run).order_by("permitted_at", "id"))
+    completed_steps: list[dict[str, Any]] = []
+    pending_steps: list[dict[str, Any]] = []
+    for seq, key, name, status, finished_at, late in (
+        Step.objects.filter(run=run).order_by("seq").values_list(*_STEP_FIELDS)
+    ):
+        if status == StepStatus.COMPLETED:
+            completed_steps.append({"seq": seq, "key": key, "name": name, "finished_at": _iso(finished_at),
+                                    "reported_after_stop": late})
+        else:
+            pending_steps.append({"seq": seq, "key": key, "name": name, "status": status})
+
+    frozen_ids: list[str] = []
+    in_flight_ids: list[str] = []
+    outbox: list[dict[str, Any]] = []
+    for pk, transport, destination, status, idempotency_key, claimed_at, frozen_at in (
+        OutboxItem.objects.filter(run=run).order_by("id").values_list(*_OUTBOX_FIELDS)
+    ):
+        public_id = f"outbox_{pk}"  # OutboxItem.public_id
+        if status == OutboxStatus.FROZEN:
+            frozen_ids.append(public_id)
+        elif status in _IN_FLIGHT:
+            in_flight_ids.append(public_id)
+        outbox.append({"id": public_id, "transport": transport, "destination": destination, "status": status,
+                       "idempotency_key": idempotency_key, "claimed_at": _iso(claimed_at),
+                       "frozen_at": _iso(frozen_at)})
+
+    tool_calls: list[dict[str, Any]] = []
+    unconfirmed: list[dict[str, Any]] = []
+    for record in (
+        ExecutionRecord.objects.filter(run=run).order_by("permitted_at", "id").values(*_RECORD_FIELDS)
+    ):
+        summary = _record_summary(record)
+        tool_calls.append(summary)
+        if (record["side_effect"] == SideEffect.WRITE
+                and record["side_effect_state"] == SideEffectState.PENDING_VERIFICATION and not record["resolved"]):
+            unconfirmed.append(dict(summary))
+
     leases = list(Lease.objects.filter(run=run, epoch=stop_request.epoch_before))
     return {
         "run_id": run.pk,
@@ -67,36 +117,20 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
             for lease in leases
         ],
         "resume_from": run.resume_from or None,
-        "frozen_outbox_ids": [item.public_id for item in outbox if item.status == OutboxStatus.FROZEN],
-        "in_flight_outbox_ids": [
-            item.public_id for item in outbox if item.status in (OutboxStatus.DISPATCHING, OutboxStatus.UNKNOWN)
-        ],
-        "outbox": [
-            {"id": item.public_id, "transport": item.transport, "destination": item.destination,
-             "status": item.status, "idempotency_key": item.idempotency_key, "claimed_at": _iso(item.claimed_at),
-             "frozen_at": _iso(item.frozen_at)}
-            for item in outbox
-        ],
-        "completed_steps": [
-            {"seq": step.seq, "key": step.key, "name": step.name, "finished_at": _iso(step.finished_at),
-             "reported_after_stop": step.reported_after_stop}
-            for step in steps if step.status == StepStatus.COMPLETED
-        ],
-        "pending_steps": [
-            {"seq": step.seq, "key": step.key, "name": step.name, "status": step.status}
-            for step in steps if step.status != StepStatus.COMPLETED
-        ],
+        "frozen_outbox_ids": frozen_ids,
+        "in_flight_outbox_ids": in_flight_ids,
+        "outbox": outbox,
+        "completed_steps": completed_steps,
+        "pending_steps": pending_steps,
         "artifacts": [
-            {"id": artifact.pk, "name": artifact.name, "kind": artifact.kind, "uri": artifact.uri,
-             "checksum": artifact.checksum, "reusable": artifact.reusable, "evidence": artifact.evidence}
-            for artifact in Artifact.objects.filter(run=run).order_by("id")
+            {"id": pk, "name": name, "kind": kind, "uri": uri, "checksum": checksum, "reusable": reusable,
+             "evidence": evidence}
+            for pk, name, kind, uri, checksum, reusable, evidence in (
+                Artifact.objects.filter(run=run).order_by("id").values_list(*_ARTIFACT_FIELDS)
+            )
         ],
-        "tool_calls": [_record_summary(record) for record in records],
-        "unconfirmed_side_effects": [
-            _record_summary(record) for record in records
-            if record.side_effect == SideEffect.WRITE and record.side_effect_state == SideEffectState.PENDING_VERIFICATION
-            and not record.resolved
-        ],
+        "tool_calls": tool_calls,
+        "unconfirmed_side_effects": unconfirmed,
         "unapplied_steering": [
             {"id": message.pk, "text": message.text, "author": message.author}
             for message in SteeringMessage.objects.filter(run=run, status=SteeringStatus.UNAPPLIED_AT_STOP)
@@ -106,38 +140,39 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
     }
 
 
-def _record_summary(record: ExecutionRecord) -> dict[str, Any]:
+def _record_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """One call as the packet shows it; `record` holds the _RECORD_FIELDS of an ExecutionRecord."""
     return {
-        "tool_call_id": record.tool_call_id,
-        "tool": record.tool,
-        "operation_id": record.operation_id or None,
-        "side_effect": record.side_effect,
-        "execution_state": record.execution_state,
-        "side_effect_state": record.side_effect_state,
-        "remote_cancel_state": record.remote_cancel_state,
-        "cancel_requested": record.cancel_requested,
-        "last_observation": record.last_observation,
-        "last_observed_at": _iso(record.observed_at),
-        "observation_source": record.observation_source,
-        "output_truncated": record.output_truncated,
-        "recovery_policy": record.recovery_policy,
-        "recovery_action": record.recovery_action or _default_recovery_action(record),
-        "idempotency_key": record.idempotency_key or None,
-        "permit_epoch": record.permit_epoch,
-        "reported_after_stop": record.reported_after_stop,
+        "tool_call_id": record["tool_call_id"],
+        "tool": record["tool"],
+        "operation_id": record["operation_id"] or None,
+        "side_effect": record["side_effect"],
+        "execution_state": record["execution_state"],
+        "side_effect_state": record["side_effect_state"],
+        "remote_cancel_state": record["remote_cancel_state"],
+        "cancel_requested": record["cancel_requested"],
+        "last_observation": record["last_observation"],
+        "last_observed_at": _iso(record["observed_at"]),
+        "observation_source": record["observation_source"],
+        "output_truncated": record["output_truncated"],
+        "recovery_policy": record["recovery_policy"],
+        "recovery_action": record["recovery_action"] or _default_recovery_action(record),
+        "idempotency_key": record["idempotency_key"] or None,
+        "permit_epoch": record["permit_epoch"],
+        "reported_after_stop": record["reported_after_stop"],
     }
 
 
-def _default_recovery_action(record: ExecutionRecord) -> str:
+def _default_recovery_action(record: dict[str, Any]) -> str:
     """Say what to do when the agent did not: never 'retry' for an unknown write."""
-    if record.side_effect != SideEffect.WRITE or record.side_effect_state != SideEffectState.PENDING_VERIFICATION:
+    if record["side_effect"] != SideEffect.WRITE or record["side_effect_state"] != SideEffectState.PENDING_VERIFICATION:
         return ""
-    target = record.operation_id or record.tool_call_id
-    policy = record.recovery_policy
+    target = record["operation_id"] or record["tool_call_id"]
+    policy = record["recovery_policy"]
     if policy == "query_original":
-        return f"query {target}; do not re-run {record.tool}"
-    if policy == "reuse_idempotency_key" and record.idempotency_key:
-        return f"retry only with idempotency key {record.idempotency_key}"
+        return f"query {target}; do not re-run {record['tool']}"
+    if policy == "reuse_idempotency_key" and record["idempotency_key"]:
+        return f"retry only with idempotency key {record['idempotency_key']}"
     if policy == "compensate":
         return f"verify {target}, then compensate if it was applied"
-    return f"confirm manually whether {record.tool} ({target}) took effect"
+    return f"confirm manually whether {record['tool']} ({target}) took effect"

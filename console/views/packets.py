@@ -42,7 +42,8 @@ def _packet(run: Run, epoch: int | None) -> StopPacket:
 
 
 def packet_context(request: HtmxHttpRequest, run: Run, packet: StopPacket, **extra: Any) -> dict[str, Any]:
-    view = packet_view(run, packet)
+    # ?all=1 lists every completed step, call and artifact; the JSON download is always whole.
+    view = packet_view(run, packet, everything=request.GET.get("all") == "1")
     epochs = list(StopPacket.objects.filter(run=run).order_by("-stop_epoch").values_list("stop_epoch", flat=True))
     can_act = request_access(request).can_act(run.team_id)
     return {
