@@ -163,6 +163,24 @@ def api_singles(stack: Stack, clients: int, requests: int, time_limit: float,
     return _run_clients(clients, work)
 
 
+def api_floor(stack: Stack, clients: int, requests: int) -> tuple[float, int, list[float]]:
+    """The HTTP floor: daphne + Django's middleware answering a JSON 404 (no auth, no database).
+    No API request can be cheaper; it bounds what any hot-path work could reach."""
+
+    def work(index: int) -> tuple[int, list[float]]:
+        latencies: list[float] = []
+        with httpx.Client(base_url=stack.base_url, timeout=30) as http:
+            for _ in range(requests):
+                started = time.perf_counter()
+                response = http.get("/api/v1/no-such-endpoint/")
+                latencies.append((time.perf_counter() - started) * 1000)
+                if response.status_code != 404:
+                    raise RuntimeError(f"floor request answered {response.status_code}")
+        return requests, latencies
+
+    return _run_clients(clients, work)
+
+
 # --------------------------------------------------------------------------------------------
 # the raw psycopg baseline: the same rows, the same number of commits
 
@@ -296,6 +314,14 @@ def run(stack: Stack) -> list[Row]:
             note=f"raw psycopg, one commit per event: {raw_rate:,.0f} commits/s → API at {api_rate / raw_rate:.1%} of raw;"
                  f" latency columns are per request (ms)",
         ))
+    for clients in (1, 4):
+        requests = stack.n(1200, 80)
+        wall, done, latencies = api_floor(stack, clients, requests // clients)
+        rows.append(rate_row(
+            "ingest", f"HTTP floor: a JSON 404 (no auth, no database), {clients} client{'s' if clients > 1 else ''}",
+            done / wall, "req/s", extra={"count": done, **{key: value for key, value in summary(latencies).items()
+                                                            if key != "count"}},
+            note="what daphne and Django's middleware alone cost per request: the ceiling of any API endpoint"))
     rows += _scale_out(stack)
     return rows
 
