@@ -233,13 +233,21 @@ def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(a
         for n in range(8):
             services.permit_request(run_id=run.pk, epoch=lease.epoch, tool_call_id=f"call_read_{n}", tool="search",
                                     actor=AGENT)
-        body = as_viewer.get(f"/runs/{run.pk}/").content.decode()
+        short = services.run_create(team=team, title="short", agent="bot", actor=AGENT,
+                                    steps=[services.PlannedStep("only")])
+        with CaptureQueriesContext(connection) as short_queries:
+            as_viewer.get(f"/runs/{short.pk}/")
+        with CaptureQueriesContext(connection) as long_queries:
+            body = as_viewer.get(f"/runs/{run.pk}/").content.decode()
+        # Past the window the totals come with the rows (no extra COUNT queries).
+        assert len(long_queries) == len(short_queries)
         steps = _section(body, "steps")
         calls = _section(body, "tool-calls")
         assert "Showing the latest 5 of 12 steps" in steps
         assert "step_11" in steps and "step_00" not in steps
         assert "call_read_7" in calls and "call_read_0" not in calls
         assert "call_old_write" in calls  # unresolved: shown whatever its age
+        assert "Showing the latest 6 of 9 tool calls" in calls  # 5 newest + the old unresolved one
         everything = as_viewer.get(f"/runs/{run.pk}/?all=1").content.decode()
         assert "Showing the latest" not in everything
         assert "step_00" in everything and "call_read_0" in everything
