@@ -216,8 +216,8 @@ def _latest_steps(run: Run, window: int | None) -> tuple[list[Step], int]:
         return steps, len(steps)
     # COUNT(*) OVER () is computed before the LIMIT: the total rides along with the window, so a
     # 5,000-step run costs the same number of queries as a 10-step one.
-    steps = list(Step.objects.filter(run=run).annotate(total=Window(Count("pk"))).order_by("-seq")[:window])[::-1]
-    return steps, steps[0].total if steps else 0
+    newest: list[Any] = list(Step.objects.filter(run=run).annotate(total=Window(Count("pk"))).order_by("-seq")[:window])
+    return newest[::-1], newest[0].total if newest else 0
 
 
 def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], int]:
@@ -229,9 +229,9 @@ def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], 
     unresolved = Q(side_effect="write", side_effect_state="pending_verification", resolved=False)
     # The total is of every call, not of the ones loaded: a scalar subquery in the same query.
     every_call = ExecutionRecord.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
-    found = list(calls.filter(Q(pk__in=newest) | unresolved).annotate(total=Subquery(every_call))
-                 .order_by("permitted_at", "pk"))
-    return found, found[0].total if found else 0
+    loaded: list[Any] = list(calls.filter(Q(pk__in=newest) | unresolved).annotate(total=Subquery(every_call))
+                             .order_by("permitted_at", "pk"))
+    return loaded, loaded[0].total if loaded else 0
 
 
 def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
