@@ -17,13 +17,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.access import user_may_view_run, user_team_ids
-from console.realtime import VIEWER_LAYER, run_group, team_group
-
-FRAME_FIELDS = ("type", "run_id", "team", "status", "stop_epoch", "seq", "kind")
-
-
-def _frame(event: dict[str, Any]) -> dict[str, Any]:
-    return {key: event.get(key) for key in FRAME_FIELDS} | {"type": "run.updated"}
+from console.realtime import VIEWER_LAYER, browser_frame, run_group, team_group
 
 
 class _BrowserConsumer(AsyncJsonWebsocketConsumer):
@@ -59,7 +53,9 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         await super().dispatch(message)
 
     async def run_updated(self, event: dict[str, Any]) -> None:
-        await self.send_json(_frame(event))
+        # The publisher encodes the frame once per change; a message without it (published by
+        # an older process during a rolling deploy) is encoded here.
+        await self.send(text_data=event.get("frame") or browser_frame(event))
 
 
 class RunConsumer(_BrowserConsumer):

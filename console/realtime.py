@@ -16,6 +16,7 @@ running until its next heartbeat, so it stays on the core layer, which queues pe
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from typing import Any
@@ -88,10 +89,20 @@ def _has_loop_to_route_to() -> bool:
         SyncToAsync.threadlocal, "main_event_loop_pid", None) == os.getpid()
 
 
+# What a browser gets: small, no HTML, no ORM (the page decides what to refetch).
+BROWSER_FRAME_FIELDS = ("type", "run_id", "team", "status", "stop_epoch", "seq", "kind")
+
+
+def browser_frame(event: dict[str, Any]) -> str:
+    return json.dumps({key: event.get(key) for key in BROWSER_FRAME_FIELDS} | {"type": "run.updated"})
+
+
 def publish(event: dict[str, Any]) -> None:
     workers = get_channel_layer()
     viewers = get_channel_layer(VIEWER_LAYER)
-    message = {**event, "type": "run.updated"}
+    # The frame's JSON is encoded here, once per change, not by each of the 200 consumers that
+    # forward it (docs/BENCHMARKS.md, fan-out).
+    message = {**event, "type": "run.updated", "frame": browser_frame(event)}
     sends: list[tuple[Any, str, dict[str, Any]]] = []
     if event.get("kind") == "stop_signal" and workers is not None:
         # Workers: the reliable layer only (see the module docstring).

@@ -119,6 +119,8 @@ def test_a_burst_reaches_browser_viewers_in_order_and_the_stop_reaches_the_worke
             frames = _frames_until(socket, run.pk, last)
             _assert_in_order_without_gaps(frames, first, last)
             assert frames[-1]["status"] == "cancel_requested"
+            # encoded once by the publisher (realtime.browser_frame): the whitelisted fields only
+            assert {tuple(sorted(frame)) for frame in frames} == {tuple(sorted(realtime.BROWSER_FRAME_FIELDS))}
         # the worker's socket carries the stop signal only, never browser frames
         with pytest.raises(TimeoutError):
             worker.recv(timeout=0.5)
@@ -179,3 +181,24 @@ def test_the_pubsub_layer_resubscribes_after_its_redis_connection_drops():
 
     frame, sent = asyncio.run(scenario())
     assert 2 <= frame["seq"] < sent
+
+
+def test_the_publisher_encodes_a_browser_frame_once_and_consumers_forward_it_verbatim():
+    """200 viewers of one run used to mean 200 json.dumps per change (docs/BENCHMARKS.md)."""
+
+    event = {"type": "run.updated", "kind": "stop_signal", "run_id": "run_abc", "team": 3, "status": "cancel_requested",
+             "stop_epoch": 2, "seq": 9, "signal": {"requested_by": "alice"}}
+    frame = json.loads(realtime.browser_frame(event))
+    assert frame == {"type": "run.updated", "kind": "stop_signal", "run_id": "run_abc", "team": 3,
+                     "status": "cancel_requested", "stop_epoch": 2, "seq": 9}  # no signal payload for browsers
+
+    sent: list[str] = []
+
+    class Probe(RunConsumer):
+        async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+            sent.append(text_data or "")
+
+    probe = Probe()
+    asyncio.run(probe.run_updated({**event, "frame": "PRE-ENCODED"}))
+    asyncio.run(probe.run_updated(event))  # an older publisher's message: encoded here
+    assert sent == ["PRE-ENCODED", realtime.browser_frame(event)]
