@@ -10,7 +10,16 @@ class ConsoleConfig(AppConfig):
     def ready(self) -> None:
         # Channels is wired to the domain's change notifications here, so domain code never
         # imports Channels (STYLE: domain code imports neither Celery nor Channels).
+        from django.contrib.auth import get_user_model
+        from django.db.models.signals import post_delete, post_save
+
         from console import realtime
         from runs import notify
+        from runs.models import Membership
 
         notify.subscribe(realtime.publish)
+        # Access changes reach the user's open browser sockets (console/consumers.py re-checks).
+        post_save.connect(realtime.on_membership_saved, sender=Membership, dispatch_uid="safestop.membership.saved")
+        post_delete.connect(realtime.on_membership_saved, sender=Membership,
+                            dispatch_uid="safestop.membership.deleted")
+        post_save.connect(realtime.on_user_saved, sender=get_user_model(), dispatch_uid="safestop.user.saved")

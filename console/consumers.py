@@ -5,19 +5,52 @@ The page decides what to refetch (see static/console/console.js); no HTML and no
 happens per message. Every route is wrapped by `console.routing.browser_only` (Origin check +
 session), and each consumer refuses an anonymous user before accepting.
 
-Close codes: 4401 no session, 4403 not allowed to watch. Both are sent before `accept()`,
-so the handshake itself is refused.
+Access is not only checked at connect. Every socket also joins its user's `user_<id>` group:
+a membership saved or deleted, or a change of the user's is_active / is_staff / is_superuser,
+sends `access.changed` there (`console.realtime.membership_changed`, wired in `console.apps`),
+and the socket re-reads the user's access — the runs page joins the teams it gained and leaves
+the ones it lost; a socket that may no longer watch anything is closed with 4403. The viewers
+layer is at most once, so each socket also re-checks on a timer
+(`SAFESTOP_WS_ACCESS_RECHECK_SECONDS`): a lost message delays a revocation, never forgets it.
+Only these re-checks touch the database; a `run.updated` frame never does.
+
+Close codes: 4401 no session, 4403 not allowed to watch (before `accept()` the handshake itself
+is refused; after it, access was revoked), 1011 access could not be re-checked (the browser
+reconnects, and the connect authorises again).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
+from collections.abc import Iterable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import get_user_model
 
 from console.access import user_may_view_run, user_team_ids
-from console.realtime import VIEWER_LAYER, browser_frame, run_group, team_group
+from console.realtime import VIEWER_LAYER, browser_frame, run_group, team_group, user_group
+
+logger = logging.getLogger(__name__)
+
+
+def _current_user(user_id: int) -> Any:
+    """The user as the database has it now (the session's copy is from the connect)."""
+    return get_user_model().objects.filter(pk=user_id).first()
+
+
+def _team_ids_now(user_id: int) -> list[int]:
+    user = _current_user(user_id)
+    return user_team_ids(user) if user is not None else []
+
+
+def _may_still_view_run(user_id: int, run_id: str) -> bool:
+    user = _current_user(user_id)
+    return user is not None and user_may_view_run(user, run_id)
 
 
 class _BrowserConsumer(AsyncJsonWebsocketConsumer):
@@ -25,16 +58,57 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
     # most once; a lost frame shows as a `seq` gap and the page refetches). The agent consumer
     # stays on "default": the stop signal must not be lost. See console/realtime.py.
     channel_layer_alias = VIEWER_LAYER
-    joined: list[str]
+    joined: set[str]
+    user_id: int
+    # Set once access is revoked: nothing more is forwarded while the close goes out.
+    revoked = False
+    _recheck_task: asyncio.Task[None] | None = None
+    _access_lock: asyncio.Lock | None = None
 
-    async def _join(self, groups: list[str]) -> None:
-        self.joined = groups
+    async def connect(self) -> None:
+        user = self._user()
+        if user is None:
+            await self.close(code=4401)
+            return
+        self.user_id = user.pk
+        self.joined = set()
+        self._access_lock = asyncio.Lock()
+        # The user's group first: an access change committed after this point reaches us, so
+        # none can slip in between the check below and the subscription.
+        await self._join([user_group(user.pk)])
+        if not await self._authorise(user):
+            await self._leave(list(self.joined))
+            await self.close(code=4403)
+            return
+        await self.accept()
+        interval = float(getattr(settings, "SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60) or 0)
+        if interval > 0:
+            self._recheck_task = asyncio.get_running_loop().create_task(self._recheck_every(interval))
+
+    async def _authorise(self, user: Any) -> bool:
+        """At connect, with the session's user: may it watch? Join the groups if so."""
+        raise NotImplementedError
+
+    async def _reauthorise(self) -> bool:
+        """Later, with the user as the database has it now: may it still watch? Adjust groups."""
+        raise NotImplementedError
+
+    async def _join(self, groups: Iterable[str]) -> None:
         for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
+            if group not in self.joined:
+                self.joined.add(group)
+                await self.channel_layer.group_add(group, self.channel_name)
+
+    async def _leave(self, groups: Iterable[str]) -> None:
+        for group in groups:
+            if group in self.joined:
+                self.joined.discard(group)
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     async def disconnect(self, code: int) -> None:
-        for group in getattr(self, "joined", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
+        if self._recheck_task is not None:
+            self._recheck_task.cancel()
+        await self._leave(list(getattr(self, "joined", ())))
 
     def _user(self) -> Any:
         user = self.scope.get("user")
@@ -47,44 +121,92 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         # `run.updated` only forwards a frame (no ORM): skip channels' per-message
         # close_old_connections(), a hop through the one sync thread that HTTP views also need.
         # With 200 viewers of a busy run that hop was the fan-out bottleneck (docs/BENCHMARKS.md).
+        # `access.changed` (rare) takes the ordinary path: it reads the database.
         if message.get("type") == "run.updated":
             await self.run_updated(message)
             return
         await super().dispatch(message)
 
     async def run_updated(self, event: dict[str, Any]) -> None:
+        if self.revoked:
+            return
         # The publisher encodes the frame once per change; a message without it (published by
         # an older process during a rolling deploy) is encoded here.
         await self.send(text_data=event.get("frame") or browser_frame(event))
+
+    async def access_changed(self, event: dict[str, Any]) -> None:
+        """The user's memberships or access flags changed (console.realtime.membership_changed)."""
+        await self._recheck_access()
+
+    async def _recheck_every(self, interval: float) -> None:
+        """A lost `access.changed` (the viewers layer is at most once) must not leave a leak."""
+        while not self.revoked:
+            # Jittered, so sockets opened together (a deploy, a reconnect storm) query apart.
+            await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+            await self._recheck_access()
+
+    async def _recheck_access(self) -> None:
+        assert self._access_lock is not None
+        async with self._access_lock:  # the message and the timer never adjust groups at once
+            if self.revoked:
+                return
+            try:
+                allowed = await self._reauthorise()
+            except Exception:
+                # Fail closed: the browser reconnects, and connect authorises it again.
+                logger.exception("browser socket of user %s: access re-check failed", self.user_id)
+                await self._revoke(code=1011)
+                return
+            if not allowed:
+                await self._revoke(code=4403)
+
+    async def _revoke(self, *, code: int) -> None:
+        self.revoked = True
+        await self._leave(list(self.joined))
+        if self._recheck_task is not None and self._recheck_task is not asyncio.current_task():
+            self._recheck_task.cancel()
+        await self.close(code=code)
 
 
 class RunConsumer(_BrowserConsumer):
     """`/ws/runs/<run_id>/`: every change of one run, for its run page and stop packet."""
 
-    async def connect(self) -> None:
-        user = self._user()
-        if user is None:
-            await self.close(code=4401)
-            return
-        run_id = self.scope["url_route"]["kwargs"]["run_id"]
-        if not await database_sync_to_async(user_may_view_run)(user, run_id):
-            await self.close(code=4403)
-            return
-        await self._join([run_group(run_id)])
-        await self.accept()
+    run_id: str
+
+    async def _authorise(self, user: Any) -> bool:
+        self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        if not await database_sync_to_async(user_may_view_run)(user, self.run_id):
+            return False
+        await self._join([run_group(self.run_id)])
+        return True
+
+    async def _reauthorise(self) -> bool:
+        return bool(await database_sync_to_async(_may_still_view_run)(self.user_id, self.run_id))
 
 
 class TeamRunsConsumer(_BrowserConsumer):
     """`/ws/runs/`: every change of every run in the user's teams, for the runs page and inbox."""
 
-    async def connect(self) -> None:
-        user = self._user()
-        if user is None:
-            await self.close(code=4401)
-            return
-        team_ids = await database_sync_to_async(user_team_ids)(user)
+    # The teams whose frames are forwarded; a frame of any other team (one already queued when
+    # its group was left) is dropped. Staff hold every team that existed at the last check.
+    team_ids: frozenset[int] = frozenset()
+
+    async def _authorise(self, user: Any) -> bool:
+        return await self._watch(await database_sync_to_async(user_team_ids)(user))
+
+    async def _reauthorise(self) -> bool:
+        return await self._watch(await database_sync_to_async(_team_ids_now)(self.user_id))
+
+    async def _watch(self, team_ids: list[int]) -> bool:
         if not team_ids:
-            await self.close(code=4403)
-            return
-        await self._join([team_group(team_id) for team_id in team_ids])
-        await self.accept()
+            return False
+        wanted = frozenset(team_ids)
+        gained, lost = wanted - self.team_ids, self.team_ids - wanted
+        self.team_ids = wanted  # before the unsubscribe: a lost team's frames stop here
+        await self._leave(team_group(team_id) for team_id in sorted(lost))
+        await self._join(team_group(team_id) for team_id in sorted(gained))
+        return True
+
+    async def run_updated(self, event: dict[str, Any]) -> None:
+        if event.get("team") in self.team_ids:
+            await super().run_updated(event)

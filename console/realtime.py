@@ -3,7 +3,9 @@
 Group names and channel layers are the contract between publishers and consumers:
 - `run_<id>`: viewers of one run (browser) — every change, with its sequence number;
 - `team_<team_id>`: the runs page of a team — every change of any of its runs;
-  both on the `VIEWER_LAYER` alias (consumers in `console/consumers.py`);
+- `user_<user_id>`: every browser socket of one user — `access.changed` when the user's
+  memberships or access flags change, so open sockets re-check what they may watch;
+  all three on the `VIEWER_LAYER` alias (consumers in `console/consumers.py`);
 - `agent_<id>`: the worker of one run — the stop signal only; on the "default" alias
   (consumer in `runs/api/consumers.py`).
 
@@ -17,12 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
 
 # The event loop of the daphne process we run in (set by `manage.py serve`). The in-memory
 # channel layer's queues belong to that loop, so a send from a thread that is not one of
@@ -58,6 +64,10 @@ def run_group(run_id: str) -> str:
 
 def team_group(team_id: int | str) -> str:
     return f"team_{team_id}"
+
+
+def user_group(user_id: int | str) -> str:
+    return f"user_{user_id}"
 
 
 def agent_group(run_id: str) -> str:
@@ -110,6 +120,10 @@ def publish(event: dict[str, Any]) -> None:
     if viewers is not None:
         sends.append((viewers, run_group(event["run_id"]), message))
         sends.append((viewers, team_group(event["team"]), message))
+    _send(sends)
+
+
+def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
     if not sends:
         return
     _route_detached_thread_to_bound_loop()
@@ -126,3 +140,44 @@ def publish(event: dict[str, Any]) -> None:
         async_to_sync(send_all)()
     else:
         asyncio.run_coroutine_threadsafe(send_all(), _publisher_loop()).result(timeout=10)
+
+
+# --- access changes -----------------------------------------------------------------------
+# A browser socket authorises at connect; after that, a membership or an access flag that
+# changes must reach the user's open sockets, or a user removed from a team keeps receiving its
+# frames until the tab closes. The message carries no access data: each socket re-reads the
+# user's access itself (console/consumers.py). The viewers layer is at most once, so the
+# consumers also re-check on a timer (SAFESTOP_WS_ACCESS_RECHECK_SECONDS).
+
+ACCESS_CHANGED = "access.changed"
+_ACCESS_FLAGS = frozenset({"is_active", "is_staff", "is_superuser"})
+
+
+def _send_access_changed(user_id: int) -> None:
+    viewers = get_channel_layer(VIEWER_LAYER)
+    if viewers is None:
+        return
+    try:
+        _send([(viewers, user_group(user_id), {"type": ACCESS_CHANGED, "user_id": user_id})])
+    except Exception:  # the change is committed; the sockets' timer re-check still catches it
+        logger.exception("access-change notification failed for user %s", user_id)
+
+
+def membership_changed(user_id: int) -> None:
+    """Tell `user_id`'s open browser sockets to re-check their access, once the change commits."""
+    transaction.on_commit(lambda: _send_access_changed(user_id))
+
+
+def on_membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """post_save / post_delete of `runs.models.Membership` (wired in `console.apps`)."""
+    membership_changed(instance.user_id)
+
+
+def on_user_saved(sender: Any, instance: Any, created: bool = False, update_fields: Any = None,
+                  **kwargs: Any) -> None:
+    """post_save of the user model: a new user has no open sockets; a save that names its fields
+    and none of the access flags (login's `last_login`) cannot change access. Any other save
+    notifies — a spurious message costs each of the user's sockets one query."""
+    if created or (update_fields is not None and not _ACCESS_FLAGS & set(update_fields)):
+        return
+    membership_changed(instance.pk)

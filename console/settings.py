@@ -225,6 +225,9 @@ SAFESTOP_DEFAULT_LEASE_TTL = float(os.environ.get("SAFESTOP_DEFAULT_LEASE_TTL", 
 SAFESTOP_RATE_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_RATE_LIMIT_PER_MINUTE", 6000))
 SAFESTOP_SERVE_STATIC = env_bool("SAFESTOP_SERVE_STATIC", True)
 SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVAL", 0.5))
+# Browser websockets re-read their user's access this often (seconds; 0 disables), in case an
+# `access.changed` message was lost on the at-most-once viewers layer (console/consumers.py).
+SAFESTOP_WS_ACCESS_RECHECK_SECONDS = float(os.environ.get("SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60))
 
 EMAIL_BACKEND = os.environ.get(
     "SAFESTOP_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend"
