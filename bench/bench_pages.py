@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -36,12 +37,28 @@ def _teams(stack: Stack) -> list[int]:
 
 
 def load_runs(stack: Stack, count: int) -> float:
-    from bench.fixtures import analyze, copy_rows, run_rows
-    from runs.models import Run
+    from bench.fixtures import analyze, copy_rows, run_rows, stop_request_rows
+    from runs.dispatch import fence_overdue_stops
+    from runs.models import Run, StopRequest
 
     started = time.perf_counter()
-    copy_rows(Run, run_rows(count, team_ids=_teams(stack)))
-    analyze(Run._meta.db_table, vacuum=True)
+    stopped: list[dict[str, Any]] = []
+
+    team_ids = _teams(stack)  # before the COPY: the connection runs nothing else during it
+
+    def rows() -> Iterable[dict[str, Any]]:
+        for row in run_rows(count, team_ids=team_ids):
+            if row["stop_requested_at"] is not None:
+                stopped.append(row)
+            yield row
+
+    copy_rows(Run, rows())
+    copy_rows(StopRequest, stop_request_rows(stopped))
+    # The fixture's "stopping" runs stopped long ago: past the drain deadline. Let the watchdog
+    # settle them now, as it would have, rather than in the background of the measurements.
+    while fence_overdue_stops():
+        pass
+    analyze(Run._meta.db_table, StopRequest._meta.db_table, vacuum=True)
     return time.perf_counter() - started
 
 

@@ -89,6 +89,19 @@ STATUS_WEIGHTS: Sequence[tuple[str, float]] = (
 STOPPED = {"stopped_cleanly", "stopped_dirty", "handed_off", "cancelled", "cancel_requested", "draining"}
 
 
+def stop_request_rows(runs: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    """The StopRequest every stopped fixture run has in real life (one per stop epoch). Without
+    them, the drain watchdog found ~800 "stopping" runs with no stop request and failed on each,
+    every tick, all through the bench (25,500 tracebacks in the Celery log)."""
+    for run in runs:
+        yield {
+            "run_id": run["id"], "requested_by": run["stop_requested_by"], "actor_kind": "user",
+            "reason": run["stop_reason"], "requested_at": run["stop_requested_at"], "epoch_before": 1,
+            "epoch_after": 2, "stopped_at": run["stopped_at"],
+            "outcome_state": run["status"] if run["stopped_at"] else "",
+        }
+
+
 def run_rows(count: int, *, team_ids: Sequence[int], seed: int = 7, span_days: int = 120,
              id_prefix: str = "run_b") -> Iterable[dict[str, Any]]:
     """`count` runs over the last `span_days`, ids like real ones (`run_` + 12 hex)."""
