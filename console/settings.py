@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 
@@ -136,6 +137,10 @@ LOGOUT_REDIRECT_URL = "console:login"
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("SAFESTOP_MAX_BODY_BYTES", 1024 * 1024))
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# Redis Pub/Sub has no databases: browser frames are namespaced by this prefix instead
+# (default: the database number of REDIS_URL). Give each deployment sharing a Redis its own.
+VIEWER_CHANNEL_PREFIX = os.environ.get("SAFESTOP_VIEWER_CHANNEL_PREFIX") or (
+    f"safestop-db{urlsplit(REDIS_URL).path.strip('/') or '0'}" if REDIS_URL else "")
 
 # Two channel layers (console/realtime.py says who sends what where):
 # - "default": what agent workers listen on (`agent_<run_id>`, the stop signal). Reliable
@@ -164,9 +169,10 @@ if REDIS_URL:
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             # Its reader polls with a 0.1 s timeout, so the 5 s default does not cut idle sockets
             # (tests/console/test_viewer_layer.py idles past it); kept equal to "default" so a slow
-            # Redis is judged the same way on both. Pub/Sub channels ignore the database number:
-            # deployments sharing one Redis server need different "prefix"es.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+            # Redis is judged the same way on both. Pub/Sub channels ignore the database number,
+            # so the prefix carries it: two deployments on one Redis server (or the test suite
+            # and the bench) must not see each other's `team_1` frames.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": VIEWER_CHANNEL_PREFIX},
         },
     }
 else:

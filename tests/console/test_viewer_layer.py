@@ -202,3 +202,40 @@ def test_the_publisher_encodes_a_browser_frame_once_and_consumers_forward_it_ver
     asyncio.run(probe.run_updated({**event, "frame": "PRE-ENCODED"}))
     asyncio.run(probe.run_updated(event))  # an older publisher's message: encoded here
     assert sent == ["PRE-ENCODED", realtime.browser_frame(event)]
+
+
+def test_browser_frames_of_deployments_on_different_redis_databases_stay_apart():
+    """Pub/Sub ignores the Redis database number: the prefix must carry it, or two deployments
+    on one Redis server (the suite and the bench, say) would see each other's team_1 frames."""
+    probe = ("import django; django.setup(); from django.conf import settings;"
+             "print(settings.CHANNEL_LAYERS['viewers']['CONFIG']['prefix'])")
+
+    def prefix(**env: str) -> str:
+        base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SAFESTOP_VIEWER_CHANNEL_PREFIX")}
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
+                              env={**base, "DJANGO_SETTINGS_MODULE": "console.settings", **env}).stdout.strip()
+
+    assert prefix(REDIS_URL="redis://127.0.0.1:6379/0") != prefix(REDIS_URL="redis://127.0.0.1:6379/9")
+    assert prefix(REDIS_URL="redis://127.0.0.1:6379") == prefix(REDIS_URL="redis://127.0.0.1:6379/0")
+    assert prefix(REDIS_URL="redis://127.0.0.1:6379/0", SAFESTOP_VIEWER_CHANNEL_PREFIX="acme-prod") == "acme-prod"
+
+    async def crossing() -> list[dict]:
+        from channels_redis.pubsub import RedisPubSubChannelLayer
+
+        mine = RedisPubSubChannelLayer(hosts=[REDIS_URL], prefix="safestop-db0")
+        theirs = RedisPubSubChannelLayer(hosts=[REDIS_URL], prefix="safestop-db9")
+        channel = await mine.new_channel()
+        await mine.group_add("team_1", channel)
+        await asyncio.sleep(0.2)
+        await theirs.group_send("team_1", {"type": "run.updated", "seq": 1})
+        await mine.group_send("team_1", {"type": "run.updated", "seq": 2})
+        got = [await asyncio.wait_for(mine.receive(channel), 3)]
+        try:
+            got.append(await asyncio.wait_for(mine.receive(channel), 0.5))
+        except TimeoutError:
+            pass
+        await mine.flush()
+        await theirs.flush()
+        return got
+
+    assert [frame["seq"] for frame in asyncio.run(crossing())] == [2]
