@@ -65,6 +65,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.middleware.SyncMiddlewareChain",  # last: keeps the chain above in one thread (why: the class)
 ]
 
 ROOT_URLCONF = "console.urls"
