@@ -11,6 +11,7 @@ class ConsoleConfig(AppConfig):
         # Channels is wired to the domain's change notifications here, so domain code never
         # imports Channels (STYLE: domain code imports neither Celery nor Channels).
         from django.contrib.auth import get_user_model
+        from django.contrib.auth.signals import user_logged_out
         from django.db.models.signals import post_delete, post_save
 
         from console import realtime
@@ -23,3 +24,6 @@ class ConsoleConfig(AppConfig):
         post_delete.connect(realtime.on_membership_saved, sender=Membership,
                             dispatch_uid="safestop.membership.deleted")
         post_save.connect(realtime.on_user_saved, sender=get_user_model(), dispatch_uid="safestop.user.saved")
+        # So does the end of a session: the sockets of a logged-out session close (4401), not
+        # only at the next timed re-check. A password change is a user save (above).
+        user_logged_out.connect(realtime.on_user_logged_out, dispatch_uid="safestop.user.logged_out")

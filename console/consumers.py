@@ -14,9 +14,18 @@ layer is at most once, so each socket also re-checks on a timer
 (`SAFESTOP_WS_ACCESS_RECHECK_SECONDS`): a lost message delays a revocation, never forgets it.
 Only these re-checks touch the database; a `run.updated` frame never does.
 
-Close codes: 4401 no session, 4403 not allowed to watch (before `accept()` the handshake itself
-is refused; after it, access was revoked), 1011 access could not be re-checked (the browser
-reconnects, and the connect authorises again).
+A socket is also tied to the session it connected with. The same re-check (in the same single
+database hop) asks whether that session would still log the user in, as
+`django.contrib.auth.get_user` would judge it: the session still exists, names this user, and
+its auth hash still matches (a password change rotates it). A logout (`user_logged_out`) and a
+password change send `access.changed` too; an admin deleting sessions is caught by the timer.
+A logout's message names the ended session (a digest of its key), so that socket closes without
+the database: Django flushes the session only after the signal, and a re-check in another
+process could otherwise still find it.
+
+Close codes: 4401 no session (at connect; after it, the session ended), 4403 not allowed to
+watch (before `accept()` the handshake itself is refused; after it, access was revoked), 1011
+access could not be re-checked (the browser reconnects, and the connect authorises again).
 """
 
 from __future__ import annotations
@@ -25,15 +34,25 @@ import asyncio
 import logging
 import random
 from collections.abc import Iterable
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.core.exceptions import ValidationError
+from django.utils.crypto import constant_time_compare
 
 from console.access import user_may_view_run, user_team_ids
-from console.realtime import VIEWER_LAYER, browser_frame, run_group, team_group, user_group
+from console.realtime import (
+    VIEWER_LAYER,
+    browser_frame,
+    run_group,
+    session_digest,
+    team_group,
+    user_group,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +62,30 @@ def _current_user(user_id: int) -> Any:
     return get_user_model().objects.filter(pk=user_id).first()
 
 
-def _team_ids_now(user_id: int) -> list[int]:
-    user = _current_user(user_id)
-    return user_team_ids(user) if user is not None else []
+def _session_logs_in(session_key: str | None, user: Any) -> bool:
+    """Would `django.contrib.auth.get_user` still find `user` in this session? It exists in the
+    store (and has not expired), names this user, and its auth hash matches the user's current
+    one (or one made with a SECRET_KEY_FALLBACKS key, which get_user accepts too)."""
+    if not session_key:
+        return False
+    # A fresh store, not the scope's session: that one holds the data read at connect.
+    session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    try:
+        if user._meta.pk.to_python(session[SESSION_KEY]) != user.pk:
+            return False
+    except (KeyError, ValidationError):  # gone, expired, flushed, or not a login session
+        return False
+    if not hasattr(user, "get_session_auth_hash"):
+        return True  # as get_user: a user model without the hash is not verified
+    stored = session.get(HASH_SESSION_KEY)
+    if not stored:
+        return False
+    return constant_time_compare(stored, user.get_session_auth_hash()) or any(
+        constant_time_compare(stored, fallback) for fallback in user.get_session_auth_fallback_hash())
 
 
-def _may_still_view_run(user_id: int, run_id: str) -> bool:
-    user = _current_user(user_id)
-    return user is not None and user_may_view_run(user, run_id)
+# What `_access_now` returns when the socket's session no longer logs its user in.
+_SESSION_ENDED: Any = object()
 
 
 class _BrowserConsumer(AsyncJsonWebsocketConsumer):
@@ -60,6 +95,8 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
     channel_layer_alias = VIEWER_LAYER
     joined: set[str]
     user_id: int
+    # The key of the session the socket connected with (the session cookie's).
+    session_key: str | None = None
     # Set once access is revoked: nothing more is forwarded while the close goes out.
     revoked = False
     _recheck_task: asyncio.Task[None] | None = None
@@ -71,6 +108,7 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4401)
             return
         self.user_id = user.pk
+        self.session_key = getattr(self.scope.get("session"), "session_key", None)
         self.joined = set()
         self._access_lock = asyncio.Lock()
         # The user's group first: an access change committed after this point reaches us, so
@@ -89,9 +127,21 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         """At connect, with the session's user: may it watch? Join the groups if so."""
         raise NotImplementedError
 
-    async def _reauthorise(self) -> bool:
-        """Later, with the user as the database has it now: may it still watch? Adjust groups."""
+    def _access_of(self, user: Any) -> Any:
+        """Later, inside the re-check's database hop (sync): what may the user as the database
+        has it now (None if deleted) watch? Read only; `_apply_access` acts on it."""
         raise NotImplementedError
+
+    async def _apply_access(self, access: Any) -> bool:
+        """With `_access_of`'s answer: may the socket still watch? Adjust groups."""
+        raise NotImplementedError
+
+    def _access_now(self) -> Any:
+        """The re-check's one database hop: the session first, then the access."""
+        user = _current_user(self.user_id)
+        if user is not None and not _session_logs_in(self.session_key, user):
+            return _SESSION_ENDED
+        return self._access_of(user)
 
     async def _join(self, groups: Iterable[str]) -> None:
         for group in groups:
@@ -135,7 +185,14 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         await self.send(text_data=event.get("frame") or browser_frame(event))
 
     async def access_changed(self, event: dict[str, Any]) -> None:
-        """The user's memberships or access flags changed (console.realtime.membership_changed)."""
+        """The user's memberships, access flags, password or sessions changed
+        (console.realtime.membership_changed)."""
+        ended = event.get("ended_session")
+        if ended and self.session_key and constant_time_compare(ended, session_digest(self.session_key)):
+            # This socket's own session logged out: Django flushes it after the signal, so the
+            # database may still have it; no need to look.
+            await self._recheck_access(session_ended=True)
+            return
         await self._recheck_access()
 
     async def _recheck_every(self, interval: float) -> None:
@@ -145,19 +202,25 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
             await asyncio.sleep(interval * random.uniform(0.8, 1.2))
             await self._recheck_access()
 
-    async def _recheck_access(self) -> None:
+    async def _recheck_access(self, *, session_ended: bool = False) -> None:
         assert self._access_lock is not None
         async with self._access_lock:  # the message and the timer never adjust groups at once
             if self.revoked:
                 return
+            if session_ended:
+                await self._revoke(code=4401)
+                return
             try:
-                allowed = await self._reauthorise()
+                access = await database_sync_to_async(self._access_now)()
+                allowed = access is not _SESSION_ENDED and await self._apply_access(access)
             except Exception:
                 # Fail closed: the browser reconnects, and connect authorises it again.
                 logger.exception("browser socket of user %s: access re-check failed", self.user_id)
                 await self._revoke(code=1011)
                 return
-            if not allowed:
+            if access is _SESSION_ENDED:
+                await self._revoke(code=4401)
+            elif not allowed:
                 await self._revoke(code=4403)
 
     async def _revoke(self, *, code: int) -> None:
@@ -180,8 +243,11 @@ class RunConsumer(_BrowserConsumer):
         await self._join([run_group(self.run_id)])
         return True
 
-    async def _reauthorise(self) -> bool:
-        return bool(await database_sync_to_async(_may_still_view_run)(self.user_id, self.run_id))
+    def _access_of(self, user: Any) -> bool:
+        return user is not None and user_may_view_run(user, self.run_id)
+
+    async def _apply_access(self, access: bool) -> bool:
+        return access
 
 
 class TeamRunsConsumer(_BrowserConsumer):
@@ -194,8 +260,11 @@ class TeamRunsConsumer(_BrowserConsumer):
     async def _authorise(self, user: Any) -> bool:
         return await self._watch(await database_sync_to_async(user_team_ids)(user))
 
-    async def _reauthorise(self) -> bool:
-        return await self._watch(await database_sync_to_async(_team_ids_now)(self.user_id))
+    def _access_of(self, user: Any) -> list[int]:
+        return user_team_ids(user) if user is not None else []
+
+    async def _apply_access(self, access: list[int]) -> bool:
+        return await self._watch(access)
 
     async def _watch(self, team_ids: list[int]) -> bool:
         if not team_ids:

@@ -4,7 +4,8 @@ Group names and channel layers are the contract between publishers and consumers
 - `run_<id>`: viewers of one run (browser) — every change, with its sequence number;
 - `team_<team_id>`: the runs page of a team — every change of any of its runs;
 - `user_<user_id>`: every browser socket of one user — `access.changed` when the user's
-  memberships or access flags change, so open sockets re-check what they may watch;
+  memberships, access flags or password change, or the user logs out, so open sockets re-check
+  what they may watch and whether their session still logs them in;
   all three on the `VIEWER_LAYER` alias (consumers in `console/consumers.py`);
 - `agent_<id>`: the worker of one run — the stop signal only; on the "default" alias
   (consumer in `runs/api/consumers.py`).
@@ -27,6 +28,7 @@ from typing import Any
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
+from django.utils.crypto import salted_hmac
 
 logger = logging.getLogger(__name__)
 
@@ -148,24 +150,43 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
 # frames until the tab closes. The message carries no access data: each socket re-reads the
 # user's access itself (console/consumers.py). The viewers layer is at most once, so the
 # consumers also re-check on a timer (SAFESTOP_WS_ACCESS_RECHECK_SECONDS).
+#
+# The same re-check asks whether the socket's session still logs its user in, so a logout or a
+# password change must notify as well (an admin deleting sessions sends nothing: the timer).
 
 ACCESS_CHANGED = "access.changed"
 _ACCESS_FLAGS = frozenset({"is_active", "is_staff", "is_superuser"})
+# `get_session_auth_hash()` is an HMAC of the password hash: changing it ends every session
+# made before (django.contrib.auth.get_user no longer verifies them), so sockets must re-check.
+_SESSION_FIELDS = frozenset({"password"})
 
 
-def _send_access_changed(user_id: int) -> None:
+def session_digest(session_key: str) -> str:
+    """What a logout's message says of the ended session: never the key itself (a credential)
+    on the channel layer, only an HMAC of it that a socket compares with its own."""
+    return salted_hmac("safestop.console.ended-session", session_key).hexdigest()
+
+
+def _send_access_changed(user_id: int, ended_session: str | None = None) -> None:
     viewers = get_channel_layer(VIEWER_LAYER)
     if viewers is None:
         return
+    message: dict[str, Any] = {"type": ACCESS_CHANGED, "user_id": user_id}
+    if ended_session:
+        message["ended_session"] = ended_session
     try:
-        _send([(viewers, user_group(user_id), {"type": ACCESS_CHANGED, "user_id": user_id})])
+        _send([(viewers, user_group(user_id), message)])
     except Exception:  # the change is committed; the sockets' timer re-check still catches it
         logger.exception("access-change notification failed for user %s", user_id)
 
 
-def membership_changed(user_id: int) -> None:
-    """Tell `user_id`'s open browser sockets to re-check their access, once the change commits."""
-    transaction.on_commit(lambda: _send_access_changed(user_id))
+def membership_changed(user_id: int, *, ended_session: str | None = None) -> None:
+    """Tell `user_id`'s open browser sockets to re-check their access, once the change commits.
+    `ended_session` (a `session_digest`) closes the socket of that session without a look."""
+    if ended_session is None:
+        transaction.on_commit(lambda: _send_access_changed(user_id))
+    else:
+        transaction.on_commit(lambda: _send_access_changed(user_id, ended_session))
 
 
 def on_membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -176,8 +197,23 @@ def on_membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
 def on_user_saved(sender: Any, instance: Any, created: bool = False, update_fields: Any = None,
                   **kwargs: Any) -> None:
     """post_save of the user model: a new user has no open sockets; a save that names its fields
-    and none of the access flags (login's `last_login`) cannot change access. Any other save
-    notifies — a spurious message costs each of the user's sockets one query."""
-    if created or (update_fields is not None and not _ACCESS_FLAGS & set(update_fields)):
+    and none of the access flags nor the password (login's `last_login`) cannot change access or
+    end a session. Any other save notifies — a spurious message costs each of the user's sockets
+    one query. `save(update_fields=["password"])` (what `check_password` does when it upgrades a
+    hash, and a common way to store `set_password`) names the password only: it must notify,
+    since the new hash ends the user's other sessions."""
+    if created or (update_fields is not None and not (_ACCESS_FLAGS | _SESSION_FIELDS) & set(update_fields)):
         return
     membership_changed(instance.pk)
+
+
+def on_user_logged_out(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
+    """`user_logged_out` (wired in `console.apps`): the user's sockets re-check, and the one on
+    the ended session closes. Django sends the signal *before* it flushes the session (and
+    outside a transaction `on_commit` runs at once), so a socket re-checking the database might
+    still find the session: the message names it instead (`session_digest`). `user` is None
+    when the request was not logged in."""
+    if user is None or getattr(user, "pk", None) is None:
+        return
+    session_key = getattr(getattr(request, "session", None), "session_key", None)
+    membership_changed(user.pk, ended_session=session_digest(session_key) if session_key else None)
