@@ -189,7 +189,19 @@
   document.addEventListener("htmx:wsClose", function (evt) {
     var code = evt.detail && evt.detail.event ? evt.detail.event.code : 0;
     evt.target.dataset.wsState = "closed";
-    if (code === 4401 || code === 4403 || code === 1000) {
+    if (code === 4401) {
+      // The session ended (logout elsewhere, password change): reload once, which lands on the
+      // login page, or — after a password change in this browser — reconnects with the new
+      // session. At most once a minute, so a socket that keeps refusing cannot loop the page.
+      var last = Number(window.sessionStorage.getItem("safestop-reload-4401") || 0);
+      if (Date.now() - last > 60000) {
+        window.sessionStorage.setItem("safestop-reload-4401", String(Date.now()));
+        setIndicator("off", "signed out — reloading");
+        window.location.reload();
+        return;
+      }
+      setIndicator("off", "not live (signed out)");
+    } else if (code === 4403 || code === 1000) {
       setIndicator("off", code === 1000 ? "not live" : "not live (no access)");
     } else {
       setIndicator("reconnecting", "reconnecting…");

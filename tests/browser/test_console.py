@@ -7,6 +7,7 @@ the agent API), because the server's channel layer lives in its own process.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +282,16 @@ def test_main_pages_render_cleanly_and_are_saved_as_screenshots(browser: Browser
     finally:
         narrow.close()
     assert not errors, errors
+
+
+def test_signing_out_in_another_tab_takes_the_live_page_back_to_the_login(page: Page, live_stack, bob) -> None:
+    """The session ended elsewhere: the server closes the open socket with 4401 and the page
+    reloads itself onto the login form instead of streaming to a signed-out browser."""
+    login(page, live_stack.url, "bob")
+    wait_live(page)
+    other_tab = page.context.new_page()
+    other_tab.goto(f"{live_stack.url}/")
+    other_tab.get_by_role("button", name="Sign out").click()
+    expect(other_tab).to_have_url(re.compile(r"/login/"), timeout=LIVE_TIMEOUT)
+    expect(page).to_have_url(re.compile(r"/login/"), timeout=LIVE_TIMEOUT)
+    expect(page.get_by_label("Username")).to_be_visible()
