@@ -49,3 +49,18 @@ def staff(db):
 @pytest.fixture
 def as_staff(staff) -> Client:
     return _client_for(staff)
+
+
+# The browser sockets' access re-check timer (tests/console/test_live_access.py, test_live_session.py)
+
+
+@pytest.fixture
+def no_timer(settings) -> None:
+    """Only the `access.changed` message can act (the timer is off)."""
+    settings.SAFESTOP_WS_ACCESS_RECHECK_SECONDS = 0
+
+
+@pytest.fixture
+def fast_timer(settings) -> float:
+    settings.SAFESTOP_WS_ACCESS_RECHECK_SECONDS = 0.5
+    return 0.5

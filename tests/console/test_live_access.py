@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from asgiref.sync import SyncToAsync
 from channels.db import database_sync_to_async
-from channels.layers import channel_layers, get_channel_layer
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -35,32 +34,12 @@ from websockets.sync.client import connect
 from console import realtime
 from console.asgi import application
 from runs.models import Membership, Role
+from tests.console.live_sockets import ORIGIN, close_code, fresh_channel_layer  # noqa: F401  (autouse fixture)
 from tests.console.scenarios import new_run
 from tests.livestack import live_stack_redis  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ORIGIN = "http://127.0.0.1:8000"
-
-
-@pytest.fixture(autouse=True)
-def fresh_channel_layer() -> Iterator[None]:
-    """An in-memory layer per test: its queues belong to the test's own event loop."""
-    channel_layers.backends = {}
-    yield
-    channel_layers.backends = {}
-
-
-@pytest.fixture
-def no_timer(settings) -> None:
-    """Only the `access.changed` message can act (the timer is off)."""
-    settings.SAFESTOP_WS_ACCESS_RECHECK_SECONDS = 0
-
-
-@pytest.fixture
-def fast_timer(settings) -> float:
-    settings.SAFESTOP_WS_ACCESS_RECHECK_SECONDS = 0.5
-    return 0.5
 
 
 def _session_cookie(user) -> str:
@@ -76,16 +55,6 @@ async def _open(path: str, user) -> WebsocketCommunicator:
     connected, code = await communicator.connect()
     assert connected, code
     return communicator
-
-
-async def _close_code(communicator: WebsocketCommunicator, timeout: float = 3) -> tuple[int, list[Any]]:
-    """Wait for the server to close the socket: its close code, and any frames sent before."""
-    frames: list[Any] = []
-    while True:
-        output = await communicator.receive_output(timeout=timeout)
-        if output["type"] == "websocket.close":
-            return output.get("code"), frames
-        frames.append(json.loads(output["text"]))
 
 
 async def _new_run(team, **kwargs):
@@ -111,7 +80,7 @@ async def test_a_user_removed_from_a_team_stops_receiving_it_and_its_run_socket_
     assert (await runs_page.receive_json_from(timeout=3))["run_id"] == before.pk
 
     await _remove(bob, other_team)
-    code, frames = await _close_code(run_page)
+    code, frames = await close_code(run_page)
     assert code == 4403 and frames == []
 
     # Still a member of `team`: the runs page stays open, with `team`'s frames only.
@@ -123,7 +92,7 @@ async def test_a_user_removed_from_a_team_stops_receiving_it_and_its_run_socket_
 
     # The last team gone: nothing left to watch.
     await _remove(bob, team)
-    code, frames = await _close_code(runs_page)
+    code, frames = await close_code(runs_page)
     assert code == 4403 and frames == []
     await run_page.disconnect()
     await runs_page.disconnect()
@@ -161,7 +130,7 @@ async def test_deactivating_a_user_closes_every_socket_at_once(no_timer, team, b
 
     await database_sync_to_async(deactivate)()
     for socket in sockets:
-        assert (await _close_code(socket))[0] == 4403
+        assert (await close_code(socket))[0] == 4403
         await socket.disconnect()
 
 
@@ -214,7 +183,7 @@ async def test_the_timer_closes_sockets_when_the_message_is_lost(fast_timer, mon
     # A queryset update sends no signal at all.
     await database_sync_to_async(get_user_model().objects.filter(pk=charlie.pk).update)(is_active=False)
     for socket in (runs_page, run_page):
-        code, _frames = await _close_code(socket, timeout=5)
+        code, _frames = await close_code(socket, timeout=5)
         assert code == 4403
         await socket.disconnect()
     assert time.monotonic() - started < 3 * fast_timer + 1

@@ -15,12 +15,11 @@ In-process sockets (WebsocketCommunicator, the in-memory layer), as tests/consol
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from importlib import import_module
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import channel_layers, get_channel_layer
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -29,30 +28,12 @@ from django.test import Client
 
 from console import realtime
 from console.asgi import application
+from tests.console.live_sockets import ORIGIN, close_code, fresh_channel_layer  # noqa: F401  (autouse fixture)
 from tests.console.scenarios import new_run
-from tests.console.test_live_access import ORIGIN, _close_code
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def fresh_channel_layer() -> Iterator[None]:
-    """An in-memory layer per test: its queues belong to the test's own event loop."""
-    channel_layers.backends = {}
-    yield
-    channel_layers.backends = {}
-
-
-@pytest.fixture
-def no_timer(settings) -> None:
-    """Only the `access.changed` message can act (the timer is off)."""
-    settings.SAFESTOP_WS_ACCESS_RECHECK_SECONDS = 0
-
-
-@pytest.fixture
-def fast_timer(settings) -> float:
-    settings.SAFESTOP_WS_ACCESS_RECHECK_SECONDS = 0.5
-    return 0.5
 
 
 def _logged_in(user) -> Client:
@@ -92,7 +73,7 @@ async def test_logging_out_closes_the_sockets_of_that_session(no_timer, team, bo
 
     await database_sync_to_async(browser.logout)()
     for socket in sockets:
-        code, frames = await _close_code(socket)
+        code, frames = await close_code(socket)
         assert code == 4401 and frames == []
         await socket.disconnect()
 
@@ -108,7 +89,7 @@ async def test_a_session_deleted_from_the_store_closes_its_sockets_at_the_next_r
     await database_sync_to_async(store(key).delete)()
     await _access_changed(bob)
     for socket in sockets:
-        assert (await _close_code(socket))[0] == 4401
+        assert (await close_code(socket))[0] == 4401
         await socket.disconnect()
 
 
@@ -122,7 +103,7 @@ async def test_a_logout_message_closes_its_session_even_before_the_flush(no_time
     layer = get_channel_layer(realtime.VIEWER_LAYER)
     await layer.group_send(realtime.user_group(bob.pk), {  # the session itself is still in the store
         "type": realtime.ACCESS_CHANGED, "user_id": bob.pk, "ended_session": realtime.session_digest(key)})
-    assert (await _close_code(leaving))[0] == 4401
+    assert (await close_code(leaving))[0] == 4401
     mine = await _new_run(team)
     assert (await staying.receive_json_from(timeout=3))["run_id"] == mine.pk
     await leaving.disconnect()
@@ -142,7 +123,7 @@ async def test_a_password_change_closes_the_users_sockets(no_timer, team, bob, u
 
     await database_sync_to_async(change_password)()
     for socket in sockets:
-        code, frames = await _close_code(socket)
+        code, frames = await close_code(socket)
         assert code == 4401 and frames == []
         await socket.disconnect()
 
@@ -153,7 +134,7 @@ async def test_another_session_of_the_user_stays_open_when_one_logs_out(no_timer
     staying = await _open("/ws/runs/", phone)
 
     await database_sync_to_async(laptop.logout)()
-    assert (await _close_code(leaving))[0] == 4401
+    assert (await close_code(leaving))[0] == 4401
     # The other session re-checked too (same user) and is still valid: frames keep coming.
     await _access_changed(bob)
     mine = await _new_run(team)
@@ -178,7 +159,7 @@ async def test_the_timer_closes_sockets_of_ended_sessions_when_the_message_is_lo
     await database_sync_to_async(get_user_model().objects.filter(pk=charlie.pk).update)(
         password=make_password("a-new-password"))
     for socket in (logged_out, new_password):
-        code, _frames = await _close_code(socket, timeout=5)
+        code, _frames = await close_code(socket, timeout=5)
         assert code == 4401
         await socket.disconnect()
     assert time.monotonic() - started < 3 * fast_timer + 1
