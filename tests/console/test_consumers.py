@@ -3,11 +3,8 @@ against the user's teams, and a change committed after connecting arrives as a f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
@@ -15,20 +12,10 @@ from django.test import Client
 from console.asgi import application
 from runs import services
 from runs.actors import Actor
+from tests.console.live_sockets import ORIGIN, fresh_channel_layer  # noqa: F401  (autouse fixture)
 from tests.console.scenarios import AGENT, new_run, start
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ORIGIN = "http://127.0.0.1:8000"
-
-
-@pytest.fixture(autouse=True)
-def fresh_channel_layer() -> Iterator[None]:
-    """An in-memory layer per test: its queues belong to the test's own event loop."""
-    channel_layers.backends = {}
-    yield
-    channel_layers.backends = {}
-
 
 def _session_cookie(user) -> str:
     client = Client()
