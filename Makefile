@@ -32,7 +32,7 @@ test: install services chromium
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check . || true
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy console runs handoff safestop_agent
 
 migrations-check: install

@@ -37,8 +37,12 @@ class TimedToken(CancelToken):
         super().__init__()
         self.cancelled_at: float | None = None
 
-    def cancel(self, reason: str = "cancelled", stop_epoch: int | None = None,
-               requested_by: str | None = None) -> bool:
+    def cancel(
+        self,
+        reason: str = "cancelled",
+        stop_epoch: int | None = None,
+        requested_by: str | None = None,
+    ) -> bool:
         now = time.monotonic()
         applied = super().cancel(reason, stop_epoch, requested_by)
         if applied:
@@ -46,7 +50,9 @@ class TimedToken(CancelToken):
         return applied
 
 
-def serve_one(client: SafestopClient, run_id: str, *, quantum: float, worker_id: str) -> dict[str, Any]:
+def serve_one(
+    client: SafestopClient, run_id: str, *, quantum: float, worker_id: str
+) -> dict[str, Any]:
     token = TimedToken()
     # A long TTL keeps the heartbeat (ttl/3) out of the way: the push is what is measured.
     run = AgentRun(client, run_id, worker_id, ttl_seconds=120, token=token)
@@ -58,6 +64,7 @@ def serve_one(client: SafestopClient, run_id: str, *, quantum: float, worker_id:
                 return fn(*args, **kwargs)
             finally:
                 phases[name] = time.monotonic()
+
         return wrapper
 
     with run:
@@ -73,8 +80,14 @@ def serve_one(client: SafestopClient, run_id: str, *, quantum: float, worker_id:
             time.sleep(quantum)  # one unit of work; the token is checked between units
         noticed_at = time.monotonic()
     drained_at = time.monotonic()
-    return {"run_id": run_id, "signal_at": token.cancelled_at, "noticed_at": noticed_at,
-            "drained_at": drained_at, "reason": token.reason, **phases}
+    return {
+        "run_id": run_id,
+        "signal_at": token.cancelled_at,
+        "noticed_at": noticed_at,
+        "drained_at": drained_at,
+        "reason": token.reason,
+        **phases,
+    }
 
 
 def main() -> None:
@@ -91,7 +104,11 @@ def main() -> None:
             if command.get("op") == "quit":
                 break
             try:
-                emit(serve_one(client, command["run_id"], quantum=args.quantum, worker_id=args.worker_id))
+                emit(
+                    serve_one(
+                        client, command["run_id"], quantum=args.quantum, worker_id=args.worker_id
+                    )
+                )
             except Exception as error:  # report, do not die: the orchestrator decides
                 emit({"run_id": command.get("run_id"), "error": repr(error)})
 

@@ -96,25 +96,67 @@ def _drive(stack: Stack, run_id: str, epoch: int, rate: float, seconds: float) -
         kind = changes % 5
         if kind == 0:
             step += 1
-            services.events_ingest(run_id=run_id, epoch=epoch, actor=agent, events=[
-                {"event_id": f"start-{step}", "type": "step.started", "key": f"page-{step}", "name": f"Read page {step}"}])
+            services.events_ingest(
+                run_id=run_id,
+                epoch=epoch,
+                actor=agent,
+                events=[
+                    {
+                        "event_id": f"start-{step}",
+                        "type": "step.started",
+                        "key": f"page-{step}",
+                        "name": f"Read page {step}",
+                    }
+                ],
+            )
         elif kind == 1:
-            services.permit_request(run_id=run_id, epoch=epoch, tool_call_id=f"call-{step}", tool="fetch_page",
-                                    actor=agent, arguments={"page": step}, step_key=f"page-{step}")
+            services.permit_request(
+                run_id=run_id,
+                epoch=epoch,
+                tool_call_id=f"call-{step}",
+                tool="fetch_page",
+                actor=agent,
+                arguments={"page": step},
+                step_key=f"page-{step}",
+            )
         elif kind == 2:
-            services.tool_result_report(run_id=run_id, tool_call_id=f"call-{step}", execution_state="succeeded",
-                                        actor=agent, observation=f"page {step}: 2,311 words")
+            services.tool_result_report(
+                run_id=run_id,
+                tool_call_id=f"call-{step}",
+                execution_state="succeeded",
+                actor=agent,
+                observation=f"page {step}: 2,311 words",
+            )
         elif kind == 3:
-            services.events_ingest(run_id=run_id, epoch=epoch, actor=agent, events=[
-                {"event_id": f"art-{step}", "type": "artifact.added", "name": f"page-{step}.txt", "step_key": f"page-{step}"}])
+            services.events_ingest(
+                run_id=run_id,
+                epoch=epoch,
+                actor=agent,
+                events=[
+                    {
+                        "event_id": f"art-{step}",
+                        "type": "artifact.added",
+                        "name": f"page-{step}.txt",
+                        "step_key": f"page-{step}",
+                    }
+                ],
+            )
         else:
-            services.events_ingest(run_id=run_id, epoch=epoch, actor=agent, events=[
-                {"event_id": f"done-{step}", "type": "step.completed", "key": f"page-{step}"}])
+            services.events_ingest(
+                run_id=run_id,
+                epoch=epoch,
+                actor=agent,
+                events=[
+                    {"event_id": f"done-{step}", "type": "step.completed", "key": f"page-{step}"}
+                ],
+            )
         changes += 1
     return changes
 
 
-def run(stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds: float | None = None) -> list[Row]:
+def run(
+    stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds: float | None = None
+) -> list[Row]:
     from runs import services
     from runs.actors import Actor
     from runs.models import Team
@@ -123,8 +165,12 @@ def run(stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds
     seconds = seconds or stack.n(20.0, 5.0)
     system = Actor.system("bench")
     team = Team.objects.get(pk=stack.team_id)
-    run_obj = services.run_create(team=team, title="Busy research run", agent="research-agent", actor=system)
-    lease = services.lease_acquire(run_id=run_obj.pk, worker_id="researcher-1", ttl_seconds=3600, actor=system)
+    run_obj = services.run_create(
+        team=team, title="Busy research run", agent="research-agent", actor=system
+    )
+    lease = services.lease_acquire(
+        run_id=run_obj.pk, worker_id="researcher-1", ttl_seconds=3600, actor=system
+    )
     cookies = _sessions(stack, min(USERS, viewers))
     # Reset the process's peak-RSS mark (Linux `clear_refs` 5), so VmHWM is this run's peak,
     # not the ingestion bench's that ran in the same daphne earlier.
@@ -137,15 +183,29 @@ def run(stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds
     rss_before = rss_kib(stack.daphne.pid)
 
     clock = CommitClock().install()
-    viewer_process = LineProcess([
-        PYTHON, str(ROOT / "bench" / "ws_viewers.py"), "--url", f"ws://127.0.0.1:{stack.port}/ws/runs/{run_obj.pk}/",
-        "--origin", f"http://127.0.0.1:{stack.port}", "--cookies", ",".join(cookies), "--count", str(viewers),
-    ], stack.env, stack.log_dir / "ws_viewers.log")
+    viewer_process = LineProcess(
+        [
+            PYTHON,
+            str(ROOT / "bench" / "ws_viewers.py"),
+            "--url",
+            f"ws://127.0.0.1:{stack.port}/ws/runs/{run_obj.pk}/",
+            "--origin",
+            f"http://127.0.0.1:{stack.port}",
+            "--cookies",
+            ",".join(cookies),
+            "--count",
+            str(viewers),
+        ],
+        stack.env,
+        stack.log_dir / "ws_viewers.log",
+    )
     try:
         with RssSampler(stack.daphne.pid) as sampler:
             hello = viewer_process.receive(timeout=120)
             if hello.get("connected") != viewers:
-                raise RuntimeError(f"only {hello.get('connected')} of {viewers} viewers connected: {hello}")
+                raise RuntimeError(
+                    f"only {hello.get('connected')} of {viewers} viewers connected: {hello}"
+                )
             rss_connected = rss_kib(stack.daphne.pid)
             time.sleep(0.5)
             first_seq = clock.by_seq(run_obj.pk)
@@ -158,7 +218,9 @@ def run(stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds
         viewer_process.close()
 
     commits = {seq: at for seq, at in clock.by_seq(run_obj.pk).items() if seq not in first_seq}
-    arrivals: dict[int, list[float]] = {int(seq): times for seq, times in report["arrivals"].items()}
+    arrivals: dict[int, list[float]] = {
+        int(seq): times for seq, times in report["arrivals"].items()
+    }
     latencies: list[float] = []
     slowest_viewer: list[float] = []
     never_arrived = 0
@@ -175,19 +237,43 @@ def run(stack: Stack, *, viewers: int | None = None, rate: float = 25.0, seconds
     peak = max(rss_after.get("VmHWM", 0), *(sampler.samples or [0]))
     offered = changes * viewers / seconds
     return [
-        latency_row("fanout", f"commit → arrival, {viewers} viewers of one run ({changes} changes at {rate:g}/s)",
-                    latencies, target_key="p99", target_ms=150,
-                    note=f"{report['frames']:,} frames (offered {offered:,.0f}/s); gaps detected via seq: {gaps} "
-                         f"(missed in sequence {report['missed_in_sequence']}, never arrived {never_arrived}); "
-                         f"duplicates {report['duplicates']}, out of order {report['out_of_order']}; "
-                         f"viewers connected in {hello['connect_seconds']:.1f} s; "
-                         f"{report['viewers_with_frames']} viewers got frames; failures {report['failures'][:2]}"
-                         + (f"; seqs short of viewers (seq: missing) {dict(list(sorted(short.items()))[:5])}"
-                            if short else "")),
-        latency_row("fanout", "  commit → the last of the viewers has it (per change)", slowest_viewer),
-        Row("fanout", "gaps detected via seq", {"value": gaps}, "", target="0", judged=gaps, met=gaps == 0),
-        Row("memory", "daphne peak RSS during the fan-out", {"value": peak / 1024}, "MiB",
+        latency_row(
+            "fanout",
+            f"commit → arrival, {viewers} viewers of one run ({changes} changes at {rate:g}/s)",
+            latencies,
+            target_key="p99",
+            target_ms=150,
+            note=f"{report['frames']:,} frames (offered {offered:,.0f}/s); gaps detected via seq: {gaps} "
+            f"(missed in sequence {report['missed_in_sequence']}, never arrived {never_arrived}); "
+            f"duplicates {report['duplicates']}, out of order {report['out_of_order']}; "
+            f"viewers connected in {hello['connect_seconds']:.1f} s; "
+            f"{report['viewers_with_frames']} viewers got frames; failures {report['failures'][:2]}"
+            + (
+                f"; seqs short of viewers (seq: missing) {dict(list(sorted(short.items()))[:5])}"
+                if short
+                else ""
+            ),
+        ),
+        latency_row(
+            "fanout", "  commit → the last of the viewers has it (per change)", slowest_viewer
+        ),
+        Row(
+            "fanout",
+            "gaps detected via seq",
+            {"value": gaps},
+            "",
+            target="0",
+            judged=gaps,
+            met=gaps == 0,
+        ),
+        Row(
+            "memory",
+            "daphne peak RSS during the fan-out",
+            {"value": peak / 1024},
+            "MiB",
             note=f"RSS before viewers {rss_before['VmRSS'] / 1024:.0f} MiB, with {viewers} sockets open "
-                 f"{rss_connected['VmRSS'] / 1024:.0f} MiB, after {rss_after['VmRSS'] / 1024:.0f} MiB; "
-                 f"VmHWM {rss_after['VmHWM'] / 1024:.0f} MiB" + ("" if hwm_reset else " (since daphne started)")),
+            f"{rss_connected['VmRSS'] / 1024:.0f} MiB, after {rss_after['VmRSS'] / 1024:.0f} MiB; "
+            f"VmHWM {rss_after['VmHWM'] / 1024:.0f} MiB"
+            + ("" if hwm_reset else " (since daphne started)"),
+        ),
     ]

@@ -32,8 +32,10 @@ BIG_STEPS = 5_000
 def _teams(stack: Stack) -> list[int]:
     from runs.tokens import team_ensure
 
-    return [stack.team_id] + [team_ensure(slug=f"bench-{name}", name=name.title()).pk
-                              for name in ("north", "south", "east", "west")]
+    return [stack.team_id] + [
+        team_ensure(slug=f"bench-{name}", name=name.title()).pk
+        for name in ("north", "south", "east", "west")
+    ]
 
 
 def load_runs(stack: Stack, count: int) -> float:
@@ -87,9 +89,15 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
     rng = random.Random(seed)
     system = Actor.system("bench")
     team = Team.objects.get(pk=stack.team_id)
-    run = services.run_create(team=team, title=f"Migrate tenant archive ({steps} steps)", agent="migration-agent",
-                              actor=system)
-    lease = services.lease_acquire(run_id=run.pk, worker_id="migrator-1", ttl_seconds=3600, actor=system)
+    run = services.run_create(
+        team=team,
+        title=f"Migrate tenant archive ({steps} steps)",
+        agent="migration-agent",
+        actor=system,
+    )
+    lease = services.lease_acquire(
+        run_id=run.pk, worker_id="migrator-1", ttl_seconds=3600, actor=system
+    )
     epoch = lease.epoch
     base = timezone.now() - timedelta(hours=6)
     kinds = ["model_call", "tool_read", "tool_read", "tool_write", "external_action"]
@@ -98,12 +106,24 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
         return base + timedelta(seconds=seconds)
 
     with transaction.atomic():
-        copy_rows(Step, ({
-            "run_id": run.pk, "seq": seq, "key": f"step-{seq:05d}", "name": f"Copy archive chunk {seq}",
-            "kind": kinds[seq % len(kinds)], "status": "completed" if seq <= steps - 3 else "running",
-            "epoch": epoch, "detail": {"rows": rng.randint(100, 5000), "chunk": seq},
-            "started_at": at(seq * 4), "finished_at": at(seq * 4 + 3) if seq <= steps - 3 else None,
-        } for seq in range(1, steps + 1)))
+        copy_rows(
+            Step,
+            (
+                {
+                    "run_id": run.pk,
+                    "seq": seq,
+                    "key": f"step-{seq:05d}",
+                    "name": f"Copy archive chunk {seq}",
+                    "kind": kinds[seq % len(kinds)],
+                    "status": "completed" if seq <= steps - 3 else "running",
+                    "epoch": epoch,
+                    "detail": {"rows": rng.randint(100, 5000), "chunk": seq},
+                    "started_at": at(seq * 4),
+                    "finished_at": at(seq * 4 + 3) if seq <= steps - 3 else None,
+                }
+                for seq in range(1, steps + 1)
+            ),
+        )
         step_ids = dict(Step.objects.filter(run_id=run.pk).values_list("seq", "pk"))
         calls = max(3, steps * 2 // 5)
         call_rows = []
@@ -111,40 +131,87 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
             seq = min(steps, 1 + n * steps // calls)
             write = n % 5 == 0
             in_flight = n >= calls - 3
-            call_rows.append({
-                "run_id": run.pk, "step_id": step_ids[seq], "tool_call_id": f"call_{n:05d}",
-                "tool": "write_object" if write else "read_object",
-                "arguments": {"bucket": "archive", "key": f"chunk/{seq}"}, "operation_id": f"op-{n}" if write else "",
-                "idempotency_key": f"idem-{n}" if write else "", "side_effect": "write" if write else "none",
-                "permit_epoch": epoch, "execution_state": "running" if in_flight else "succeeded",
-                "side_effect_state": ("pending_verification" if in_flight else "applied") if write else "none",
-                "recovery_policy": "query_original" if write else "manual_confirmation",
-                "last_observation": "" if in_flight else f"copied {rng.randint(1, 900)} objects",
-                "observed_at": None if in_flight else at(seq * 4 + 2), "permitted_at": at(seq * 4 + 1),
-                "finished_at": None if in_flight else at(seq * 4 + 2),
-            })
+            call_rows.append(
+                {
+                    "run_id": run.pk,
+                    "step_id": step_ids[seq],
+                    "tool_call_id": f"call_{n:05d}",
+                    "tool": "write_object" if write else "read_object",
+                    "arguments": {"bucket": "archive", "key": f"chunk/{seq}"},
+                    "operation_id": f"op-{n}" if write else "",
+                    "idempotency_key": f"idem-{n}" if write else "",
+                    "side_effect": "write" if write else "none",
+                    "permit_epoch": epoch,
+                    "execution_state": "running" if in_flight else "succeeded",
+                    "side_effect_state": ("pending_verification" if in_flight else "applied")
+                    if write
+                    else "none",
+                    "recovery_policy": "query_original" if write else "manual_confirmation",
+                    "last_observation": ""
+                    if in_flight
+                    else f"copied {rng.randint(1, 900)} objects",
+                    "observed_at": None if in_flight else at(seq * 4 + 2),
+                    "permitted_at": at(seq * 4 + 1),
+                    "finished_at": None if in_flight else at(seq * 4 + 2),
+                }
+            )
         copy_rows(ExecutionRecord, call_rows)
         outbox = max(10, steps * 3 // 50)
-        copy_rows(OutboxItem, ({
-            "run_id": run.pk, "transport": "webhook" if n % 4 else "email",
-            "destination": "https://hooks.bench.test/progress" if n % 4 else "ops@bench.test",
-            "payload": {"chunk": n, "status": "copied"}, "idempotency_key": f"progress-{n}",
-            "status": "sent" if n < outbox - 50 else ("dispatching" if n >= outbox - 5 else "pending"),
-            "enqueue_epoch": epoch, "claim_epoch": epoch if n < outbox - 50 or n >= outbox - 5 else None,
-            "claimed_at": at(n * 10) if n < outbox - 50 or n >= outbox - 5 else None,
-            "claimed_by": "dispatcher-1" if n < outbox - 50 or n >= outbox - 5 else "",
-            "sent_at": at(n * 10 + 1) if n < outbox - 50 else None, "response_status": 200 if n < outbox - 50 else None,
-            "attempts": 1 if n < outbox - 50 or n >= outbox - 5 else 0,
-        } for n in range(outbox)))
-        copy_rows(Artifact, ({
-            "run_id": run.pk, "step_id": step_ids[min(steps, 1 + n * 16)], "name": f"chunk-{n}.manifest.json",
-            "kind": "application/json", "uri": f"s3://bench/manifests/{run.pk}/{n}.json",
-            "checksum": "sha256:" + f"{n:064x}", "reusable": n % 3 == 0, "evidence": n % 10 == 0, "epoch": epoch,
-        } for n in range(max(3, steps * 3 // 50))))
-        copy_rows(Checkpoint, ({
-            "run_id": run.pk, "step_seq": min(steps, n * 50), "label": f"checkpoint_{n:02d}",
-            "state": {"cursor": n * 50, "done": n * 50}, "epoch": epoch,
-        } for n in range(1, max(2, steps // 50) + 1)))
+        copy_rows(
+            OutboxItem,
+            (
+                {
+                    "run_id": run.pk,
+                    "transport": "webhook" if n % 4 else "email",
+                    "destination": "https://hooks.bench.test/progress"
+                    if n % 4
+                    else "ops@bench.test",
+                    "payload": {"chunk": n, "status": "copied"},
+                    "idempotency_key": f"progress-{n}",
+                    "status": "sent"
+                    if n < outbox - 50
+                    else ("dispatching" if n >= outbox - 5 else "pending"),
+                    "enqueue_epoch": epoch,
+                    "claim_epoch": epoch if n < outbox - 50 or n >= outbox - 5 else None,
+                    "claimed_at": at(n * 10) if n < outbox - 50 or n >= outbox - 5 else None,
+                    "claimed_by": "dispatcher-1" if n < outbox - 50 or n >= outbox - 5 else "",
+                    "sent_at": at(n * 10 + 1) if n < outbox - 50 else None,
+                    "response_status": 200 if n < outbox - 50 else None,
+                    "attempts": 1 if n < outbox - 50 or n >= outbox - 5 else 0,
+                }
+                for n in range(outbox)
+            ),
+        )
+        copy_rows(
+            Artifact,
+            (
+                {
+                    "run_id": run.pk,
+                    "step_id": step_ids[min(steps, 1 + n * 16)],
+                    "name": f"chunk-{n}.manifest.json",
+                    "kind": "application/json",
+                    "uri": f"s3://bench/manifests/{run.pk}/{n}.json",
+                    "checksum": "sha256:" + f"{n:064x}",
+                    "reusable": n % 3 == 0,
+                    "evidence": n % 10 == 0,
+                    "epoch": epoch,
+                }
+                for n in range(max(3, steps * 3 // 50))
+            ),
+        )
+        copy_rows(
+            Checkpoint,
+            (
+                {
+                    "run_id": run.pk,
+                    "step_seq": min(steps, n * 50),
+                    "label": f"checkpoint_{n:02d}",
+                    "state": {"cursor": n * 50, "done": n * 50},
+                    "epoch": epoch,
+                }
+                for n in range(1, max(2, steps // 50) + 1)
+            ),
+        )
         for text in ("Skip the legacy bucket", "Use the EU endpoint from now on"):
             SteeringMessage.objects.create(run_id=run.pk, author="alice", text=text)
         # the ledger: a permit and a result per call, chained on from what the services wrote
@@ -152,28 +219,63 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
         run_seq, prev = (last.run_seq, last.hash) if last else (0, GENESIS_HASH)
         entries = []
         for row in call_rows:
-            for action, payload in (("tool.permitted", {"tool_call_id": row["tool_call_id"], "tool": row["tool"],
-                                                        "side_effect": row["side_effect"], "epoch": epoch}),
-                                    ("tool.result", {"tool_call_id": row["tool_call_id"], "reported": "succeeded"})):
+            for action, payload in (
+                (
+                    "tool.permitted",
+                    {
+                        "tool_call_id": row["tool_call_id"],
+                        "tool": row["tool"],
+                        "side_effect": row["side_effect"],
+                        "epoch": epoch,
+                    },
+                ),
+                ("tool.result", {"tool_call_id": row["tool_call_id"], "reported": "succeeded"}),
+            ):
                 run_seq += 1
                 stamp = timezone.now()
                 payload = _canonical(payload)
-                digest = entry_hash(run_id=run.pk, run_seq=run_seq, at=_timestamp(stamp), actor_kind="api_client",
-                                    actor_id="1", actor="bench-agent", action=action, reason="", payload=payload,
-                                    prev_hash=prev)
-                entries.append({"run_id": run.pk, "run_seq": run_seq, "at": stamp, "actor_kind": "api_client",
-                                "actor_id": "1", "actor": "bench-agent", "team_slug": team.slug, "action": action,
-                                "reason": "", "payload": payload, "prev_hash": prev, "hash": digest})
+                digest = entry_hash(
+                    run_id=run.pk,
+                    run_seq=run_seq,
+                    at=_timestamp(stamp),
+                    actor_kind="api_client",
+                    actor_id="1",
+                    actor="bench-agent",
+                    action=action,
+                    reason="",
+                    payload=payload,
+                    prev_hash=prev,
+                )
+                entries.append(
+                    {
+                        "run_id": run.pk,
+                        "run_seq": run_seq,
+                        "at": stamp,
+                        "actor_kind": "api_client",
+                        "actor_id": "1",
+                        "actor": "bench-agent",
+                        "team_slug": team.slug,
+                        "action": action,
+                        "reason": "",
+                        "payload": payload,
+                        "prev_hash": prev,
+                        "hash": digest,
+                    }
+                )
                 prev = digest
         copy_rows(LedgerEntry, entries)
         Run.objects.filter(pk=run.pk).update(change_seq=run_seq, tool_calls_count=calls)
     timings: dict[str, float] = {}
     reviewer = Actor("user", "0", stack.reviewer_username)
     started = time.perf_counter()
-    services.run_stop(run_id=run.pk, reason="user_stop", actor=reviewer, note="the migration touches prod buckets")
+    services.run_stop(
+        run_id=run.pk, reason="user_stop", actor=reviewer, note="the migration touches prod buckets"
+    )
     timings["stop"] = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
-    settled = services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=epoch, actor=system)
+    settled = services.run_drained(
+        run_id=run.pk, lease_token=lease.token, epoch=epoch, actor=system
+    )
     timings["drain_settle_packet"] = (time.perf_counter() - started) * 1000
     assert settled.status == "stopped_dirty", settled.status
     return run.pk, settled.stop_epoch, timings
@@ -188,7 +290,9 @@ def _client(username: str) -> Any:
     return client
 
 
-def _time_page(client: Any, url: str, iterations: int, warmup: int = 3) -> tuple[list[float], int, int]:
+def _time_page(
+    client: Any, url: str, iterations: int, warmup: int = 3
+) -> tuple[list[float], int, int]:
     """(server times ms, query count, response bytes)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -217,7 +321,9 @@ def run(stack: Stack) -> list[Row]:
     iterations = stack.n(40, 8)
     staff = _client(stack.staff_username)
     reviewer = _client(stack.reviewer_username)
-    oldest_on_page = list(Run.objects.order_by("-created_at", "-pk").values_list("created_at", "pk")[49:50])
+    oldest_on_page = list(
+        Run.objects.order_by("-created_at", "-pk").values_list("created_at", "pk")[49:50]
+    )
     cursor = cursor_encode(*oldest_on_page[0]) if oldest_on_page else ""
     cases = [
         ("runs page, staff (every team)", staff, "/"),
@@ -229,31 +335,70 @@ def run(stack: Stack) -> list[Row]:
     ]
     query_counts = {}
     for label, client, url in cases:
-        extra = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "runs-region"} if "htmx" in label else {}
+        extra = (
+            {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "runs-region"} if "htmx" in label else {}
+        )
         if extra:
             client.defaults.update(extra)
         samples, queries, size = _time_page(client, url, iterations)
         for key in extra:
             client.defaults.pop(key, None)
         query_counts[label] = queries
-        rows.append(latency_row("pages", f"{label} — {total_runs:,} runs", samples, target_key="p95", target_ms=150,
-                                note=f"{queries} queries, {size / 1024:.0f} KiB"))
+        rows.append(
+            latency_row(
+                "pages",
+                f"{label} — {total_runs:,} runs",
+                samples,
+                target_key="p95",
+                target_ms=150,
+                note=f"{queries} queries, {size / 1024:.0f} KiB",
+            )
+        )
 
     big_id, big_epoch, big_stop = build_run(stack, stack.n(BIG_STEPS, 1000), seed=1)
     small_id, small_epoch, _ = build_run(stack, 10, seed=2)
     from bench.fixtures import analyze
 
-    analyze("runs_step", "runs_executionrecord", "runs_outboxitem", "runs_ledgerentry", "runs_artifact",
-            "runs_checkpoint", "handoff_stoppacket", vacuum=True)
-    for label, path in (("run page", "/runs/{id}/"), ("stop packet page", "/runs/{id}/packets/{epoch}/")):
-        big_samples, big_queries, big_size = _time_page(staff, path.format(id=big_id, epoch=big_epoch), iterations)
-        _small, small_queries, _size = _time_page(staff, path.format(id=small_id, epoch=small_epoch), 2, warmup=1)
+    analyze(
+        "runs_step",
+        "runs_executionrecord",
+        "runs_outboxitem",
+        "runs_ledgerentry",
+        "runs_artifact",
+        "runs_checkpoint",
+        "handoff_stoppacket",
+        vacuum=True,
+    )
+    for label, path in (
+        ("run page", "/runs/{id}/"),
+        ("stop packet page", "/runs/{id}/packets/{epoch}/"),
+    ):
+        big_samples, big_queries, big_size = _time_page(
+            staff, path.format(id=big_id, epoch=big_epoch), iterations
+        )
+        _small, small_queries, _size = _time_page(
+            staff, path.format(id=small_id, epoch=small_epoch), 2, warmup=1
+        )
         constant = "constant" if big_queries == small_queries else "NOT constant"
-        rows.append(latency_row(
-            "pages", f"{label} — {stack.n(BIG_STEPS, 1000):,} steps", big_samples, target_key="p95", target_ms=300,
-            note=f"{big_queries} queries ({small_queries} for a 10-step run: {constant}), {big_size / 1024:.0f} KiB"))
-    rows.append(Row("pages", "fixtures", {"value": load_seconds}, "s",
-                    note=f"COPY of {total_runs:,} runs in {load_seconds:.1f} s; stopping the "
-                         f"{stack.n(BIG_STEPS, 1000):,}-step run: run_stop {big_stop['stop']:.0f} ms, drained → "
-                         f"settle + packet {big_stop['drain_settle_packet']:.0f} ms"))
+        rows.append(
+            latency_row(
+                "pages",
+                f"{label} — {stack.n(BIG_STEPS, 1000):,} steps",
+                big_samples,
+                target_key="p95",
+                target_ms=300,
+                note=f"{big_queries} queries ({small_queries} for a 10-step run: {constant}), {big_size / 1024:.0f} KiB",
+            )
+        )
+    rows.append(
+        Row(
+            "pages",
+            "fixtures",
+            {"value": load_seconds},
+            "s",
+            note=f"COPY of {total_runs:,} runs in {load_seconds:.1f} s; stopping the "
+            f"{stack.n(BIG_STEPS, 1000):,}-step run: run_stop {big_stop['stop']:.0f} ms, drained → "
+            f"settle + packet {big_stop['drain_settle_packet']:.0f} ms",
+        )
+    )
     return rows

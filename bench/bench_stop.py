@@ -43,20 +43,37 @@ def _running_run_with_outbox(stack: Stack, index: int) -> tuple[Any, Any]:
     system = Actor.system("bench")
     team = Team.objects.get(pk=stack.team_id)
     run = services.run_create(
-        team=team, title=f"Nightly billing sync #{index}", agent="billing-agent", actor=system,
+        team=team,
+        title=f"Nightly billing sync #{index}",
+        agent="billing-agent",
+        actor=system,
         steps=[services.PlannedStep(f"step-{n}", f"Step {n}") for n in range(1, 11)],
     )
-    lease = services.lease_acquire(run_id=run.pk, worker_id=f"worker-{index}", ttl_seconds=600, actor=system)
+    lease = services.lease_acquire(
+        run_id=run.pk, worker_id=f"worker-{index}", ttl_seconds=600, actor=system
+    )
     OutboxItem.objects.bulk_create(
-        OutboxItem(run_id=run.pk, transport="webhook", destination=f"https://hooks.bench.test/notify/{n % 7}",
-                   payload={"invoice": f"inv-{index}-{n}", "amount_cents": 1000 + n, "currency": "EUR"},
-                   idempotency_key=f"notify-{index}-{n}", enqueue_epoch=lease.epoch)
+        OutboxItem(
+            run_id=run.pk,
+            transport="webhook",
+            destination=f"https://hooks.bench.test/notify/{n % 7}",
+            payload={"invoice": f"inv-{index}-{n}", "amount_cents": 1000 + n, "currency": "EUR"},
+            idempotency_key=f"notify-{index}-{n}",
+            enqueue_epoch=lease.epoch,
+        )
         for n in range(OUTBOX_ITEMS)
     )
     ExecutionRecord.objects.bulk_create(
-        ExecutionRecord(run_id=run.pk, tool_call_id=f"call_{index}_{n}", tool="charge_card", side_effect=SideEffect.WRITE,
-                        permit_epoch=lease.epoch, side_effect_state=SideEffectState.PENDING_VERIFICATION,
-                        arguments={"invoice": f"inv-{index}-{n}"}, idempotency_key=f"charge-{index}-{n}")
+        ExecutionRecord(
+            run_id=run.pk,
+            tool_call_id=f"call_{index}_{n}",
+            tool="charge_card",
+            side_effect=SideEffect.WRITE,
+            permit_epoch=lease.epoch,
+            side_effect_state=SideEffectState.PENDING_VERIFICATION,
+            arguments={"invoice": f"inv-{index}-{n}"},
+            idempotency_key=f"charge-{index}-{n}",
+        )
         for n in range(3)
     )
     return run, lease
@@ -78,23 +95,37 @@ def bench_run_stop_server_time(stack: Stack) -> list[Row]:
             started = time.perf_counter()
             outcome = services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=reviewer)
             elapsed = (time.perf_counter() - started) * 1000
-            committed = clock.committed(run.pk, "stop_signal") or clock.committed(run.pk, "run.stop_requested")
+            committed = clock.committed(run.pk, "stop_signal") or clock.committed(
+                run.pk, "run.stop_requested"
+            )
             published = clock.published(run.pk, "stop_signal")
             if index == 0:  # the stop did what it says: the entrance is closed, the outbox frozen
                 assert outcome.created and outcome.status == RunStatus.CANCEL_REQUESTED, outcome
-                frozen = OutboxItem.objects.filter(run_id=run.pk, status=OutboxStatus.FROZEN).count()
+                frozen = OutboxItem.objects.filter(
+                    run_id=run.pk, status=OutboxStatus.FROZEN
+                ).count()
                 assert frozen == OUTBOX_ITEMS, frozen
             if index >= warmup:
                 server_ms.append(elapsed)
                 if committed is not None and published is not None:
                     publish_ms.append((published - committed) * 1000)
             # settle it, so no watchdog fences a hundred abandoned stops later in the bench
-            services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=Actor.system("bench"))
+            services.run_drained(
+                run_id=run.pk,
+                lease_token=lease.token,
+                epoch=lease.epoch,
+                actor=Actor.system("bench"),
+            )
     finally:
         clock.uninstall()
     rows = [
-        latency_row("stop", "run_stop server time (live lease, 1,000 pending outbox items)", server_ms,
-                    target_key="p99", target_ms=25),
+        latency_row(
+            "stop",
+            "run_stop server time (live lease, 1,000 pending outbox items)",
+            server_ms,
+            target_key="p99",
+            target_ms=25,
+        ),
         latency_row("stop", "  of which on-commit publish to Redis (3 group_send)", publish_ms),
     ]
     rows.append(_http_cancel_round_trip(stack))
@@ -107,16 +138,25 @@ def _http_cancel_round_trip(stack: Stack) -> Row:
 
     iterations, warmup = stack.n(50, 10), 3
     samples: list[float] = []
-    with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.reviewer_token}"}) as http:
+    with httpx.Client(
+        base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.reviewer_token}"}
+    ) as http:
         for index in range(iterations + warmup):
             run, lease = _running_run_with_outbox(stack, 10_000 + index)
             started = time.perf_counter()
-            response = http.post(f"/api/v1/runs/{run.pk}/cancel/", json={"reason": "user_stop", "note": "bench"})
+            response = http.post(
+                f"/api/v1/runs/{run.pk}/cancel/", json={"reason": "user_stop", "note": "bench"}
+            )
             elapsed = (time.perf_counter() - started) * 1000
             assert response.status_code == 202, response.text
             if index >= warmup:
                 samples.append(elapsed)
-            services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=Actor.system("bench"))
+            services.run_drained(
+                run_id=run.pk,
+                lease_token=lease.token,
+                epoch=lease.epoch,
+                actor=Actor.system("bench"),
+            )
     return latency_row("stop", "POST /cancel/ round trip (same setup, reviewer token)", samples)
 
 
@@ -128,9 +168,20 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
     system = Actor.system("bench")
     reviewer = _reviewer_actor(stack)
     team = Team.objects.get(pk=stack.team_id)
-    worker = LineProcess([PYTHON, str(ROOT / "bench" / "agent_worker.py"), "--url", stack.base_url,
-                          "--token", stack.agent_token, "--quantum", "0.005"],
-                         stack.env, stack.log_dir / "agent_worker.log")
+    worker = LineProcess(
+        [
+            PYTHON,
+            str(ROOT / "bench" / "agent_worker.py"),
+            "--url",
+            stack.base_url,
+            "--token",
+            stack.agent_token,
+            "--quantum",
+            "0.005",
+        ],
+        stack.env,
+        stack.log_dir / "agent_worker.log",
+    )
     clock = CommitClock().install()
     iterations, warmup = stack.n(100, 20), 5
     commit_to_signal: list[float] = []
@@ -143,8 +194,13 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
     not_clean: list[str] = []
 
     def leased_run(title: str) -> Any:
-        run = services.run_create(team=team, title=title, agent="support-agent", actor=system,
-                                  steps=[services.PlannedStep("triage"), services.PlannedStep("reply")])
+        run = services.run_create(
+            team=team,
+            title=title,
+            agent="support-agent",
+            actor=system,
+            steps=[services.PlannedStep("triage"), services.PlannedStep("reply")],
+        )
         worker.send({"op": "lease", "run_id": run.pk})
         ready = worker.receive(timeout=20)
         if "error" in ready:
@@ -164,7 +220,9 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
         if stop.outcome_state != RunStatus.STOPPED_CLEANLY or stop.stopped_at is None:
             not_clean.append(f"{run_id}:{stop.outcome_state}")
         else:
-            server_request_to_stopped.append((stop.stopped_at - stop.requested_at).total_seconds() * 1000)
+            server_request_to_stopped.append(
+                (stop.stopped_at - stop.requested_at).total_seconds() * 1000
+            )
 
     try:
         # 2. stop commit → signal at the worker (the stop commits in this process)
@@ -177,8 +235,9 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
                 commit_to_signal.append((answer["signal_at"] - committed) * 1000)
                 commit_to_drained.append((answer["drained_at"] - committed) * 1000)
         # 3. stop request (HTTP, reviewer token) → stopped_cleanly
-        with httpx.Client(base_url=stack.base_url,
-                          headers={"Authorization": f"Bearer {stack.reviewer_token}"}) as http:
+        with httpx.Client(
+            base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.reviewer_token}"}
+        ) as http:
             for index in range(iterations + warmup):
                 run = leased_run(f"Draft contract #{index}")
                 requested = time.monotonic()
@@ -189,23 +248,49 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
                     request_to_signal.append((answer["signal_at"] - requested) * 1000)
                     request_to_drained.append((answer["drained_at"] - requested) * 1000)
                     if answer.get("push_closed_at"):
-                        noticed_to_push_closed.append((answer["push_closed_at"] - answer["noticed_at"]) * 1000)
+                        noticed_to_push_closed.append(
+                            (answer["push_closed_at"] - answer["noticed_at"]) * 1000
+                        )
                         push_closed_to_drained.append(
-                            (answer["drained_at"] - answer.get("heartbeat_stopped_at", answer["push_closed_at"])) * 1000)
+                            (
+                                answer["drained_at"]
+                                - answer.get("heartbeat_stopped_at", answer["push_closed_at"])
+                            )
+                            * 1000
+                        )
                     server_side(run.pk)
     finally:
         clock.uninstall()
         worker.close()
-    note = f"{len(not_clean)} not clean: {not_clean[:3]}" if not_clean else "every run ended stopped_cleanly"
+    note = (
+        f"{len(not_clean)} not clean: {not_clean[:3]}"
+        if not_clean
+        else "every run ended stopped_cleanly"
+    )
     return [
-        latency_row("stop", "stop commit → signal at a connected safestop_agent worker", commit_to_signal,
-                    target_key="p99", target_ms=50,
-                    note="Redis → daphne → agent websocket (heartbeat every 40 s, so the push is what is timed)"),
+        latency_row(
+            "stop",
+            "stop commit → signal at a connected safestop_agent worker",
+            commit_to_signal,
+            target_key="p99",
+            target_ms=50,
+            note="Redis → daphne → agent websocket (heartbeat every 40 s, so the push is what is timed)",
+        ),
         latency_row("stop", "stop commit → worker drained (cooperating worker)", commit_to_drained),
         latency_row("stop", "POST /cancel/ → signal at the worker", request_to_signal),
-        latency_row("stop", "POST /cancel/ → stopped_cleanly (worker's drained answer)", request_to_drained,
-                    target_key="p95", target_ms=300, note=note),
+        latency_row(
+            "stop",
+            "POST /cancel/ → stopped_cleanly (worker's drained answer)",
+            request_to_drained,
+            target_key="p95",
+            target_ms=300,
+            note=note,
+        ),
         latency_row("stop", "  server-side: requested_at → stopped_at", server_request_to_stopped),
         latency_row("stop", "  worker: noticed → push socket closed", noticed_to_push_closed),
-        latency_row("stop", "  worker: listeners stopped → drained answer (POST /drained/)", push_closed_to_drained),
+        latency_row(
+            "stop",
+            "  worker: listeners stopped → drained answer (POST /drained/)",
+            push_closed_to_drained,
+        ),
     ]

@@ -63,12 +63,27 @@ class Row:
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"section": self.section, "metric": self.metric, "figures": self.figures, "unit": self.unit,
-                "target": self.target, "judged": self.judged, "met": self.met, "note": self.note}
+        return {
+            "section": self.section,
+            "metric": self.metric,
+            "figures": self.figures,
+            "unit": self.unit,
+            "target": self.target,
+            "judged": self.judged,
+            "met": self.met,
+            "note": self.note,
+        }
 
 
-def latency_row(section: str, metric: str, samples_ms: Sequence[float], *, target_key: str | None = None,
-                target_ms: float | None = None, note: str = "") -> Row:
+def latency_row(
+    section: str,
+    metric: str,
+    samples_ms: Sequence[float],
+    *,
+    target_key: str | None = None,
+    target_ms: float | None = None,
+    note: str = "",
+) -> Row:
     figures = summary(samples_ms)
     judged = figures.get(target_key) if target_key else None
     met = None if judged is None or target_ms is None else judged <= target_ms
@@ -76,11 +91,27 @@ def latency_row(section: str, metric: str, samples_ms: Sequence[float], *, targe
     return Row(section, metric, figures, "ms", target, judged, met, note)
 
 
-def rate_row(section: str, metric: str, rate: float, unit: str, *, minimum: float | None = None,
-             extra: dict[str, Any] | None = None, note: str = "") -> Row:
+def rate_row(
+    section: str,
+    metric: str,
+    rate: float,
+    unit: str,
+    *,
+    minimum: float | None = None,
+    extra: dict[str, Any] | None = None,
+    note: str = "",
+) -> Row:
     met = None if minimum is None else rate >= minimum
-    return Row(section, metric, {"rate": rate, **(extra or {})}, unit,
-               f"≥ {minimum:g} {unit}" if minimum is not None else "", rate, met, note)
+    return Row(
+        section,
+        metric,
+        {"rate": rate, **(extra or {})},
+        unit,
+        f"≥ {minimum:g} {unit}" if minimum is not None else "",
+        rate,
+        met,
+        note,
+    )
 
 
 def _fmt(value: Any) -> str:
@@ -99,8 +130,10 @@ def _fmt(value: Any) -> str:
 
 def format_table(rows: Iterable[Row]) -> str:
     """A Markdown table (it reads fine in a terminal too)."""
-    lines = ["| section | metric | n | p50 | p95 | p99 | max | rate / value | target | met |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|:---:|"]
+    lines = [
+        "| section | metric | n | p50 | p95 | p99 | max | rate / value | target | met |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|:---:|",
+    ]
     for row in rows:
         f = row.figures
         value = f.get("rate", f.get("value"))
@@ -133,7 +166,9 @@ def recreate_database(admin_url: str, name: str) -> None:
     from psycopg import sql
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
@@ -142,7 +177,9 @@ def drop_database(admin_url: str, name: str) -> None:
     from psycopg import sql
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,11 +192,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, *, timeout: float = 30.0, process: subprocess.Popen[Any] | None = None) -> None:
+def wait_for_port(
+    port: int, *, timeout: float = 30.0, process: subprocess.Popen[Any] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"process {process.args!r} exited with {process.returncode} before listening")
+            raise RuntimeError(
+                f"process {process.args!r} exited with {process.returncode} before listening"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
@@ -198,8 +239,9 @@ class Managed:
 def start(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Managed:
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "wb")  # noqa: SIM115  (the child owns it until it exits)
-    process = subprocess.Popen(argv, cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        argv, cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     return Managed(name, process, log_path)
 
 

@@ -14,13 +14,18 @@ from typing import Any
 from django.db import connection, models
 
 
-def copy_rows(model: type[models.Model], rows: Iterable[dict[str, Any]], *, chunk: int = 20_000) -> int:
+def copy_rows(
+    model: type[models.Model], rows: Iterable[dict[str, Any]], *, chunk: int = 20_000
+) -> int:
     """COPY `rows` (dicts keyed by field attname) into the model's table; returns the count."""
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
-    fields = [field for field in model._meta.concrete_fields if not (field.primary_key and isinstance(
-        field, models.AutoField | models.BigAutoField))]
+    fields = [
+        field
+        for field in model._meta.concrete_fields
+        if not (field.primary_key and isinstance(field, models.AutoField | models.BigAutoField))
+    ]
     columns = [field.column for field in fields]
     defaults: dict[str, Any] = {}
     for field in fields:
@@ -31,7 +36,9 @@ def copy_rows(model: type[models.Model], rows: Iterable[dict[str, Any]], *, chun
     json_fields = {field.attname for field in fields if isinstance(field, models.JSONField)}
     now = datetime.now().astimezone()
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(model._meta.db_table), sql.SQL(", ").join(sql.Identifier(column) for column in columns))
+        sql.Identifier(model._meta.db_table),
+        sql.SQL(", ").join(sql.Identifier(column) for column in columns),
+    )
     count = 0
     connection.ensure_connection()
     raw = connection.connection
@@ -72,21 +79,66 @@ def analyze(*tables: str, vacuum: bool = False) -> None:
 # --------------------------------------------------------------------------------------------
 # what real traffic looks like
 
-AGENTS = [f"{kind}-agent" for kind in (
-    "support", "billing", "deploy", "research", "triage", "refund", "sales", "onboarding", "security", "report",
-    "migration", "qa", "docs", "compliance", "ops", "pricing", "crm", "etl", "backup", "alerting",
-)]
+AGENTS = [
+    f"{kind}-agent"
+    for kind in (
+        "support",
+        "billing",
+        "deploy",
+        "research",
+        "triage",
+        "refund",
+        "sales",
+        "onboarding",
+        "security",
+        "report",
+        "migration",
+        "qa",
+        "docs",
+        "compliance",
+        "ops",
+        "pricing",
+        "crm",
+        "etl",
+        "backup",
+        "alerting",
+    )
+]
 TITLES = [
-    "Refund ticket", "Nightly billing sync", "Deploy release", "Summarise incident", "Rotate credentials",
-    "Draft contract", "Reconcile invoices", "Triage inbox", "Migrate tenant", "Answer customer",
+    "Refund ticket",
+    "Nightly billing sync",
+    "Deploy release",
+    "Summarise incident",
+    "Rotate credentials",
+    "Draft contract",
+    "Reconcile invoices",
+    "Triage inbox",
+    "Migrate tenant",
+    "Answer customer",
 ]
 # Most runs are long finished; a few are live, stopping or need a human.
 STATUS_WEIGHTS: Sequence[tuple[str, float]] = (
-    ("completed", 62), ("failed", 8), ("cancelled", 5), ("stopped_cleanly", 6), ("stopped_dirty", 1.2),
-    ("handed_off", 2), ("interrupted", 2), ("suspended", 2), ("running", 7), ("pending", 3),
-    ("cancel_requested", 0.4), ("draining", 0.4),
+    ("completed", 62),
+    ("failed", 8),
+    ("cancelled", 5),
+    ("stopped_cleanly", 6),
+    ("stopped_dirty", 1.2),
+    ("handed_off", 2),
+    ("interrupted", 2),
+    ("suspended", 2),
+    ("running", 7),
+    ("pending", 3),
+    ("cancel_requested", 0.4),
+    ("draining", 0.4),
 )
-STOPPED = {"stopped_cleanly", "stopped_dirty", "handed_off", "cancelled", "cancel_requested", "draining"}
+STOPPED = {
+    "stopped_cleanly",
+    "stopped_dirty",
+    "handed_off",
+    "cancelled",
+    "cancel_requested",
+    "draining",
+}
 
 
 def stop_request_rows(runs: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
@@ -95,15 +147,26 @@ def stop_request_rows(runs: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]
     every tick, all through the bench (25,500 tracebacks in the Celery log)."""
     for run in runs:
         yield {
-            "run_id": run["id"], "requested_by": run["stop_requested_by"], "actor_kind": "user",
-            "reason": run["stop_reason"], "requested_at": run["stop_requested_at"], "epoch_before": 1,
-            "epoch_after": 2, "stopped_at": run["stopped_at"],
+            "run_id": run["id"],
+            "requested_by": run["stop_requested_by"],
+            "actor_kind": "user",
+            "reason": run["stop_reason"],
+            "requested_at": run["stop_requested_at"],
+            "epoch_before": 1,
+            "epoch_after": 2,
+            "stopped_at": run["stopped_at"],
             "outcome_state": run["status"] if run["stopped_at"] else "",
         }
 
 
-def run_rows(count: int, *, team_ids: Sequence[int], seed: int = 7, span_days: int = 120,
-             id_prefix: str = "run_b") -> Iterable[dict[str, Any]]:
+def run_rows(
+    count: int,
+    *,
+    team_ids: Sequence[int],
+    seed: int = 7,
+    span_days: int = 120,
+    id_prefix: str = "run_b",
+) -> Iterable[dict[str, Any]]:
     """`count` runs over the last `span_days`, ids like real ones (`run_` + 12 hex)."""
     rng = random.Random(seed)
     statuses = [status for status, _ in STATUS_WEIGHTS]
@@ -114,20 +177,31 @@ def run_rows(count: int, *, team_ids: Sequence[int], seed: int = 7, span_days: i
         status = rng.choices(statuses, weights)[0]
         stopped = status in STOPPED
         started = created + timedelta(seconds=rng.uniform(0.5, 30))
-        finished = started + timedelta(seconds=rng.uniform(5, 3600)) if status in (
-            "completed", "failed", "cancelled") else None
+        finished = (
+            started + timedelta(seconds=rng.uniform(5, 3600))
+            if status in ("completed", "failed", "cancelled")
+            else None
+        )
         yield {
             "id": f"{id_prefix}{index:011x}"[:16],
-            "team_id": team_ids[index % len(team_ids)] if rng.random() < 0.9 else rng.choice(team_ids),
+            "team_id": team_ids[index % len(team_ids)]
+            if rng.random() < 0.9
+            else rng.choice(team_ids),
             "title": f"{rng.choice(TITLES)} #{rng.randint(100, 99999)}",
             "agent": rng.choice(AGENTS),
             "status": status,
             "stop_epoch": 2 if stopped else 1,
             "change_seq": rng.randint(3, 400),
-            "stop_reason": rng.choice(("user_stop", "manual_takeover", "budget_exhausted", "timeout")) if stopped else "",
+            "stop_reason": rng.choice(
+                ("user_stop", "manual_takeover", "budget_exhausted", "timeout")
+            )
+            if stopped
+            else "",
             "stop_requested_by": "alice" if stopped else "",
             "stop_requested_at": started + timedelta(seconds=60) if stopped else None,
-            "stopped_at": started + timedelta(seconds=60.2) if stopped and status != "cancel_requested" else None,
+            "stopped_at": started + timedelta(seconds=60.2)
+            if stopped and status != "cancel_requested"
+            else None,
             "tool_calls_count": rng.randint(0, 60),
             "created_by": "bench",
             "created_at": created,

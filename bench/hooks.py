@@ -24,7 +24,8 @@ class CommitClock:
     def _first(self, event: dict[str, Any]) -> None:
         with self._lock:
             self.marks.setdefault((event["run_id"], event["kind"]), []).append(
-                [event.get("seq"), time.monotonic(), None])
+                [event.get("seq"), time.monotonic(), None]
+            )
 
     def _last(self, event: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -65,4 +66,3 @@ class CommitClock:
     def clear(self) -> None:
         with self._lock:
             self.marks.clear()
-

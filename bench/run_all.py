@@ -53,7 +53,9 @@ def _environment(args: argparse.Namespace) -> tuple[str, str, str, dict[str, str
     admin_url = os.environ.get("DATABASE_URL", "")
     redis_url = os.environ.get("REDIS_URL", "")
     if not admin_url.startswith("postgres") or not redis_url.startswith("redis"):
-        sys.exit("bench needs DATABASE_URL=postgres://... and REDIS_URL=redis://... (see `make bench`)")
+        sys.exit(
+            "bench needs DATABASE_URL=postgres://... and REDIS_URL=redis://... (see `make bench`)"
+        )
     db_name = os.environ.get("BENCH_DB_NAME", "safestop_bench")
     bench_db_url = with_database(admin_url, db_name)
     bench_redis = with_redis_db(redis_url, int(os.environ.get("BENCH_REDIS_DB", "9")))
@@ -73,9 +75,19 @@ def _environment(args: argparse.Namespace) -> tuple[str, str, str, dict[str, str
 
 
 def _setup_django(env: dict[str, str]) -> None:
-    os.environ.update({key: env[key] for key in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE",
-                                                  "SAFESTOP_LOG_LEVEL", "SAFESTOP_RATE_LIMIT_PER_MINUTE",
-                                                  "SAFESTOP_WEBHOOK_ALLOWED_HOSTS")})
+    os.environ.update(
+        {
+            key: env[key]
+            for key in (
+                "DATABASE_URL",
+                "REDIS_URL",
+                "DJANGO_SETTINGS_MODULE",
+                "SAFESTOP_LOG_LEVEL",
+                "SAFESTOP_RATE_LIMIT_PER_MINUTE",
+                "SAFESTOP_WEBHOOK_ALLOWED_HOSTS",
+            )
+        }
+    )
     import django
 
     django.setup()
@@ -98,10 +110,18 @@ def _principals() -> dict[str, object]:
     reviewer = users.objects.create_user(username="bench-reviewer", password=staff_password)
     Membership.objects.create(user=reviewer, team=team, role=Role.REVIEWER)
     _agent, agent_raw = api_token_create(team_slug=team.slug, name="bench-agent", role="agent")
-    _reviewer, reviewer_raw = api_token_create(team_slug=team.slug, name="bench-reviewer", role="reviewer")
-    return {"team_id": team.pk, "team_slug": team.slug, "agent_token": agent_raw, "reviewer_token": reviewer_raw,
-            "staff_username": "bench-admin", "staff_password": staff_password,
-            "reviewer_username": "bench-reviewer"}
+    _reviewer, reviewer_raw = api_token_create(
+        team_slug=team.slug, name="bench-reviewer", role="reviewer"
+    )
+    return {
+        "team_id": team.pk,
+        "team_slug": team.slug,
+        "agent_token": agent_raw,
+        "reviewer_token": reviewer_raw,
+        "staff_username": "bench-admin",
+        "staff_password": staff_password,
+        "reviewer_username": "bench-reviewer",
+    }
 
 
 LOADS: dict[str, tuple[float, float]] = {}
@@ -125,10 +145,18 @@ def _run_section(name: str, fn: Callable[[], list[Row]]) -> tuple[list[Row], flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of the harness")
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
-    parser.add_argument("--keep-db", action="store_true", help="leave the bench database for inspection")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small counts: a smoke run of the harness"
+    )
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}"
+    )
+    parser.add_argument(
+        "--keep-db", action="store_true", help="leave the bench database for inspection"
+    )
     args = parser.parse_args()
     only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(only) - set(SECTIONS)
@@ -155,25 +183,39 @@ def main() -> None:
         _setup_django(env)
         principals = _principals()
         port = free_port()
-        daphne = start("daphne", [PYTHON, "manage.py", "serve", "--no-demo", "--host", "127.0.0.1",
-                                  "--port", str(port)], env, log_dir)
+        daphne = start(
+            "daphne",
+            [PYTHON, "manage.py", "serve", "--no-demo", "--host", "127.0.0.1", "--port", str(port)],
+            env,
+            log_dir,
+        )
         wait_for_port(port, timeout=60, process=daphne.process)
 
         from bench.stack import Stack
 
-        stack = Stack(base_url=f"http://127.0.0.1:{port}", port=port, env=env, log_dir=log_dir, daphne=daphne,
-                      quick=args.quick, **principals)  # type: ignore[arg-type]
+        stack = Stack(
+            base_url=f"http://127.0.0.1:{port}",
+            port=port,
+            env=env,
+            log_dir=log_dir,
+            daphne=daphne,
+            quick=args.quick,
+            **principals,
+        )  # type: ignore[arg-type]
         # Order: what needs a quiet machine first; the Celery worker joins for the end-to-end parts.
         if "stop" in only:
             from bench import bench_stop
 
-            section_rows, sections["stop: run_stop"] = _run_section("stop (server time)",
-                                                                    lambda: bench_stop.bench_run_stop_server_time(stack))
+            section_rows, sections["stop: run_stop"] = _run_section(
+                "stop (server time)", lambda: bench_stop.bench_run_stop_server_time(stack)
+            )
             rows += section_rows
         if "ingest" in only:
             from bench import bench_ingest
 
-            section_rows, sections["ingest"] = _run_section("ingest", lambda: bench_ingest.run(stack))
+            section_rows, sections["ingest"] = _run_section(
+                "ingest", lambda: bench_ingest.run(stack)
+            )
             rows += section_rows
         if "pages" in only:
             from bench import bench_pages
@@ -184,16 +226,22 @@ def main() -> None:
             stack.start_celery()
         if "stop" in only:
             section_rows, sections["stop: end to end"] = _run_section(
-                "stop (end to end, Celery worker running)", lambda: bench_stop.bench_stop_end_to_end(stack))
+                "stop (end to end, Celery worker running)",
+                lambda: bench_stop.bench_stop_end_to_end(stack),
+            )
             rows += section_rows
         if "fanout" in only:
             from bench import bench_fanout
 
-            section_rows, sections["fanout"] = _run_section("fanout", lambda: bench_fanout.run(stack))
+            section_rows, sections["fanout"] = _run_section(
+                "fanout", lambda: bench_fanout.run(stack)
+            )
             rows += section_rows
             # the same 200 viewers at a lighter pace: where the current fan-out still keeps up
             section_rows, sections["fanout 10/s"] = _run_section(
-                "fanout (10 changes/s)", lambda: bench_fanout.run(stack, rate=10.0, seconds=stack.n(15.0, 4.0)))
+                "fanout (10 changes/s)",
+                lambda: bench_fanout.run(stack, rate=10.0, seconds=stack.n(15.0, 4.0)),
+            )
             rows += [row for row in section_rows if row.section == "fanout"]
     finally:
         if stack is not None:
@@ -210,22 +258,41 @@ def main() -> None:
     table = format_table(rows)
     info = machine()
     print("\n" + table)
-    print(f"\nmachine: {info['nproc']} cores, {info['cpu']}; {info['python']}; {info['postgres']}; {info['redis']}")
-    print("sections: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sections.items())
-          + f"; total {total:.0f} s")
-    print("1-min load average before → after each section (2 cores; other work on the machine shows here): "
-          + ", ".join(f"{name} {before:.1f}→{after:.1f}" for name, (before, after) in LOADS.items()))
+    print(
+        f"\nmachine: {info['nproc']} cores, {info['cpu']}; {info['python']}; {info['postgres']}; {info['redis']}"
+    )
+    print(
+        "sections: "
+        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sections.items())
+        + f"; total {total:.0f} s"
+    )
+    print(
+        "1-min load average before → after each section (2 cores; other work on the machine shows here): "
+        + ", ".join(f"{name} {before:.1f}→{after:.1f}" for name, (before, after) in LOADS.items())
+    )
     for row in rows:
         if row.note:
             print(f"  - {row.section} / {row.metric.strip()}: {row.note}")
     out = ROOT / "bench" / "results" / ("quick.json" if args.quick else "latest.json")
-    out.write_text(json.dumps({
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["bench/run_all.py", *sys.argv[1:]]),
-        "machine": info, "total_seconds": round(total, 1), "sections_seconds": sections,
-        "load_average": {name: {"before": before, "after": after} for name, (before, after) in LOADS.items()},
-        "rows": [row.as_dict() for row in rows], "table": table,
-    }, indent=2, default=str))
+    out.write_text(
+        json.dumps(
+            {
+                "when": datetime.now(UTC).isoformat(timespec="seconds"),
+                "command": " ".join(["bench/run_all.py", *sys.argv[1:]]),
+                "machine": info,
+                "total_seconds": round(total, 1),
+                "sections_seconds": sections,
+                "load_average": {
+                    name: {"before": before, "after": after}
+                    for name, (before, after) in LOADS.items()
+                },
+                "rows": [row.as_dict() for row in rows],
+                "table": table,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     print(f"\nwritten: {out.relative_to(ROOT)}")
 
 

@@ -38,11 +38,29 @@ class Stack:
     def start_celery(self) -> Managed:
         """A Celery worker with embedded beat: the dispatcher, reapers and watchdog of production."""
         if self.celery is None or self.celery.process.poll() is not None:
-            self.celery = start("celery", [
-                PYTHON, "-m", "celery", "-A", "console", "worker", "-B", "--pool", "solo",
-                "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
-                "--schedule", str(self.log_dir / "celerybeat-schedule"),
-            ], self.env, self.log_dir)
+            self.celery = start(
+                "celery",
+                [
+                    PYTHON,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "console",
+                    "worker",
+                    "-B",
+                    "--pool",
+                    "solo",
+                    "--loglevel",
+                    "WARNING",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "--schedule",
+                    str(self.log_dir / "celerybeat-schedule"),
+                ],
+                self.env,
+                self.log_dir,
+            )
             time.sleep(2.0)  # let it connect to the broker and fire its first beat
             if self.celery.process.poll() is not None:
                 raise RuntimeError(f"celery exited; see {self.celery.log_path}")
@@ -59,9 +77,17 @@ class LineProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self._log = open(log_path, "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(argv, cwd=str(ROOT), env=env, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            argv,
+            cwd=str(ROOT),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         self._lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -47,18 +47,34 @@ class Viewer:
         return missed, duplicates, out_of_order
 
 
-async def watch(viewer: Viewer, url: str, cookie: str, origin: str, opened: asyncio.Event,
-                ready: list[int], failures: list[str], stop: asyncio.Event) -> None:
+async def watch(
+    viewer: Viewer,
+    url: str,
+    cookie: str,
+    origin: str,
+    opened: asyncio.Event,
+    ready: list[int],
+    failures: list[str],
+    stop: asyncio.Event,
+) -> None:
     from websockets.asyncio.client import connect
 
     try:
-        async with connect(url, additional_headers={"Cookie": cookie}, origin=origin, open_timeout=30,
-                           max_size=2 ** 20, ping_interval=None) as socket:
+        async with connect(
+            url,
+            additional_headers={"Cookie": cookie},
+            origin=origin,
+            open_timeout=30,
+            max_size=2**20,
+            ping_interval=None,
+        ) as socket:
             ready.append(viewer.index)
             opened.set()
             receiver = asyncio.ensure_future(_receive(viewer, socket))
             stopper = asyncio.ensure_future(stop.wait())
-            done, _pending = await asyncio.wait({receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            done, _pending = await asyncio.wait(
+                {receiver, stopper}, return_when=asyncio.FIRST_COMPLETED
+            )
             if receiver in done and receiver.exception() is not None:
                 failures.append(f"viewer {viewer.index}: {receiver.exception()!r}")
             receiver.cancel()
@@ -89,14 +105,35 @@ async def main_async(args: argparse.Namespace) -> None:
     # Open in waves, as tabs do; each handshake reads the session from the database.
     for wave in range(0, args.count, args.wave):
         opened = asyncio.Event()
-        for viewer in viewers[wave:wave + args.wave]:
-            tasks.append(asyncio.ensure_future(watch(viewer, args.url, cookies[viewer.index % len(cookies)],
-                                                     args.origin, opened, ready, failures, stop)))
+        for viewer in viewers[wave : wave + args.wave]:
+            tasks.append(
+                asyncio.ensure_future(
+                    watch(
+                        viewer,
+                        args.url,
+                        cookies[viewer.index % len(cookies)],
+                        args.origin,
+                        opened,
+                        ready,
+                        failures,
+                        stop,
+                    )
+                )
+            )
         deadline = time.monotonic() + 30
-        while len(ready) + len(failures) < min(args.count, wave + args.wave) and time.monotonic() < deadline:
+        while (
+            len(ready) + len(failures) < min(args.count, wave + args.wave)
+            and time.monotonic() < deadline
+        ):
             await asyncio.sleep(0.02)
-    emit({"connected": len(ready), "failed": len(failures), "connect_seconds": time.monotonic() - started,
-          "failures": failures[:5]})
+    emit(
+        {
+            "connected": len(ready),
+            "failed": len(failures),
+            "connect_seconds": time.monotonic() - started,
+            "failures": failures[:5],
+        }
+    )
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -109,7 +146,10 @@ async def main_async(args: argparse.Namespace) -> None:
             break
     # Frames still on their way are late, not lost: wait until none has arrived for `quiet`
     # seconds (at most `max_wait`), so "never arrived" counts real losses only.
-    quiet, deadline = float(command.get("quiet", 1.0)), time.monotonic() + float(command.get("max_wait", 30))
+    quiet, deadline = (
+        float(command.get("quiet", 1.0)),
+        time.monotonic() + float(command.get("max_wait", 30)),
+    )
     while time.monotonic() < deadline:
         last = max((viewer.times[-1] for viewer in viewers if viewer.times), default=0.0)
         if time.monotonic() - last >= quiet:
@@ -129,17 +169,27 @@ async def main_async(args: argparse.Namespace) -> None:
             per_viewer_first.append(viewer.seqs[0])
         for seq, at in zip(viewer.seqs, viewer.times, strict=True):
             arrivals[seq].append(at)
-    emit({"arrivals": {str(seq): times for seq, times in arrivals.items()}, "missed_in_sequence": missed,
-          "duplicates": duplicates, "out_of_order": out_of_order, "frames": sum(len(v.seqs) for v in viewers),
-          "viewers_with_frames": sum(1 for v in viewers if v.seqs), "failures": failures[:5],
-          "first_seqs": sorted(set(per_viewer_first))[:5]})
+    emit(
+        {
+            "arrivals": {str(seq): times for seq, times in arrivals.items()},
+            "missed_in_sequence": missed,
+            "duplicates": duplicates,
+            "out_of_order": out_of_order,
+            "frames": sum(len(v.seqs) for v in viewers),
+            "viewers_with_frames": sum(1 for v in viewers if v.seqs),
+            "failures": failures[:5],
+            "first_seqs": sorted(set(per_viewer_first))[:5],
+        }
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--origin", required=True)
-    parser.add_argument("--cookies", required=True, help="comma-separated Cookie header values, reused round robin")
+    parser.add_argument(
+        "--cookies", required=True, help="comma-separated Cookie header values, reused round robin"
+    )
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--wave", type=int, default=25)
     args = parser.parse_args()

@@ -20,10 +20,21 @@ class ConsoleConfig(AppConfig):
 
         notify.subscribe(realtime.publish)
         # Access changes reach the user's open browser sockets (console/consumers.py re-checks).
-        post_save.connect(realtime.on_membership_saved, sender=Membership, dispatch_uid="safestop.membership.saved")
-        post_delete.connect(realtime.on_membership_saved, sender=Membership,
-                            dispatch_uid="safestop.membership.deleted")
-        post_save.connect(realtime.on_user_saved, sender=get_user_model(), dispatch_uid="safestop.user.saved")
+        post_save.connect(
+            realtime.on_membership_saved,
+            sender=Membership,
+            dispatch_uid="safestop.membership.saved",
+        )
+        post_delete.connect(
+            realtime.on_membership_saved,
+            sender=Membership,
+            dispatch_uid="safestop.membership.deleted",
+        )
+        post_save.connect(
+            realtime.on_user_saved, sender=get_user_model(), dispatch_uid="safestop.user.saved"
+        )
         # So does the end of a session: the sockets of a logged-out session close (4401), not
         # only at the next timed re-check. A password change is a user save (above).
-        user_logged_out.connect(realtime.on_user_logged_out, dispatch_uid="safestop.user.logged_out")
+        user_logged_out.connect(
+            realtime.on_user_logged_out, dispatch_uid="safestop.user.logged_out"
+        )

@@ -29,7 +29,9 @@ application = ProtocolTypeRouter(
     {
         # The embedded console serves its own static files (no CDN, no separate server);
         # behind a proxy in production, set SAFESTOP_SERVE_STATIC=0 and serve collectstatic's output.
-        "http": ASGIStaticFilesHandler(django_asgi_app) if settings.SAFESTOP_SERVE_STATIC else django_asgi_app,
+        "http": ASGIStaticFilesHandler(django_asgi_app)
+        if settings.SAFESTOP_SERVE_STATIC
+        else django_asgi_app,
         "websocket": URLRouter([*agent_websocket_urlpatterns, *browser_websocket_urlpatterns]),
     }
 )

@@ -81,7 +81,9 @@ def _session_logs_in(session_key: str | None, user: Any) -> bool:
     if not stored:
         return False
     return constant_time_compare(stored, user.get_session_auth_hash()) or any(
-        constant_time_compare(stored, fallback) for fallback in user.get_session_auth_fallback_hash())
+        constant_time_compare(stored, fallback)
+        for fallback in user.get_session_auth_fallback_hash()
+    )
 
 
 # What `_access_now` returns when the socket's session no longer logs its user in.
@@ -121,7 +123,9 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         interval = float(getattr(settings, "SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60) or 0)
         if interval > 0:
-            self._recheck_task = asyncio.get_running_loop().create_task(self._recheck_every(interval))
+            self._recheck_task = asyncio.get_running_loop().create_task(
+                self._recheck_every(interval)
+            )
 
     async def _authorise(self, user: Any) -> bool:
         """At connect, with the session's user: may it watch? Join the groups if so."""
@@ -188,7 +192,11 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         """The user's memberships, access flags, password or sessions changed
         (console.realtime.membership_changed)."""
         ended = event.get("ended_session")
-        if ended and self.session_key and constant_time_compare(ended, session_digest(self.session_key)):
+        if (
+            ended
+            and self.session_key
+            and constant_time_compare(ended, session_digest(self.session_key))
+        ):
             # This socket's own session logged out: Django flushes it after the signal, so the
             # database may still have it; no need to look.
             await self._recheck_access(session_ended=True)

@@ -25,7 +25,9 @@ ADMIN_STOP_REASONS = [(StopReason.ADMIN_KILL.value, "Admin kill (admins only)")]
 class StopForm(forms.Form):
     reason = forms.ChoiceField(choices=HUMAN_STOP_REASONS, initial=StopReason.USER_STOP)
     note = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Why, in a sentence. It goes into the stop packet and the ledger.",
     )
 
@@ -36,12 +38,15 @@ class StopForm(forms.Form):
 
 
 class NoteForm(forms.Form):
-    note = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+    note = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
+    )
 
 
 class SteeringForm(forms.Form):
-    text = forms.CharField(max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}),
-                           label="Message to the agent")
+    text = forms.CharField(
+        max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}), label="Message to the agent"
+    )
 
 
 class SteeringDecisionForm(forms.Form):
@@ -49,25 +54,34 @@ class SteeringDecisionForm(forms.Form):
 
 
 class ResumeForm(forms.Form):
-    checkpoint = forms.ChoiceField(required=False, choices=[("", "Where it stopped (latest resume point)")])
-    carry_over_steering = forms.BooleanField(
-        required=False, label="Carry over unapplied steering messages (otherwise they are discarded)",
+    checkpoint = forms.ChoiceField(
+        required=False, choices=[("", "Where it stopped (latest resume point)")]
     )
-    note = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+    carry_over_steering = forms.BooleanField(
+        required=False,
+        label="Carry over unapplied steering messages (otherwise they are discarded)",
+    )
+    note = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
+    )
 
     def __init__(self, *args: Any, checkpoints: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["checkpoint"].choices = [  # type: ignore[attr-defined]
-            ("", "Where it stopped (latest resume point)"), *[(label, label) for label in checkpoints or []],
+            ("", "Where it stopped (latest resume point)"),
+            *[(label, label) for label in checkpoints or []],
         ]
 
 
 class ResolutionForm(forms.Form):
-    target = forms.ChoiceField(choices=[("tool_call", "Tool call"), ("outbox", "Outbox item"), ("worker", "Worker")])
+    target = forms.ChoiceField(
+        choices=[("tool_call", "Tool call"), ("outbox", "Outbox item"), ("worker", "Worker")]
+    )
     target_id = forms.CharField(max_length=120)
     decision = forms.ChoiceField(choices=ResolutionDecision.choices, widget=forms.RadioSelect)
     evidence = forms.CharField(
-        max_length=5000, widget=forms.Textarea(attrs={"rows": 2}),
+        max_length=5000,
+        widget=forms.Textarea(attrs={"rows": 2}),
         help_text="How you know: a query result, a ticket, a log line.",
     )
 
@@ -93,10 +107,16 @@ class AuditFilterForm(forms.Form):
     reason = forms.CharField(required=False, max_length=60)
     team = forms.CharField(required=False, max_length=64)
     run = forms.CharField(required=False, max_length=32)
-    since = forms.DateTimeField(required=False, input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-    until = forms.DateTimeField(required=False, input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    since = forms.DateTimeField(
+        required=False,
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )
+    until = forms.DateTimeField(
+        required=False,
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )
     after = forms.IntegerField(required=False, min_value=1)
 
     def clean_since(self) -> datetime | None:
@@ -106,18 +126,30 @@ class AuditFilterForm(forms.Form):
         return _aware(self.cleaned_data.get("until"))
 
 
-PERIODS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30), "90d": timedelta(days=90)}
+PERIODS = {
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+    "90d": timedelta(days=90),
+}
 
 
 class QualityPeriodForm(forms.Form):
     period = forms.ChoiceField(
-        required=False, initial="7d",
-        choices=[("24h", "Last 24 hours"), ("7d", "Last 7 days"), ("30d", "Last 30 days"), ("90d", "Last 90 days"),
-                 ("custom", "Custom")],
+        required=False,
+        initial="7d",
+        choices=[
+            ("24h", "Last 24 hours"),
+            ("7d", "Last 7 days"),
+            ("30d", "Last 30 days"),
+            ("90d", "Last 90 days"),
+            ("custom", "Custom"),
+        ],
     )
     since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
-                            help_text="inclusive")
+    until = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="inclusive"
+    )
     team = forms.CharField(required=False, max_length=64)
 
     def clean(self) -> dict[str, Any]:
@@ -151,6 +183,8 @@ class TokenCreateForm(forms.Form):
     name = forms.CharField(max_length=120)
     role = forms.ChoiceField(choices=TokenRole.choices, initial=TokenRole.AGENT)
 
-    def __init__(self, *args: Any, teams: list[tuple[str, str]] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, teams: list[tuple[str, str]] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.fields["team"].choices = teams or []  # type: ignore[attr-defined]

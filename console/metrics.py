@@ -72,7 +72,9 @@ def _window(request: HttpRequest) -> timedelta:
     except ValueError:
         raise _Refusal(400, "window is a whole number of seconds") from None
     if not MIN_WINDOW_SECONDS <= seconds <= MAX_WINDOW_SECONDS:
-        raise _Refusal(400, f"window must be between {MIN_WINDOW_SECONDS} and {MAX_WINDOW_SECONDS} seconds")
+        raise _Refusal(
+            400, f"window must be between {MIN_WINDOW_SECONDS} and {MAX_WINDOW_SECONDS} seconds"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -102,7 +104,9 @@ class _Exposition:
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def family(self, name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], Any]]) -> None:
+    def family(
+        self, name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], Any]]
+    ) -> None:
         self.lines.append(f"# HELP {name} {help_text}")
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
@@ -118,56 +122,100 @@ def _ms_to_seconds(value: float | None) -> float | None:
 
 def render_metrics(figures: dict[str, Any], depths: dict[str, int], window: timedelta) -> str:
     out = _Exposition()
-    out.family("safestop_metrics_window_seconds", "gauge",
-               "Length of the trailing window the stop-quality figures cover.",
-               [({}, int(window.total_seconds()))])
-    out.family("safestop_stops", "gauge", "Stops requested in the window, by outcome so far.", [
-        ({"outcome": "all"}, figures["stops"]),
-        ({"outcome": "stopped_cleanly"}, figures["stopped_cleanly"]),
-        ({"outcome": "stopped_dirty"}, figures["stopped_dirty"]),
-    ])
+    out.family(
+        "safestop_metrics_window_seconds",
+        "gauge",
+        "Length of the trailing window the stop-quality figures cover.",
+        [({}, int(window.total_seconds()))],
+    )
+    out.family(
+        "safestop_stops",
+        "gauge",
+        "Stops requested in the window, by outcome so far.",
+        [
+            ({"outcome": "all"}, figures["stops"]),
+            ({"outcome": "stopped_cleanly"}, figures["stopped_cleanly"]),
+            ({"outcome": "stopped_dirty"}, figures["stopped_dirty"]),
+        ],
+    )
     # 1. cancel → safe stop latency (and → the worker receiving the signal)
     latency_samples: list[tuple[dict[str, str], Any]] = []
     count_samples: list[tuple[dict[str, str], Any]] = []
     for figure, label in (("to_stopped", "stopped"), ("to_worker_signal", "worker_signal")):
         summary = figures["stop_latency"][figure]
         for quantile, key in (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms")):
-            latency_samples.append(({"to": label, "quantile": quantile}, _ms_to_seconds(summary[key])))
+            latency_samples.append(
+                ({"to": label, "quantile": quantile}, _ms_to_seconds(summary[key]))
+            )
         count_samples.append(({"to": label}, summary["count"]))
-    out.family("safestop_stop_latency_seconds", "gauge",
-               "From stop request to stopped_* (to=stopped) or to the worker's socket (to=worker_signal).",
-               latency_samples)
-    out.family("safestop_stop_latency_samples", "gauge", "Stops measured for each latency.", count_samples)
+    out.family(
+        "safestop_stop_latency_seconds",
+        "gauge",
+        "From stop request to stopped_* (to=stopped) or to the worker's socket (to=worker_signal).",
+        latency_samples,
+    )
+    out.family(
+        "safestop_stop_latency_samples", "gauge", "Stops measured for each latency.", count_samples
+    )
     # 2. side-effect leakage (must be 0)
     leakage = figures["side_effect_leakage"]
-    out.family("safestop_side_effect_leakage", "gauge",
-               "Tool permits or outbox dispatches that started after a stop of their epoch (must be 0).", [
-                   ({"kind": "permit"}, leakage["permits_after_stop"]),
-                   ({"kind": "dispatch"}, leakage["dispatches_after_stop"]),
-               ])
+    out.family(
+        "safestop_side_effect_leakage",
+        "gauge",
+        "Tool permits or outbox dispatches that started after a stop of their epoch (must be 0).",
+        [
+            ({"kind": "permit"}, leakage["permits_after_stop"]),
+            ({"kind": "dispatch"}, leakage["dispatches_after_stop"]),
+        ],
+    )
     # 3. late writes after stop
-    out.family("safestop_late_writes_rejected", "gauge", "Stale-epoch writes refused in the window.",
-               [({}, figures["late_writes_rejected"])])
+    out.family(
+        "safestop_late_writes_rejected",
+        "gauge",
+        "Stale-epoch writes refused in the window.",
+        [({}, figures["late_writes_rejected"])],
+    )
     # 4. interruptions recovered cleanly
     interruptions = figures["interruptions_recovered_cleanly"]
-    out.family("safestop_interruptions", "gauge", "Runs interrupted in the window, and how many recovered cleanly.", [
-        ({"state": "interrupted"}, interruptions["interrupted"]),
-        ({"state": "recovered_cleanly"}, interruptions["recovered_cleanly"]),
-    ])
-    out.family("safestop_interruptions_recovered_ratio", "gauge",
-               "Share of interrupted runs that stopped cleanly or resumed without unknowns.",
-               [({}, interruptions["rate"])])
+    out.family(
+        "safestop_interruptions",
+        "gauge",
+        "Runs interrupted in the window, and how many recovered cleanly.",
+        [
+            ({"state": "interrupted"}, interruptions["interrupted"]),
+            ({"state": "recovered_cleanly"}, interruptions["recovered_cleanly"]),
+        ],
+    )
+    out.family(
+        "safestop_interruptions_recovered_ratio",
+        "gauge",
+        "Share of interrupted runs that stopped cleanly or resumed without unknowns.",
+        [({}, interruptions["rate"])],
+    )
     # 5. handoff completion rate
     handoffs = figures["handoff_completion"]
-    out.family("safestop_handoffs", "gauge", "Handoffs created in the window, and how many finished.", [
-        ({"state": "created"}, handoffs["handoffs"]),
-        ({"state": "finished"}, handoffs["finished"]),
-    ])
-    out.family("safestop_handoff_completion_ratio", "gauge",
-               "Share of handoffs that reached completed, returned or closed.", [({}, handoffs["rate"])])
+    out.family(
+        "safestop_handoffs",
+        "gauge",
+        "Handoffs created in the window, and how many finished.",
+        [
+            ({"state": "created"}, handoffs["handoffs"]),
+            ({"state": "finished"}, handoffs["finished"]),
+        ],
+    )
+    out.family(
+        "safestop_handoff_completion_ratio",
+        "gauge",
+        "Share of handoffs that reached completed, returned or closed.",
+        [({}, handoffs["rate"])],
+    )
     # queues
-    out.family("safestop_queue_depth", "gauge", "Work waiting now, by queue.",
-               [({"queue": name}, value) for name, value in sorted(depths.items())])
+    out.family(
+        "safestop_queue_depth",
+        "gauge",
+        "Work waiting now, by queue.",
+        [({"queue": name}, value) for name, value in sorted(depths.items())],
+    )
     return out.text()
 
 
@@ -177,7 +225,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
         team_ids = _scope(request)
         window = _window(request)
     except _Refusal as refusal:
-        response = HttpResponse(refusal.detail + "\n", status=refusal.status, content_type="text/plain; charset=utf-8")
+        response = HttpResponse(
+            refusal.detail + "\n", status=refusal.status, content_type="text/plain; charset=utf-8"
+        )
         if refusal.status == 401:
             response["WWW-Authenticate"] = 'Bearer realm="safestop"'
         return response

@@ -90,15 +90,19 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
         # After a fork (Celery's prefork pool) the parent's loop thread does not exist here.
         if _publisher is None or _publisher[0] != os.getpid() or not _publisher[2].is_alive():
             loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="safestop-publisher", daemon=True)
+            thread = threading.Thread(
+                target=loop.run_forever, name="safestop-publisher", daemon=True
+            )
             thread.start()
             _publisher = (os.getpid(), loop, thread)
         return _publisher[1]
 
 
 def _has_loop_to_route_to() -> bool:
-    return getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None and getattr(
-        SyncToAsync.threadlocal, "main_event_loop_pid", None) == os.getpid()
+    return (
+        getattr(SyncToAsync.threadlocal, "main_event_loop", None) is not None
+        and getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) == os.getpid()
+    )
 
 
 # What a browser gets: small, no HTML, no ORM (the page decides what to refetch).
@@ -106,7 +110,9 @@ BROWSER_FRAME_FIELDS = ("type", "run_id", "team", "status", "stop_epoch", "seq",
 
 
 def browser_frame(event: dict[str, Any]) -> str:
-    return json.dumps({key: event.get(key) for key in BROWSER_FRAME_FIELDS} | {"type": "run.updated"})
+    return json.dumps(
+        {key: event.get(key) for key in BROWSER_FRAME_FIELDS} | {"type": "run.updated"}
+    )
 
 
 def publish(event: dict[str, Any]) -> None:
@@ -136,7 +142,9 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
         for layer, group, frame in sends:
             await layer.group_send(group, frame)
 
-    if _has_loop_to_route_to() or any(isinstance(layer, InMemoryChannelLayer) for layer, _, _ in sends):
+    if _has_loop_to_route_to() or any(
+        isinstance(layer, InMemoryChannelLayer) for layer, _, _ in sends
+    ):
         # daphne's request threads (and the embedded background loop) run it on daphne's loop;
         # the in-memory layer's queues must stay on the loop they were used from.
         async_to_sync(send_all)()
@@ -194,15 +202,18 @@ def on_membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
     membership_changed(instance.user_id)
 
 
-def on_user_saved(sender: Any, instance: Any, created: bool = False, update_fields: Any = None,
-                  **kwargs: Any) -> None:
+def on_user_saved(
+    sender: Any, instance: Any, created: bool = False, update_fields: Any = None, **kwargs: Any
+) -> None:
     """post_save of the user model: a new user has no open sockets; a save that names its fields
     and none of the access flags nor the password (login's `last_login`) cannot change access or
     end a session. Any other save notifies — a spurious message costs each of the user's sockets
     one query. `save(update_fields=["password"])` (what `check_password` does when it upgrades a
     hash, and a common way to store `set_password`) names the password only: it must notify,
     since the new hash ends the user's other sessions."""
-    if created or (update_fields is not None and not (_ACCESS_FLAGS | _SESSION_FIELDS) & set(update_fields)):
+    if created or (
+        update_fields is not None and not (_ACCESS_FLAGS | _SESSION_FIELDS) & set(update_fields)
+    ):
         return
     membership_changed(instance.pk)
 

@@ -110,7 +110,9 @@ def _search(runs: QuerySet[Run], q: str) -> QuerySet[Run]:
     return runs.filter(Q(title__icontains=q) | Q(pk__icontains=q))
 
 
-def runs_page(access: Access, filters: RunFilters, *, teams: list[Team], size: int = RUNS_PAGE_SIZE) -> RunsPage:
+def runs_page(
+    access: Access, filters: RunFilters, *, teams: list[Team], size: int = RUNS_PAGE_SIZE
+) -> RunsPage:
     """Five queries: agents, counts per state, the page (+1 row to know if there is more).
 
     Counts ignore the status filter so the state chips always show the whole picture of what
@@ -124,7 +126,10 @@ def runs_page(access: Access, filters: RunFilters, *, teams: list[Team], size: i
     if filters.agent:
         narrowed = narrowed.filter(agent=filters.agent)
     narrowed = _search(narrowed, filters.q)
-    counts = {row["status"]: row["n"] for row in narrowed.order_by().values("status").annotate(n=Count("pk"))}
+    counts = {
+        row["status"]: row["n"]
+        for row in narrowed.order_by().values("status").annotate(n=Count("pk"))
+    }
     listed = narrowed.filter(status=filters.status) if filters.status else narrowed
     listed = listed.select_related("team")
 
@@ -133,8 +138,9 @@ def runs_page(access: Access, filters: RunFilters, *, teams: list[Team], size: i
     if before is not None:
         stamp, run_id = before
         chunk = list(
-            listed.filter(Q(created_at__gt=stamp) | Q(created_at=stamp, pk__gt=run_id))
-            .order_by("created_at", "pk")[: size + 1]
+            listed.filter(Q(created_at__gt=stamp) | Q(created_at=stamp, pk__gt=run_id)).order_by(
+                "created_at", "pk"
+            )[: size + 1]
         )
         has_newer = len(chunk) > size
         rows = list(reversed(chunk[:size]))
@@ -199,11 +205,17 @@ class RunDetail:
     @property
     def lease_expired(self) -> bool:
         """A live lease past its expiry: the worker missed its heartbeats (the reaper will act)."""
-        return self.live_lease and self.lease is not None and self.lease.expires_at <= timezone.now()
+        return (
+            self.live_lease and self.lease is not None and self.lease.expires_at <= timezone.now()
+        )
 
     @property
     def unapplied_steering(self) -> list[SteeringMessage]:
-        return [message for message in self.steering if message.status == SteeringStatus.UNAPPLIED_AT_STOP]
+        return [
+            message
+            for message in self.steering
+            if message.status == SteeringStatus.UNAPPLIED_AT_STOP
+        ]
 
     @property
     def latest_packet_epoch(self) -> int | None:
@@ -216,7 +228,9 @@ def _latest_steps(run: Run, window: int | None) -> tuple[list[Step], int]:
         return steps, len(steps)
     # COUNT(*) OVER () is computed before the LIMIT: the total rides along with the window, so a
     # 5,000-step run costs the same number of queries as a 10-step one.
-    newest: list[Any] = list(Step.objects.filter(run=run).annotate(total=Window(Count("pk"))).order_by("-seq")[:window])
+    newest: list[Any] = list(
+        Step.objects.filter(run=run).annotate(total=Window(Count("pk"))).order_by("-seq")[:window]
+    )
     return newest[::-1], newest[0].total if newest else 0
 
 
@@ -228,9 +242,14 @@ def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], 
     newest = calls.order_by("-permitted_at", "-pk").values("pk")[:window]
     unresolved = Q(side_effect="write", side_effect_state="pending_verification", resolved=False)
     # The total is of every call, not of the ones loaded: a scalar subquery in the same query.
-    every_call = ExecutionRecord.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
-    loaded: list[Any] = list(calls.filter(Q(pk__in=newest) | unresolved).annotate(total=Subquery(every_call))
-                             .order_by("permitted_at", "pk"))
+    every_call = (
+        ExecutionRecord.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
+    )
+    loaded: list[Any] = list(
+        calls.filter(Q(pk__in=newest) | unresolved)
+        .annotate(total=Subquery(every_call))
+        .order_by("permitted_at", "pk")
+    )
     return loaded, loaded[0].total if loaded else 0
 
 
@@ -253,8 +272,11 @@ def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
     lease = Lease.objects.filter(run=run).order_by("-acquired_at", "-pk").first()
     ledger = list(LedgerEntry.objects.filter(run=run).order_by("-run_seq")[:RUN_LEDGER_LIMIT])
     unresolved = sum(
-        1 for call in calls
-        if call.side_effect == "write" and call.side_effect_state == "pending_verification" and not call.resolved
+        1
+        for call in calls
+        if call.side_effect == "write"
+        and call.side_effect_state == "pending_verification"
+        and not call.resolved
     ) + sum(1 for item in outbox if item.status in ("dispatching", "unknown") and not item.resolved)
     return RunDetail(
         run=run,
@@ -268,9 +290,16 @@ def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
         lease=lease,
         live_lease=lease is not None and lease.released_at is None,
         stop_request=StopRequest.objects.filter(run=run).order_by("-epoch_after").first(),
-        packets=[dict(row) for row in
-                 StopPacket.objects.filter(run=run).order_by("-stop_epoch").values("stop_epoch", "created_at")],
-        handoff=Handoff.objects.filter(run=run).select_related("assignee").order_by("-created_at", "-pk").first(),
+        packets=[
+            dict(row)
+            for row in StopPacket.objects.filter(run=run)
+            .order_by("-stop_epoch")
+            .values("stop_epoch", "created_at")
+        ],
+        handoff=Handoff.objects.filter(run=run)
+        .select_related("assignee")
+        .order_by("-created_at", "-pk")
+        .first(),
         ledger=ledger,
         # run_seq counts this run's entries, so the newest one says how many there are.
         ledger_total=ledger[0].run_seq if ledger else 0,
@@ -341,11 +370,16 @@ class PacketView:
     @property
     def windowed(self) -> bool:
         """Some rows of the snapshot are not on the page (the JSON download has them all)."""
-        return (self.completed_total > len(self.completed_steps) or self.calls_total > len(self.tool_calls)
-                or self.artifacts_total > len(self.artifacts))
+        return (
+            self.completed_total > len(self.completed_steps)
+            or self.calls_total > len(self.tool_calls)
+            or self.artifacts_total > len(self.artifacts)
+        )
 
 
-def _packet_window(snap: dict[str, Any], window: int | None) -> tuple[list[Any], list[Any], list[Any]]:
+def _packet_window(
+    snap: dict[str, Any], window: int | None
+) -> tuple[list[Any], list[Any], list[Any]]:
     """(completed steps, tool calls, artifacts) to list: the newest `window` of each, and every call
     the packet names as an unconfirmed side effect, whatever its age. The snapshot keeps each list
     oldest first (steps by seq, calls by permit time, artifacts by id), so the newest are its tail."""
@@ -356,8 +390,14 @@ def _packet_window(snap: dict[str, Any], window: int | None) -> tuple[list[Any],
         return completed, calls, artifacts
     unconfirmed = {entry["tool_call_id"] for entry in snap.get("unconfirmed_side_effects", [])}
     cut = max(len(calls) - window, 0)
-    shown_calls = [call for call in calls[:cut] if call["tool_call_id"] in unconfirmed] + calls[cut:]
-    return completed[max(len(completed) - window, 0):], shown_calls, artifacts[max(len(artifacts) - window, 0):]
+    shown_calls = [call for call in calls[:cut] if call["tool_call_id"] in unconfirmed] + calls[
+        cut:
+    ]
+    return (
+        completed[max(len(completed) - window, 0) :],
+        shown_calls,
+        artifacts[max(len(artifacts) - window, 0) :],
+    )
 
 
 def packet_view(run: Run, packet: StopPacket, *, everything: bool = False) -> PacketView:
@@ -371,50 +411,85 @@ def packet_view(run: Run, packet: StopPacket, *, everything: bool = False) -> Pa
     resolved = {(resolution.target, resolution.target_id): resolution for resolution in resolutions}
     call_ids = [entry["tool_call_id"] for entry in snap.get("unconfirmed_side_effects", [])]
     calls = {
-        call.tool_call_id: call for call in ExecutionRecord.objects.filter(run=run, tool_call_id__in=call_ids)
+        call.tool_call_id: call
+        for call in ExecutionRecord.objects.filter(run=run, tool_call_id__in=call_ids)
     }
     outbox_ids = [*snap.get("in_flight_outbox_ids", []), *snap.get("frozen_outbox_ids", [])]
-    numeric = [int(value.split("_", 1)[1]) for value in outbox_ids if value.split("_", 1)[-1].isdigit()]
+    numeric = [
+        int(value.split("_", 1)[1]) for value in outbox_ids if value.split("_", 1)[-1].isdigit()
+    ]
     items = {item.public_id: item for item in OutboxItem.objects.filter(run=run, pk__in=numeric)}
     outbox_snap = {entry["id"]: entry for entry in snap.get("outbox", [])}
-    lease_tokens = [lease["lease_id"] for lease in snap.get("leases", []) if lease.get("fenced_unconfirmed")]
+    lease_tokens = [
+        lease["lease_id"] for lease in snap.get("leases", []) if lease.get("fenced_unconfirmed")
+    ]
     fenced_now = set(
-        Lease.objects.filter(run=run, token__in=lease_tokens, fenced_unconfirmed=True).values_list("token", flat=True)
+        Lease.objects.filter(run=run, token__in=lease_tokens, fenced_unconfirmed=True).values_list(
+            "token", flat=True
+        )
     )
 
     unknowns: list[Unknown] = []
     for entry in snap.get("unconfirmed_side_effects", []):
         call = calls.get(entry["tool_call_id"])
         state = call.side_effect_state if call else "missing"
-        unknowns.append(Unknown(
-            "tool_call", entry["tool_call_id"], entry, state,
-            open=bool(call and state == "pending_verification" and not call.resolved),
-            resolution=resolved.get(("tool_call", entry["tool_call_id"])),
-        ))
+        unknowns.append(
+            Unknown(
+                "tool_call",
+                entry["tool_call_id"],
+                entry,
+                state,
+                open=bool(call and state == "pending_verification" and not call.resolved),
+                resolution=resolved.get(("tool_call", entry["tool_call_id"])),
+            )
+        )
     for public_id in snap.get("in_flight_outbox_ids", []):
         item = items.get(public_id)
         state = item.status if item else "missing"
-        unknowns.append(Unknown(
-            "outbox", public_id, outbox_snap.get(public_id, {"id": public_id}), state,
-            open=bool(item and state in ("dispatching", "unknown") and not item.resolved),
-            resolution=resolved.get(("outbox", public_id)),
-        ))
+        unknowns.append(
+            Unknown(
+                "outbox",
+                public_id,
+                outbox_snap.get(public_id, {"id": public_id}),
+                state,
+                open=bool(item and state in ("dispatching", "unknown") and not item.resolved),
+                resolution=resolved.get(("outbox", public_id)),
+            )
+        )
     for lease in snap.get("leases", []):
         if lease.get("fenced_unconfirmed"):
             token = lease["lease_id"]
-            unknowns.append(Unknown(
-                "worker", token, lease, "fenced_unconfirmed" if token in fenced_now else "confirmed",
-                open=token in fenced_now, resolution=resolved.get(("worker", token)),
-            ))
+            unknowns.append(
+                Unknown(
+                    "worker",
+                    token,
+                    lease,
+                    "fenced_unconfirmed" if token in fenced_now else "confirmed",
+                    open=token in fenced_now,
+                    resolution=resolved.get(("worker", token)),
+                )
+            )
     frozen = [
-        FrozenItem(public_id, items[public_id].pk, outbox_snap.get(public_id, {}), items[public_id].status)
-        for public_id in snap.get("frozen_outbox_ids", []) if public_id in items
+        FrozenItem(
+            public_id, items[public_id].pk, outbox_snap.get(public_id, {}), items[public_id].status
+        )
+        for public_id in snap.get("frozen_outbox_ids", [])
+        if public_id in items
     ]
-    completed_steps, tool_calls, artifacts = _packet_window(snap, None if everything else PACKET_WINDOW)
+    completed_steps, tool_calls, artifacts = _packet_window(
+        snap, None if everything else PACKET_WINDOW
+    )
     return PacketView(
-        packet=packet, snap=snap, is_current=packet.stop_epoch == run.stop_epoch,
-        unknowns=unknowns, frozen=frozen, resolutions=resolutions,
-        completed_steps=completed_steps, tool_calls=tool_calls, artifacts=artifacts, everything=everything,
+        packet=packet,
+        snap=snap,
+        is_current=packet.stop_epoch == run.stop_epoch,
+        unknowns=unknowns,
+        frozen=frozen,
+        resolutions=resolutions,
+        completed_steps=completed_steps,
+        tool_calls=tool_calls,
+        artifacts=artifacts,
+        everything=everything,
     )
 
 
@@ -433,7 +508,9 @@ class HandoffCard:
     can_act: bool = False
 
 
-def handoff_inbox(access: Access, *, user_id: int | None, mine_only: bool) -> tuple[list[HandoffCard], list[Handoff]]:
+def handoff_inbox(
+    access: Access, *, user_id: int | None, mine_only: bool
+) -> tuple[list[HandoffCard], list[Handoff]]:
     """Open handoffs of the user's teams (or only theirs), and the recently ended ones.
 
     Four queries: open handoffs, their checkpoints, their unapplied steering, the ended ones.
@@ -450,11 +527,17 @@ def handoff_inbox(access: Access, *, user_id: int | None, mine_only: bool) -> tu
     for checkpoint in Checkpoint.objects.filter(run_id__in=run_ids).order_by("pk"):
         checkpoints[checkpoint.run_id].append(checkpoint)
     unapplied: dict[str, list[SteeringMessage]] = defaultdict(list)
-    for message in SteeringMessage.objects.filter(run_id__in=run_ids, status=SteeringStatus.UNAPPLIED_AT_STOP).order_by("pk"):
+    for message in SteeringMessage.objects.filter(
+        run_id__in=run_ids, status=SteeringStatus.UNAPPLIED_AT_STOP
+    ).order_by("pk"):
         unapplied[message.run_id].append(message)
     cards = [
-        HandoffCard(handoff, checkpoints[handoff.run_id], unapplied[handoff.run_id],
-                    can_act=access.can_act(handoff.run.team_id))
+        HandoffCard(
+            handoff,
+            checkpoints[handoff.run_id],
+            unapplied[handoff.run_id],
+            can_act=access.can_act(handoff.run.team_id),
+        )
         for handoff in open_list
     ]
     ended = list(handoffs.exclude(status__in=OPEN_HANDOFF).order_by("-closed_at", "-pk")[:20])
@@ -463,14 +546,20 @@ def handoff_inbox(access: Access, *, user_id: int | None, mine_only: bool) -> tu
 
 def handoff_card(handoff_id: int) -> HandoffCard | None:
     handoff = (
-        Handoff.objects.select_related("run", "run__team", "assignee", "stop_packet").filter(pk=handoff_id).first()
+        Handoff.objects.select_related("run", "run__team", "assignee", "stop_packet")
+        .filter(pk=handoff_id)
+        .first()
     )
     if handoff is None:
         return None
     return HandoffCard(
         handoff,
         list(Checkpoint.objects.filter(run_id=handoff.run_id).order_by("pk")),
-        list(SteeringMessage.objects.filter(run_id=handoff.run_id, status=SteeringStatus.UNAPPLIED_AT_STOP).order_by("pk")),
+        list(
+            SteeringMessage.objects.filter(
+                run_id=handoff.run_id, status=SteeringStatus.UNAPPLIED_AT_STOP
+            ).order_by("pk")
+        ),
     )
 
 
@@ -528,7 +617,12 @@ def audit_choices(team_slugs: list[str] | None) -> tuple[list[str], list[str]]:
     if team_slugs is not None:
         entries = entries.filter(team_slug__in=team_slugs)
     actions = list(entries.order_by("action").values_list("action", flat=True).distinct()[:200])
-    reasons = list(entries.exclude(reason="").order_by("reason").values_list("reason", flat=True).distinct()[:200])
+    reasons = list(
+        entries.exclude(reason="")
+        .order_by("reason")
+        .values_list("reason", flat=True)
+        .distinct()[:200]
+    )
     return actions, reasons
 
 
@@ -554,7 +648,9 @@ def _bucket_label(upper: int | None, lower: int) -> str:
     return f"≥{fmt(lower)}" if upper is None else f"<{fmt(upper)}"
 
 
-def quality_series(*, since: datetime, until: datetime, team_ids: list[int] | None) -> QualitySeries:
+def quality_series(
+    *, since: datetime, until: datetime, team_ids: list[int] | None
+) -> QualitySeries:
     """The data behind the charts (three queries): latency histogram, outcomes and late writes over time."""
     stops = StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until)
     late = RejectedWrite.objects.filter(at__gte=since, at__lt=until)
@@ -569,11 +665,17 @@ def quality_series(*, since: datetime, until: datetime, team_ids: list[int] | No
         if stopped_at is None:
             continue
         ms = (stopped_at - requested_at).total_seconds() * 1000
-        index = next((i for i, upper in enumerate(LATENCY_BUCKETS_MS) if ms < upper), len(LATENCY_BUCKETS_MS))
+        index = next(
+            (i for i, upper in enumerate(LATENCY_BUCKETS_MS) if ms < upper), len(LATENCY_BUCKETS_MS)
+        )
         histogram[index] += 1
-    labels = [_bucket_label(upper, 0) for upper in LATENCY_BUCKETS_MS] + [_bucket_label(None, LATENCY_BUCKETS_MS[-1])]
+    labels = [_bucket_label(upper, 0) for upper in LATENCY_BUCKETS_MS] + [
+        _bucket_label(None, LATENCY_BUCKETS_MS[-1])
+    ]
     outcome_rows = (
-        stops.annotate(bucket=trunc("requested_at")).values("bucket", "outcome_state").annotate(n=Count("pk"))
+        stops.annotate(bucket=trunc("requested_at"))
+        .values("bucket", "outcome_state")
+        .annotate(n=Count("pk"))
     )
     outcomes: dict[datetime, list[int]] = {}
     for row in outcome_rows:
@@ -585,14 +687,22 @@ def quality_series(*, since: datetime, until: datetime, team_ids: list[int] | No
     late_rows = late.annotate(bucket=trunc("at")).values("bucket").annotate(n=Count("pk"))
     return QualitySeries(
         latency_histogram=[(labels[i], histogram.get(i, 0)) for i in range(len(labels))],
-        outcomes=_fill(since, until, hourly, {key: (value[0], value[1]) for key, value in outcomes.items()}),
-        late_writes=[(start, count) for start, count, _unused in
-                     _fill(since, until, hourly, {row["bucket"]: (row["n"], 0) for row in late_rows})],
+        outcomes=_fill(
+            since, until, hourly, {key: (value[0], value[1]) for key, value in outcomes.items()}
+        ),
+        late_writes=[
+            (start, count)
+            for start, count, _unused in _fill(
+                since, until, hourly, {row["bucket"]: (row["n"], 0) for row in late_rows}
+            )
+        ],
         bucket="hour" if hourly else "day",
     )
 
 
-def _fill(since: datetime, until: datetime, hourly: bool, values: dict[datetime, tuple[int, int]]) -> list[Any]:
+def _fill(
+    since: datetime, until: datetime, hourly: bool, values: dict[datetime, tuple[int, int]]
+) -> list[Any]:
     """Every bucket of the period, with zeros where nothing happened (charts need the gaps)."""
     step = timedelta(hours=1) if hourly else timedelta(days=1)
     start = since.replace(minute=0, second=0, microsecond=0)

@@ -96,12 +96,12 @@ if DATABASE_URL:
     # tests run 20 at once) must not wait for one another.
     if env_bool("SAFESTOP_DB_POOL", True):
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1, "max_size": int(os.environ.get("SAFESTOP_DB_POOL_MAX_SIZE", 50)), "timeout": 10,
+            "min_size": 1,
+            "max_size": int(os.environ.get("SAFESTOP_DB_POOL_MAX_SIZE", 50)),
+            "timeout": 10,
         }
     DATABASES["default"].setdefault("TEST", {})
-    DATABASES["default"]["TEST"]["NAME"] = os.environ.get(
-        "SAFESTOP_TEST_DB_NAME", "test_safestop"
-    )
+    DATABASES["default"]["TEST"]["NAME"] = os.environ.get("SAFESTOP_TEST_DB_NAME", "test_safestop")
 else:
     DATABASES = {
         "default": {
@@ -141,7 +141,8 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 # Redis Pub/Sub has no databases: browser frames are namespaced by this prefix instead
 # (default: the database number of REDIS_URL). Give each deployment sharing a Redis its own.
 VIEWER_CHANNEL_PREFIX = os.environ.get("SAFESTOP_VIEWER_CHANNEL_PREFIX") or (
-    f"safestop-db{urlsplit(REDIS_URL).path.strip('/') or '0'}" if REDIS_URL else "")
+    f"safestop-db{urlsplit(REDIS_URL).path.strip('/') or '0'}" if REDIS_URL else ""
+)
 
 # Two channel layers (console/realtime.py says who sends what where):
 # - "default": what agent workers listen on (`agent_<run_id>`, the stop signal). Reliable
@@ -158,7 +159,11 @@ if REDIS_URL:
             # 5 s BZPOPMIN, so every websocket idle for 5 s died with "Timeout reading from
             # redis" (django/channels_redis#422; found by bench/bench_fanout.py). Allow a read to
             # outlast the blocking pop; a Redis that truly stops answering still times out.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "capacity": 5000, "expiry": 30},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                "capacity": 5000,
+                "expiry": 30,
+            },
         },
         "viewers": {
             # Pub/Sub: one PUBLISH per change, and each daphne process fans it out to its own
@@ -173,13 +178,22 @@ if REDIS_URL:
             # Redis is judged the same way on both. Pub/Sub channels ignore the database number,
             # so the prefix carries it: two deployments on one Redis server (or the test suite
             # and the bench) must not see each other's `team_1` frames.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": VIEWER_CHANNEL_PREFIX},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                "prefix": VIEWER_CHANNEL_PREFIX,
+            },
         },
     }
 else:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 5000}},
-        "viewers": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 5000}},
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": 5000},
+        },
+        "viewers": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": 5000},
+        },
     }
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
@@ -222,9 +236,7 @@ SPECTACULAR_SETTINGS = {
 
 # --- safestop's own knobs -----------------------------------------------------------------
 SAFESTOP_DRAIN_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DRAIN_DEADLINE_SECONDS", 30))
-SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(
-    os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60)
-)
+SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60))
 SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))
 SAFESTOP_WEBHOOK_READ_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_READ_TIMEOUT", 10))

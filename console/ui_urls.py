@@ -11,8 +11,13 @@ from console.views import audit, handoffs, packets, quality, run, runs, tokens
 app_name = "console"
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="registration/login.html",
-                                                redirect_authenticated_user=True), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="registration/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", runs.runs_list, name="runs"),
     path("runs/", RedirectView.as_view(pattern_name="console:runs", query_string=True)),
@@ -22,8 +27,16 @@ urlpatterns = [
     path("runs/<str:run_id>/resume/", run.run_resume, name="run_resume"),
     path("runs/<str:run_id>/close/", run.run_close, name="run_close"),
     path("runs/<str:run_id>/steering/", run.steering_add, name="steering_add"),
-    path("runs/<str:run_id>/steering/<int:message_id>/decide/", run.steering_decide, name="steering_decide"),
-    path("runs/<str:run_id>/outbox/<int:item_id>/<str:decision>/", run.outbox_decide, name="outbox_decide"),
+    path(
+        "runs/<str:run_id>/steering/<int:message_id>/decide/",
+        run.steering_decide,
+        name="steering_decide",
+    ),
+    path(
+        "runs/<str:run_id>/outbox/<int:item_id>/<str:decision>/",
+        run.outbox_decide,
+        name="outbox_decide",
+    ),
     path("runs/<str:run_id>/packet/", packets.packet_latest, name="packet_latest"),
     path("runs/<str:run_id>/packets/<int:epoch>/", packets.packet_page, name="packet"),
     path("runs/<str:run_id>/packets/<int:epoch>.json", packets.packet_json, name="packet_json"),

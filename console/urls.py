@@ -9,6 +9,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("runs.api.urls")),
-    path("metrics", include("console.metrics")),  # Prometheus text; urlpatterns live in console.metrics
+    path(
+        "metrics", include("console.metrics")
+    ),  # Prometheus text; urlpatterns live in console.metrics
     path("", include("console.ui_urls")),
 ]

@@ -38,7 +38,10 @@ def build_release(run: AgentRun) -> None:
         with run.tool_call("shell", {"cmd": "build"}) as call:
             result = run_process(
                 "echo building; sleep 8 & wait; echo built",
-                shell=True, token=run.token, timeout=60, grace_seconds=2.0,
+                shell=True,
+                token=run.token,
+                timeout=60,
+                grace_seconds=2.0,
             )
             call.observe_process(result)
         run.token.raise_if_cancelled()
@@ -48,8 +51,11 @@ def build_release(run: AgentRun) -> None:
 def deploy(run: AgentRun, version: str) -> None:
     with run.step("deploy", "Deploy to staging", kind="tool_write"):
         with run.tool_call(
-            "deploy", {"service": "billing", "version": version}, side_effect="write",
-            idempotency_key=f"deploy-billing-{version}", recovery_policy="query_original",
+            "deploy",
+            {"service": "billing", "version": version},
+            side_effect="write",
+            idempotency_key=f"deploy-billing-{version}",
+            recovery_policy="query_original",
         ) as call:
             call.set_operation_id(f"deploy-{version}")
             call.observe("deploy request submitted")
@@ -61,14 +67,22 @@ def deploy(run: AgentRun, version: str) -> None:
 def notify(run: AgentRun) -> None:
     with run.step("notify", "Tell the team", kind="external_action"):
         # The server dispatches it; a stop freezes it if it was not sent yet.
-        run.enqueue_outbox("webhook", os.environ.get("SAFESTOP_EXAMPLE_WEBHOOK", "http://127.0.0.1:9/hook"),
-                           {"text": "billing deployed to staging"})
+        run.enqueue_outbox(
+            "webhook",
+            os.environ.get("SAFESTOP_EXAMPLE_WEBHOOK", "http://127.0.0.1:9/hook"),
+            {"text": "billing deployed to staging"},
+        )
 
 
 def main() -> int:
     client = SafestopClient(os.environ["SAFESTOP_URL"], os.environ["SAFESTOP_TOKEN"])
-    run_id = sys.argv[1] if len(sys.argv) > 1 else client.create_run(
-        "Deploy billing to staging", "example-agent", steps=PLANNED_STEPS)["id"]
+    run_id = (
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else client.create_run("Deploy billing to staging", "example-agent", steps=PLANNED_STEPS)[
+            "id"
+        ]
+    )
     print(f"run {run_id}: open it in the console and press Stop to try it")
     with client.lease(run_id, f"{socket.gethostname()}-{os.getpid()}", ttl_seconds=15) as run:
         config = inspect_service(run)

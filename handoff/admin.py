@@ -26,7 +26,15 @@ class ResolutionAdmin(ReadOnlyAdmin):
 
 @admin.register(Handoff)
 class HandoffAdmin(ReadOnlyAdmin):
-    list_display = ["run", "status", "assignee", "created_by", "created_at", "accepted_at", "closed_at"]
+    list_display = [
+        "run",
+        "status",
+        "assignee",
+        "created_by",
+        "created_at",
+        "accepted_at",
+        "closed_at",
+    ]
     list_filter = ["status"]
     search_fields = ["run__id", "assignee__username", "note"]
     list_select_related = ["run", "assignee"]

@@ -19,7 +19,9 @@ class StopPacket(models.Model):
     class Meta:
         ordering = ["-stop_epoch"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "stop_epoch"], name="stoppacket_unique_run_epoch"),
+            models.UniqueConstraint(
+                fields=["run", "stop_epoch"], name="stoppacket_unique_run_epoch"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -50,7 +52,9 @@ class Resolution(models.Model):
         ordering = ["at"]
         constraints = [
             # resolving twice (a double click) must not record two decisions
-            models.UniqueConstraint(fields=["run", "target", "target_id"], name="resolution_unique_target"),
+            models.UniqueConstraint(
+                fields=["run", "target", "target_id"], name="resolution_unique_target"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -67,10 +71,20 @@ class HandoffStatus(models.TextChoices):
 
 class Handoff(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="handoffs")
-    stop_packet = models.ForeignKey(StopPacket, on_delete=models.PROTECT, null=True, blank=True, related_name="handoffs")
-    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="handoffs")
+    stop_packet = models.ForeignKey(
+        StopPacket, on_delete=models.PROTECT, null=True, blank=True, related_name="handoffs"
+    )
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="handoffs",
+    )
     created_by = models.CharField(max_length=150)
-    status = models.CharField(max_length=16, choices=HandoffStatus.choices, default=HandoffStatus.OPEN)
+    status = models.CharField(
+        max_length=16, choices=HandoffStatus.choices, default=HandoffStatus.OPEN
+    )
     note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     accepted_at = models.DateTimeField(null=True, blank=True)

@@ -35,7 +35,9 @@ def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
     existing = StopPacket.objects.filter(run=run, stop_epoch=run.stop_epoch).first()
     if existing is not None:
         return existing
-    return StopPacket.objects.create(run=run, stop_epoch=run.stop_epoch, snapshot=stop_packet_snapshot(run, stop_request))
+    return StopPacket.objects.create(
+        run=run, stop_epoch=run.stop_epoch, snapshot=stop_packet_snapshot(run, stop_request)
+    )
 
 
 # Only the columns the packet keeps are read: the packet is built inside the settling
@@ -43,13 +45,35 @@ def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
 # call's `arguments`) made a 5,000-step stop wait ~400 ms between drained and stopped
 # (docs/BENCHMARKS.md). Each list is read and walked once.
 _STEP_FIELDS = ("seq", "key", "name", "status", "finished_at", "reported_after_stop")
-_OUTBOX_FIELDS = ("pk", "transport", "destination", "status", "idempotency_key", "claimed_at", "frozen_at")
+_OUTBOX_FIELDS = (
+    "pk",
+    "transport",
+    "destination",
+    "status",
+    "idempotency_key",
+    "claimed_at",
+    "frozen_at",
+)
 _ARTIFACT_FIELDS = ("pk", "name", "kind", "uri", "checksum", "reusable", "evidence")
 _RECORD_FIELDS = (
-    "tool_call_id", "tool", "operation_id", "side_effect", "execution_state", "side_effect_state",
-    "remote_cancel_state", "cancel_requested", "last_observation", "observed_at", "observation_source",
-    "output_truncated", "recovery_policy", "recovery_action", "idempotency_key", "permit_epoch",
-    "reported_after_stop", "resolved",
+    "tool_call_id",
+    "tool",
+    "operation_id",
+    "side_effect",
+    "execution_state",
+    "side_effect_state",
+    "remote_cancel_state",
+    "cancel_requested",
+    "last_observation",
+    "observed_at",
+    "observation_source",
+    "output_truncated",
+    "recovery_policy",
+    "recovery_action",
+    "idempotency_key",
+    "permit_epoch",
+    "reported_after_stop",
+    "resolved",
 )
 _IN_FLIGHT = (OutboxStatus.DISPATCHING, OutboxStatus.UNKNOWN)
 
@@ -61,8 +85,15 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         Step.objects.filter(run=run).order_by("seq").values_list(*_STEP_FIELDS)
     ):
         if status == StepStatus.COMPLETED:
-            completed_steps.append({"seq": seq, "key": key, "name": name, "finished_at": _iso(finished_at),
-                                    "reported_after_stop": late})
+            completed_steps.append(
+                {
+                    "seq": seq,
+                    "key": key,
+                    "name": name,
+                    "finished_at": _iso(finished_at),
+                    "reported_after_stop": late,
+                }
+            )
         else:
             pending_steps.append({"seq": seq, "key": key, "name": name, "status": status})
 
@@ -77,19 +108,32 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
             frozen_ids.append(public_id)
         elif status in _IN_FLIGHT:
             in_flight_ids.append(public_id)
-        outbox.append({"id": public_id, "transport": transport, "destination": destination, "status": status,
-                       "idempotency_key": idempotency_key, "claimed_at": _iso(claimed_at),
-                       "frozen_at": _iso(frozen_at)})
+        outbox.append(
+            {
+                "id": public_id,
+                "transport": transport,
+                "destination": destination,
+                "status": status,
+                "idempotency_key": idempotency_key,
+                "claimed_at": _iso(claimed_at),
+                "frozen_at": _iso(frozen_at),
+            }
+        )
 
     tool_calls: list[dict[str, Any]] = []
     unconfirmed: list[dict[str, Any]] = []
     for record in (
-        ExecutionRecord.objects.filter(run=run).order_by("permitted_at", "id").values(*_RECORD_FIELDS)
+        ExecutionRecord.objects.filter(run=run)
+        .order_by("permitted_at", "id")
+        .values(*_RECORD_FIELDS)
     ):
         summary = _record_summary(record)
         tool_calls.append(summary)
-        if (record["side_effect"] == SideEffect.WRITE
-                and record["side_effect_state"] == SideEffectState.PENDING_VERIFICATION and not record["resolved"]):
+        if (
+            record["side_effect"] == SideEffect.WRITE
+            and record["side_effect_state"] == SideEffectState.PENDING_VERIFICATION
+            and not record["resolved"]
+        ):
             unconfirmed.append(dict(summary))
 
     leases = list(Lease.objects.filter(run=run, epoch=stop_request.epoch_before))
@@ -109,11 +153,18 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "stopped_at": _iso(stop_request.stopped_at),
         "state": run.status,
         "dirty_reasons": list(stop_request.dirty_reasons),
-        "lease_released": all(lease.released_at is not None and not lease.fenced_unconfirmed for lease in leases),
+        "lease_released": all(
+            lease.released_at is not None and not lease.fenced_unconfirmed for lease in leases
+        ),
         "leases": [
-            {"lease_id": lease.token, "worker_id": lease.worker_id, "epoch": lease.epoch,
-             "release_reason": lease.release_reason, "released_at": _iso(lease.released_at),
-             "fenced_unconfirmed": lease.fenced_unconfirmed}
+            {
+                "lease_id": lease.token,
+                "worker_id": lease.worker_id,
+                "epoch": lease.epoch,
+                "release_reason": lease.release_reason,
+                "released_at": _iso(lease.released_at),
+                "fenced_unconfirmed": lease.fenced_unconfirmed,
+            }
             for lease in leases
         ],
         "resume_from": run.resume_from or None,
@@ -123,8 +174,15 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "completed_steps": completed_steps,
         "pending_steps": pending_steps,
         "artifacts": [
-            {"id": pk, "name": name, "kind": kind, "uri": uri, "checksum": checksum, "reusable": reusable,
-             "evidence": evidence}
+            {
+                "id": pk,
+                "name": name,
+                "kind": kind,
+                "uri": uri,
+                "checksum": checksum,
+                "reusable": reusable,
+                "evidence": evidence,
+            }
             for pk, name, kind, uri, checksum, reusable, evidence in (
                 Artifact.objects.filter(run=run).order_by("id").values_list(*_ARTIFACT_FIELDS)
             )
@@ -133,7 +191,9 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "unconfirmed_side_effects": unconfirmed,
         "unapplied_steering": [
             {"id": message.pk, "text": message.text, "author": message.author}
-            for message in SteeringMessage.objects.filter(run=run, status=SteeringStatus.UNAPPLIED_AT_STOP)
+            for message in SteeringMessage.objects.filter(
+                run=run, status=SteeringStatus.UNAPPLIED_AT_STOP
+            )
         ],
         "reported_after_stop": list(run.late_reports),
         "late_writes_rejected": run.late_writes_rejected,
@@ -165,7 +225,10 @@ def _record_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 def _default_recovery_action(record: dict[str, Any]) -> str:
     """Say what to do when the agent did not: never 'retry' for an unknown write."""
-    if record["side_effect"] != SideEffect.WRITE or record["side_effect_state"] != SideEffectState.PENDING_VERIFICATION:
+    if (
+        record["side_effect"] != SideEffect.WRITE
+        or record["side_effect_state"] != SideEffectState.PENDING_VERIFICATION
+    ):
         return ""
     target = record["operation_id"] or record["tool_call_id"]
     policy = record["recovery_policy"]

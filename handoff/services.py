@@ -43,11 +43,17 @@ def _lock_handoff(handoff_id: int) -> tuple[Handoff, object]:
 
 def _require_open(handoff: Handoff, run: object) -> None:
     if handoff.status not in OPEN_HANDOFF:
-        raise IllegalTransition(f"the handoff is {handoff.status}", status=getattr(run, "status", None),
-                                stop_epoch=getattr(run, "stop_epoch", None))
+        raise IllegalTransition(
+            f"the handoff is {handoff.status}",
+            status=getattr(run, "status", None),
+            stop_epoch=getattr(run, "stop_epoch", None),
+        )
     if getattr(run, "status", None) != RunStatus.HANDED_OFF:
-        raise IllegalTransition("the run is not handed off", status=getattr(run, "status", None),
-                                stop_epoch=getattr(run, "stop_epoch", None))
+        raise IllegalTransition(
+            "the run is not handed off",
+            status=getattr(run, "status", None),
+            stop_epoch=getattr(run, "stop_epoch", None),
+        )
 
 
 def handoff_accept(*, handoff_id: int, user: AbstractBaseUser, actor: Actor) -> Handoff:
@@ -63,7 +69,12 @@ def handoff_accept(*, handoff_id: int, user: AbstractBaseUser, actor: Actor) -> 
         handoff.assignee = user  # type: ignore[assignment]
         handoff.accepted_at = timezone.now()
         handoff.save(update_fields=["status", "assignee", "accepted_at"])
-        ledger_append(run=run, actor=actor, action="handoff.accepted", payload={"handoff_id": handoff.pk})  # type: ignore[arg-type]
+        ledger_append(
+            run=run,  # type: ignore[arg-type]
+            actor=actor,
+            action="handoff.accepted",
+            payload={"handoff_id": handoff.pk},
+        )
         _changed(run, kind="handoff.accepted")  # type: ignore[arg-type]
     return handoff
 
@@ -75,13 +86,26 @@ def handoff_complete(*, handoff_id: int, actor: Actor, note: str = "") -> Handof
         _require_open(handoff, run)
         _end_handoff(handoff, HandoffStatus.COMPLETED, note)
         run.finished_at = timezone.now()  # type: ignore[attr-defined]
-        _move(run, RunStatus.COMPLETED, actor=actor, action="handoff.completed", reason="human_completed",  # type: ignore[arg-type]
-              payload={"handoff_id": handoff.pk, "note": note}, fields=("finished_at",))
+        _move(
+            run,  # type: ignore[arg-type]
+            RunStatus.COMPLETED,
+            actor=actor,
+            action="handoff.completed",
+            reason="human_completed",
+            payload={"handoff_id": handoff.pk, "note": note},
+            fields=("finished_at",),
+        )
     return handoff
 
 
-def handoff_return(*, handoff_id: int, actor: Actor, checkpoint: str = "", carry_over_steering: bool = False,
-                   note: str = "") -> Handoff:
+def handoff_return(
+    *,
+    handoff_id: int,
+    actor: Actor,
+    checkpoint: str = "",
+    carry_over_steering: bool = False,
+    note: str = "",
+) -> Handoff:
     """Give the run back to automation: pending at a new epoch, from a checkpoint if chosen."""
     with transaction.atomic(durable=True):
         handoff, run = _lock_handoff(handoff_id)
@@ -89,8 +113,13 @@ def handoff_return(*, handoff_id: int, actor: Actor, checkpoint: str = "", carry
         if run_dirty_reasons(run):  # type: ignore[arg-type]
             raise IllegalTransition("resolve the run's unknown side effects first")
         _end_handoff(handoff, HandoffStatus.RETURNED, note)
-        _resume_locked(run, actor=actor, checkpoint=checkpoint, carry_over_steering=carry_over_steering,  # type: ignore[arg-type]
-                       via="returned_to_automation")
+        _resume_locked(
+            run,  # type: ignore[arg-type]
+            actor=actor,
+            checkpoint=checkpoint,
+            carry_over_steering=carry_over_steering,
+            via="returned_to_automation",
+        )
     return handoff
 
 
@@ -110,4 +139,3 @@ def _end_handoff(handoff: Handoff, status: str, note: str) -> None:
     if note:
         handoff.note = f"{handoff.note}\n{note}".strip()
     handoff.save(update_fields=["status", "closed_at", "note"])
-

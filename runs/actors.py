@@ -19,8 +19,16 @@ class Actor:
 
     @classmethod
     def for_user(cls, user: object) -> Actor:
-        return cls(kind=ActorKind.USER, id=str(getattr(user, "pk", "")), name=str(getattr(user, "username", "")))
+        return cls(
+            kind=ActorKind.USER,
+            id=str(getattr(user, "pk", "")),
+            name=str(getattr(user, "username", "")),
+        )
 
     @classmethod
     def for_token(cls, token: object) -> Actor:
-        return cls(kind=ActorKind.API_CLIENT, id=str(getattr(token, "pk", "")), name=str(getattr(token, "name", "")))
+        return cls(
+            kind=ActorKind.API_CLIENT,
+            id=str(getattr(token, "pk", "")),
+            name=str(getattr(token, "name", "")),
+        )

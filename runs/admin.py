@@ -106,7 +106,16 @@ class StepInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "title", "agent", "team", "status", "stop_epoch", "stop_reason", "created_at"]
+    list_display = [
+        "id",
+        "title",
+        "agent",
+        "team",
+        "status",
+        "stop_epoch",
+        "stop_reason",
+        "created_at",
+    ]
     list_filter = ["status", "stop_reason", "team", "agent"]
     search_fields = ["id", "title", "agent"]
     date_hierarchy = "created_at"
@@ -120,8 +129,12 @@ class RunAdmin(ReadOnlyAdmin):
         stopped = 0
         for run_id in queryset.values_list("pk", flat=True):
             try:
-                outcome = services.run_stop(run_id=run_id, reason=StopReason.ADMIN_KILL,
-                                            actor=Actor.for_user(request.user), note="admin action")
+                outcome = services.run_stop(
+                    run_id=run_id,
+                    reason=StopReason.ADMIN_KILL,
+                    actor=Actor.for_user(request.user),
+                    note="admin action",
+                )
             except DomainError as error:
                 self.message_user(request, f"{run_id}: {error.detail}", level=messages.WARNING)
                 continue
@@ -139,17 +152,42 @@ class StepAdmin(ReadOnlyAdmin):
 
 @admin.register(ExecutionRecord)
 class ExecutionRecordAdmin(ReadOnlyAdmin):
-    list_display = ["tool_call_id", "run", "tool", "side_effect", "execution_state", "side_effect_state",
-                    "remote_cancel_state", "permit_epoch", "resolved", "permitted_at"]
-    list_filter = ["execution_state", "side_effect_state", "remote_cancel_state", "side_effect", "resolved"]
+    list_display = [
+        "tool_call_id",
+        "run",
+        "tool",
+        "side_effect",
+        "execution_state",
+        "side_effect_state",
+        "remote_cancel_state",
+        "permit_epoch",
+        "resolved",
+        "permitted_at",
+    ]
+    list_filter = [
+        "execution_state",
+        "side_effect_state",
+        "remote_cancel_state",
+        "side_effect",
+        "resolved",
+    ]
     search_fields = ["tool_call_id", "operation_id", "idempotency_key", "run__id", "tool"]
     list_select_related = ["run"]
 
 
 @admin.register(OutboxItem)
 class OutboxItemAdmin(ReadOnlyAdmin):
-    list_display = ["public_id", "run", "transport", "destination", "status", "enqueue_epoch", "claim_epoch",
-                    "attempts", "created_at"]
+    list_display = [
+        "public_id",
+        "run",
+        "transport",
+        "destination",
+        "status",
+        "enqueue_epoch",
+        "claim_epoch",
+        "attempts",
+        "created_at",
+    ]
     list_filter = ["status", "transport"]
     search_fields = ["run__id", "idempotency_key", "destination"]
     list_select_related = ["run"]
@@ -157,8 +195,17 @@ class OutboxItemAdmin(ReadOnlyAdmin):
 
 @admin.register(Lease)
 class LeaseAdmin(ReadOnlyAdmin):
-    list_display = ["run", "worker_id", "epoch", "acquired_at", "heartbeat_at", "expires_at", "released_at",
-                    "release_reason", "fenced_unconfirmed"]
+    list_display = [
+        "run",
+        "worker_id",
+        "epoch",
+        "acquired_at",
+        "heartbeat_at",
+        "expires_at",
+        "released_at",
+        "release_reason",
+        "fenced_unconfirmed",
+    ]
     list_filter = ["release_reason", "fenced_unconfirmed"]
     search_fields = ["run__id", "worker_id"]
     exclude = ["token"]
@@ -167,8 +214,16 @@ class LeaseAdmin(ReadOnlyAdmin):
 
 @admin.register(StopRequest)
 class StopRequestAdmin(ReadOnlyAdmin):
-    list_display = ["run", "reason", "requested_by", "requested_at", "epoch_before", "epoch_after",
-                    "outcome_state", "takeover"]
+    list_display = [
+        "run",
+        "reason",
+        "requested_by",
+        "requested_at",
+        "epoch_before",
+        "epoch_after",
+        "outcome_state",
+        "takeover",
+    ]
     list_filter = ["reason", "outcome_state", "takeover", "actor_kind"]
     search_fields = ["run__id", "requested_by", "note"]
     date_hierarchy = "requested_at"
@@ -218,7 +273,17 @@ class RejectedWriteAdmin(ReadOnlyAdmin):
 class LedgerEntryAdmin(ReadOnlyAdmin):
     """Append-only and hash-chained: no add, change or delete, even for superusers."""
 
-    list_display = ["id", "at", "team_slug", "run", "run_seq", "actor_kind", "actor", "action", "reason"]
+    list_display = [
+        "id",
+        "at",
+        "team_slug",
+        "run",
+        "run_seq",
+        "actor_kind",
+        "actor",
+        "action",
+        "reason",
+    ]
     list_filter = ["actor_kind", "action", "team_slug"]
     search_fields = ["run__id", "actor", "action", "reason", "hash"]
     date_hierarchy = "at"
@@ -227,5 +292,3 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         return {}
-
-

@@ -37,7 +37,9 @@ class BackgroundLoop:
     """A stoppable daemon thread that runs the periodic work. Exceptions are logged, never fatal."""
 
     def __init__(self, *, interval: float | None = None, dispatch_limit: int = 100) -> None:
-        self.interval = float(settings.SAFESTOP_BACKGROUND_INTERVAL if interval is None else interval)
+        self.interval = float(
+            settings.SAFESTOP_BACKGROUND_INTERVAL if interval is None else interval
+        )
         self.dispatch_limit = dispatch_limit
         self.ticks = 0
         self.errors = 0
@@ -63,7 +65,10 @@ class BackgroundLoop:
             self._thread.join(timeout)
         stopped = not self._thread.is_alive()
         if not stopped:
-            logger.warning("background loop still busy after %.1fs; it is a daemon and will not block exit", timeout)
+            logger.warning(
+                "background loop still busy after %.1fs; it is a daemon and will not block exit",
+                timeout,
+            )
         return stopped
 
     def wake(self) -> None:
@@ -105,8 +110,9 @@ class BackgroundLoop:
         try:
             # Sends are bounded per tick so the reapers below still run every couple of seconds
             # while a slow receiver has a backlog (the rest goes out on the next ticks).
-            report = run_periodic_work(dispatch_limit=self.dispatch_limit,
-                                       dispatch_seconds=max(2.0, self.interval * 2))
+            report = run_periodic_work(
+                dispatch_limit=self.dispatch_limit, dispatch_seconds=max(2.0, self.interval * 2)
+            )
             self.last_report = report
             if report.errors:
                 self.errors += len(report.errors)

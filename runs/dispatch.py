@@ -71,7 +71,9 @@ def dispatch_one(item: OutboxItem | int, *, dispatcher: str = "") -> OutboxItem 
     return _send_claimed(claimed)
 
 
-def dispatch_pending(*, limit: int = 100, dispatcher: str = "", max_seconds: float | None = None) -> int:
+def dispatch_pending(
+    *, limit: int = 100, dispatcher: str = "", max_seconds: float | None = None
+) -> int:
     """Claim and send claimable items, oldest first, until none is left, `limit` items were
     sent, or (with `max_seconds`) no new claim is started after that long.
 
@@ -97,8 +99,11 @@ def _send_claimed(item: OutboxItem) -> OutboxItem:
     if result.outcome != OutboxStatus.SENT:
         logger.info("outbox %s %s: %s", item.public_id, result.outcome, result.error)
     return services.outbox_record_outcome(
-        item_id=item.pk, outcome=result.outcome, dispatcher=item.claimed_by,
-        response_status=result.response_status, error=result.error,
+        item_id=item.pk,
+        outcome=result.outcome,
+        dispatcher=item.claimed_by,
+        response_status=result.response_status,
+        error=result.error,
     )
 
 
@@ -125,14 +130,22 @@ def reap_stuck_dispatches(*, older_than_seconds: float | None = None) -> int:
     legitimately take (webhook connect + read timeouts); a late answer is still recorded.
     Scans through the `outbox_dispatching_idx` partial index.
     """
-    deadline = settings.SAFESTOP_DISPATCH_DEADLINE_SECONDS if older_than_seconds is None else older_than_seconds
+    deadline = (
+        settings.SAFESTOP_DISPATCH_DEADLINE_SECONDS
+        if older_than_seconds is None
+        else older_than_seconds
+    )
     cutoff = timezone.now() - timedelta(seconds=deadline)
     candidates = list(
         OutboxItem.objects.filter(status=OutboxStatus.DISPATCHING, claimed_at__lt=cutoff)
-        .order_by("claimed_at").values_list("pk", flat=True)[:500]
+        .order_by("claimed_at")
+        .values_list("pk", flat=True)[:500]
     )
-    return _each(candidates, lambda pk: services.outbox_reap_stuck(item_id=pk, older_than_seconds=deadline),
-                 what="outbox reaper")
+    return _each(
+        candidates,
+        lambda pk: services.outbox_reap_stuck(item_id=pk, older_than_seconds=deadline),
+        what="outbox reaper",
+    )
 
 
 def reap_expired_leases() -> int:
@@ -140,9 +153,12 @@ def reap_expired_leases() -> int:
     was waiting on that worker ends dirty. Scans through the `lease_live_expiry_idx` index."""
     candidates = list(
         Lease.objects.filter(released_at__isnull=True, expires_at__lt=timezone.now())
-        .order_by("expires_at").values_list("pk", flat=True)[:500]
+        .order_by("expires_at")
+        .values_list("pk", flat=True)[:500]
     )
-    return _each(candidates, lambda pk: services.lease_expire(lease_id=pk) is not None, what="lease reaper")
+    return _each(
+        candidates, lambda pk: services.lease_expire(lease_id=pk) is not None, what="lease reaper"
+    )
 
 
 def fence_overdue_stops() -> int:
@@ -151,16 +167,22 @@ def fence_overdue_stops() -> int:
     cutoff = timezone.now() - timedelta(seconds=settings.SAFESTOP_DRAIN_DEADLINE_SECONDS)
     candidates = list(
         Run.objects.filter(status__in=STOPPING_STATUSES, stop_requested_at__lt=cutoff)
-        .order_by("stop_requested_at").values_list("pk", flat=True)[:500]
+        .order_by("stop_requested_at")
+        .values_list("pk", flat=True)[:500]
     )
-    return _each(candidates, lambda pk: services.run_fence_overdue(run_id=pk), what="drain watchdog")
+    return _each(
+        candidates, lambda pk: services.run_fence_overdue(run_id=pk), what="drain watchdog"
+    )
 
 
 def enforce_budgets() -> int:
     """Running runs past `max_seconds` / `max_tool_calls` are stopped (`timeout` /
     `budget_exhausted`) through the same stop service a human uses."""
-    return _each(services.runs_over_budget_ids(),
-                 lambda pk: services.run_enforce_budget(run_id=pk) is not None, what="budget enforcer")
+    return _each(
+        services.runs_over_budget_ids(),
+        lambda pk: services.run_enforce_budget(run_id=pk) is not None,
+        what="budget enforcer",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,12 +200,18 @@ class TickReport:
 
     @property
     def changed(self) -> int:
-        return (self.leases_expired + self.budgets_enforced + self.stops_fenced + self.dispatched
-                + self.dispatches_reaped)
+        return (
+            self.leases_expired
+            + self.budgets_enforced
+            + self.stops_fenced
+            + self.dispatched
+            + self.dispatches_reaped
+        )
 
 
-def run_periodic_work(*, dispatch_limit: int = 100, dispatch_seconds: float | None = None,
-                      dispatcher: str = "") -> TickReport:
+def run_periodic_work(
+    *, dispatch_limit: int = 100, dispatch_seconds: float | None = None, dispatcher: str = ""
+) -> TickReport:
     """All periodic work once. Stops first (expired leases, budgets, overdue drains), so a run
     that must stop this tick does not dispatch first; then dispatch; then the outbox reaper.
 
@@ -195,14 +223,20 @@ def run_periodic_work(*, dispatch_limit: int = 100, dispatch_seconds: float | No
         ("leases_expired", reap_expired_leases),
         ("budgets_enforced", enforce_budgets),
         ("stops_fenced", fence_overdue_stops),
-        ("dispatched", lambda: dispatch_pending(limit=dispatch_limit, dispatcher=dispatcher,
-                                                max_seconds=dispatch_seconds)),
+        (
+            "dispatched",
+            lambda: dispatch_pending(
+                limit=dispatch_limit, dispatcher=dispatcher, max_seconds=dispatch_seconds
+            ),
+        ),
         ("dispatches_reaped", reap_stuck_dispatches),
     ]
     for name, step in steps:
         try:
             setattr(report, name, step())
-        except Exception as exc:  # one failing part (e.g. the database blinked) never stops the rest
+        except (
+            Exception
+        ) as exc:  # one failing part (e.g. the database blinked) never stops the rest
             logger.exception("periodic work %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
     return report

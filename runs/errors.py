@@ -9,7 +9,9 @@ class DomainError(Exception):
     code = "domain_error"
     http_status = 400
 
-    def __init__(self, detail: str, *, status: str | None = None, stop_epoch: int | None = None, **extra: Any) -> None:
+    def __init__(
+        self, detail: str, *, status: str | None = None, stop_epoch: int | None = None, **extra: Any
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.status = status

@@ -28,14 +28,30 @@ def _canonical(value: Any) -> Any:
 
 
 def entry_hash(
-    *, run_id: str | None, run_seq: int, at: str, actor_kind: str, actor_id: str, actor: str,
-    action: str, reason: str, payload: Any, prev_hash: str,
+    *,
+    run_id: str | None,
+    run_seq: int,
+    at: str,
+    actor_kind: str,
+    actor_id: str,
+    actor: str,
+    action: str,
+    reason: str,
+    payload: Any,
+    prev_hash: str,
 ) -> str:
     body = json.dumps(
         {
-            "run_id": run_id, "run_seq": run_seq, "at": at, "actor_kind": actor_kind,
-            "actor_id": actor_id, "actor": actor, "action": action, "reason": reason,
-            "payload": payload, "prev_hash": prev_hash,
+            "run_id": run_id,
+            "run_seq": run_seq,
+            "at": at,
+            "actor_kind": actor_kind,
+            "actor_id": actor_id,
+            "actor": actor,
+            "action": action,
+            "reason": reason,
+            "payload": payload,
+            "prev_hash": prev_hash,
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -49,7 +65,12 @@ def _timestamp(at: Any) -> str:
 
 
 def ledger_append(
-    *, run: Run | None, actor: Actor, action: str, reason: str = "", payload: dict[str, Any] | None = None,
+    *,
+    run: Run | None,
+    actor: Actor,
+    action: str,
+    reason: str = "",
+    payload: dict[str, Any] | None = None,
     team_slug: str = "",
 ) -> LedgerEntry:
     """Append one entry. Call it inside the transition's transaction, after locking the run."""
@@ -57,30 +78,63 @@ def ledger_append(
     if run is not None:
         # The caller holds the run row lock, which serialises this run's chain: a fork is
         # impossible, so no savepoint and no retry (two statements saved on every transition).
-        return _insert_entry(run=run, actor=actor, action=action, reason=reason, payload=payload,
-                             team_slug=team_slug or run.team.slug)
+        return _insert_entry(
+            run=run,
+            actor=actor,
+            action=action,
+            reason=reason,
+            payload=payload,
+            team_slug=team_slug or run.team.slug,
+        )
     for _attempt in range(5):
         try:
             with transaction.atomic():
-                return _insert_entry(run=run, actor=actor, action=action, reason=reason, payload=payload, team_slug=team_slug)
+                return _insert_entry(
+                    run=run,
+                    actor=actor,
+                    action=action,
+                    reason=reason,
+                    payload=payload,
+                    team_slug=team_slug,
+                )
         except IntegrityError:
             continue  # another writer took this global seq first: read the new head and retry
     raise RuntimeError("could not append to the global ledger chain")
 
 
-def _insert_entry(*, run: Run | None, actor: Actor, action: str, reason: str, payload: Any, team_slug: str) -> LedgerEntry:
+def _insert_entry(
+    *, run: Run | None, actor: Actor, action: str, reason: str, payload: Any, team_slug: str
+) -> LedgerEntry:
     last = LedgerEntry.objects.filter(run=run).order_by("-run_seq").only("run_seq", "hash").first()
     run_seq = (last.run_seq + 1) if last else 1
     prev_hash = last.hash if last else GENESIS_HASH
     # Truncate to microseconds as stored, so the verifier recomputes the very same string.
     at = timezone.now()
     digest = entry_hash(
-        run_id=run.pk if run else None, run_seq=run_seq, at=_timestamp(at), actor_kind=actor.kind,
-        actor_id=actor.id, actor=actor.name, action=action, reason=reason, payload=payload, prev_hash=prev_hash,
+        run_id=run.pk if run else None,
+        run_seq=run_seq,
+        at=_timestamp(at),
+        actor_kind=actor.kind,
+        actor_id=actor.id,
+        actor=actor.name,
+        action=action,
+        reason=reason,
+        payload=payload,
+        prev_hash=prev_hash,
     )
     return LedgerEntry.objects.create(
-        run=run, run_seq=run_seq, at=at, actor_kind=actor.kind, actor_id=actor.id, actor=actor.name,
-        team_slug=team_slug, action=action, reason=reason, payload=payload, prev_hash=prev_hash, hash=digest,
+        run=run,
+        run_seq=run_seq,
+        at=at,
+        actor_kind=actor.kind,
+        actor_id=actor.id,
+        actor=actor.name,
+        team_slug=team_slug,
+        action=action,
+        reason=reason,
+        payload=payload,
+        prev_hash=prev_hash,
+        hash=digest,
     )
 
 
@@ -115,13 +169,22 @@ def ledger_verify(*, run_id: str | None = None) -> tuple[int, ChainBreak | None]
 
 def _entry_problem(entry: LedgerEntry, expected_prev: str, expected_seq: int) -> str:
     if entry.run_seq != expected_seq:
-        return f"sequence gap: expected {expected_seq}, found {entry.run_seq} (an entry was removed)"
+        return (
+            f"sequence gap: expected {expected_seq}, found {entry.run_seq} (an entry was removed)"
+        )
     if entry.prev_hash != expected_prev:
         return "prev_hash does not match the previous entry's hash"
     recomputed = entry_hash(
-        run_id=entry.run_id, run_seq=entry.run_seq, at=_timestamp(entry.at), actor_kind=entry.actor_kind,
-        actor_id=entry.actor_id, actor=entry.actor, action=entry.action, reason=entry.reason,
-        payload=entry.payload, prev_hash=entry.prev_hash,
+        run_id=entry.run_id,
+        run_seq=entry.run_seq,
+        at=_timestamp(entry.at),
+        actor_kind=entry.actor_kind,
+        actor_id=entry.actor_id,
+        actor=entry.actor,
+        action=entry.action,
+        reason=entry.reason,
+        payload=entry.payload,
+        prev_hash=entry.prev_hash,
     )
     if recomputed != entry.hash:
         return "content does not match its hash (the row was changed)"

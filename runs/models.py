@@ -34,12 +34,16 @@ class Role(models.TextChoices):
 
 
 class Membership(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team")]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team")
+        ]
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} as {self.role}"
@@ -63,7 +67,9 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["team", "name"], name="apitoken_unique_team_name")]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="apitoken_unique_team_name")
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.team.slug}, {self.role})"
@@ -162,7 +168,9 @@ class Run(models.Model):
         ]
         constraints = [
             models.UniqueConstraint(
-                fields=["team", "idempotency_key"], condition=~Q(idempotency_key=""), name="run_unique_team_key"
+                fields=["team", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="run_unique_team_key",
             ),
         ]
 
@@ -254,24 +262,38 @@ class RecoveryPolicy(models.TextChoices):
 class ExecutionRecord(models.Model):
     """One tool call: intent written before it runs (the permit), result after."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="execution_records", db_index=False)
-    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="execution_records")
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="execution_records", db_index=False
+    )
+    step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="execution_records"
+    )
     tool_call_id = models.CharField(max_length=120)
     tool = models.CharField(max_length=120)
     arguments = models.JSONField(default=dict, blank=True)
     operation_id = models.CharField(max_length=200, blank=True)
     idempotency_key = models.CharField(max_length=200, blank=True)
-    side_effect = models.CharField(max_length=8, choices=SideEffect.choices, default=SideEffect.NONE)
+    side_effect = models.CharField(
+        max_length=8, choices=SideEffect.choices, default=SideEffect.NONE
+    )
     permit_epoch = models.PositiveIntegerField()
-    execution_state = models.CharField(max_length=16, choices=ExecutionState.choices, default=ExecutionState.PERMITTED)
+    execution_state = models.CharField(
+        max_length=16, choices=ExecutionState.choices, default=ExecutionState.PERMITTED
+    )
     cancel_requested = models.BooleanField(default=False)
-    remote_cancel_state = models.CharField(max_length=16, choices=RemoteCancelState.choices, default=RemoteCancelState.NOT_REQUESTED)
-    side_effect_state = models.CharField(max_length=24, choices=SideEffectState.choices, default=SideEffectState.NONE)
+    remote_cancel_state = models.CharField(
+        max_length=16, choices=RemoteCancelState.choices, default=RemoteCancelState.NOT_REQUESTED
+    )
+    side_effect_state = models.CharField(
+        max_length=24, choices=SideEffectState.choices, default=SideEffectState.NONE
+    )
     last_observation = models.TextField(blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)
     observation_source = models.CharField(max_length=60, blank=True)
     output_truncated = models.BooleanField(default=False)
-    recovery_policy = models.CharField(max_length=24, choices=RecoveryPolicy.choices, default=RecoveryPolicy.MANUAL_CONFIRMATION)
+    recovery_policy = models.CharField(
+        max_length=24, choices=RecoveryPolicy.choices, default=RecoveryPolicy.MANUAL_CONFIRMATION
+    )
     recovery_action = models.TextField(blank=True)
     reported_after_stop = models.BooleanField(default=False)
     resolved = models.BooleanField(default=False)
@@ -281,7 +303,9 @@ class ExecutionRecord(models.Model):
     class Meta:
         ordering = ["permitted_at", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "tool_call_id"], name="exec_unique_run_tool_call"),
+            models.UniqueConstraint(
+                fields=["run", "tool_call_id"], name="exec_unique_run_tool_call"
+            ),
         ]
         indexes = [
             # the settle decision and the stop packet look for calls whose outcome is open
@@ -312,14 +336,24 @@ class OutboxStatus(models.TextChoices):
 
 
 class OutboxItem(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="outbox_items", db_index=False)
-    execution_record = models.ForeignKey(ExecutionRecord, on_delete=models.SET_NULL, null=True, blank=True,
-                                         related_name="outbox_items", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="outbox_items", db_index=False
+    )
+    execution_record = models.ForeignKey(
+        ExecutionRecord,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="outbox_items",
+        db_index=False,
+    )
     transport = models.CharField(max_length=16)
     destination = models.CharField(max_length=500)
     payload = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=200)
-    status = models.CharField(max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
+    status = models.CharField(
+        max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
+    )
     enqueue_epoch = models.PositiveIntegerField()
     claim_epoch = models.PositiveIntegerField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
@@ -337,17 +371,28 @@ class OutboxItem(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "idempotency_key"], name="outbox_unique_run_key"),
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"], name="outbox_unique_run_key"
+            ),
         ]
         indexes = [
             # outbox_claim_next: the dispatcher scans pending items oldest first
-            models.Index(fields=["created_at"], name="outbox_pending_idx", condition=Q(status="pending")),
+            models.Index(
+                fields=["created_at"], name="outbox_pending_idx", condition=Q(status="pending")
+            ),
             # reaper: dispatching items whose claim is too old
-            models.Index(fields=["claimed_at"], name="outbox_dispatching_idx", condition=Q(status="dispatching")),
+            models.Index(
+                fields=["claimed_at"],
+                name="outbox_dispatching_idx",
+                condition=Q(status="dispatching"),
+            ),
             # Most items have no execution record; a full index would take a write per item on
             # every freeze (a status change is never a HOT update: `status` is in the predicates).
-            models.Index(fields=["execution_record"], name="outbox_exec_record_idx",
-                         condition=Q(execution_record__isnull=False)),
+            models.Index(
+                fields=["execution_record"],
+                name="outbox_exec_record_idx",
+                condition=Q(execution_record__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -382,11 +427,17 @@ class Lease(models.Model):
     class Meta:
         constraints = [
             # one live lease per run
-            models.UniqueConstraint(fields=["run"], condition=Q(released_at__isnull=True), name="lease_one_live_per_run"),
+            models.UniqueConstraint(
+                fields=["run"], condition=Q(released_at__isnull=True), name="lease_one_live_per_run"
+            ),
         ]
         indexes = [
             # lease reaper: live leases by expiry
-            models.Index(fields=["expires_at"], name="lease_live_expiry_idx", condition=Q(released_at__isnull=True)),
+            models.Index(
+                fields=["expires_at"],
+                name="lease_live_expiry_idx",
+                condition=Q(released_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -419,7 +470,9 @@ class StopRequest(models.Model):
     class Meta:
         ordering = ["-requested_at"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "epoch_after"], name="stoprequest_unique_run_epoch"),
+            models.UniqueConstraint(
+                fields=["run", "epoch_after"], name="stoprequest_unique_run_epoch"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -428,7 +481,9 @@ class StopRequest(models.Model):
 
 class Artifact(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts", db_index=False)
-    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts")
+    step = models.ForeignKey(
+        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts"
+    )
     name = models.CharField(max_length=300)
     kind = models.CharField(max_length=60, blank=True)
     uri = models.CharField(max_length=1000, blank=True)
@@ -448,7 +503,9 @@ class Artifact(models.Model):
 
 
 class Checkpoint(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
+    )
     step_seq = models.PositiveIntegerField(null=True, blank=True)
     label = models.CharField(max_length=120)
     state = models.JSONField(default=dict, blank=True)
@@ -475,7 +532,9 @@ class SteeringMessage(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steering_messages")
     author = models.CharField(max_length=150)
     text = models.TextField()
-    status = models.CharField(max_length=20, choices=SteeringStatus.choices, default=SteeringStatus.QUEUED)
+    status = models.CharField(
+        max_length=20, choices=SteeringStatus.choices, default=SteeringStatus.QUEUED
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     applied_at = models.DateTimeField(null=True, blank=True)
 
@@ -489,7 +548,9 @@ class SteeringMessage(models.Model):
 class EventReceipt(models.Model):
     """Dedup for batched events: a retried event_id answers `duplicate` with the first outcome."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="event_receipts", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="event_receipts", db_index=False
+    )
     event_id = models.CharField(max_length=120)
     type = models.CharField(max_length=40)
     epoch = models.PositiveIntegerField()
@@ -498,7 +559,9 @@ class EventReceipt(models.Model):
     received_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "event_id"], name="event_unique_run_event")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "event_id"], name="event_unique_run_event")
+        ]
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.outcome}"
@@ -532,7 +595,14 @@ class LedgerEntry(models.Model):
 
     # Keeps Django's run_id indexes: on SQLite an index change remakes the table, which would
     # drop the append-only triggers (migration 0002).
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries", db_constraint=True)
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="ledger_entries",
+        db_constraint=True,
+    )
     run_seq = models.PositiveIntegerField()
     at = models.DateTimeField()
     actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
@@ -549,7 +619,9 @@ class LedgerEntry(models.Model):
         ordering = ["id"]
         constraints = [
             models.UniqueConstraint(fields=["run", "run_seq"], name="ledger_unique_run_seq"),
-            models.UniqueConstraint(fields=["run_seq"], condition=Q(run__isnull=True), name="ledger_unique_global_seq"),
+            models.UniqueConstraint(
+                fields=["run_seq"], condition=Q(run__isnull=True), name="ledger_unique_global_seq"
+            ),
         ]
         indexes = [
             models.Index(fields=["action", "at"], name="ledger_action_at_idx"),

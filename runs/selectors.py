@@ -40,55 +40,95 @@ def _team_filter(queryset: QuerySet[Any], team_ids: list[int] | None, path: str)
     return queryset if team_ids is None else queryset.filter(**{f"{path}__in": team_ids})
 
 
-def stop_quality(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, Any]:
+def stop_quality(
+    *, since: datetime, until: datetime, team_ids: list[int] | None = None
+) -> dict[str, Any]:
     """The five stop-quality figures of DESIGN §7 for stops requested in [since, until)."""
-    stops = _team_filter(StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until), team_ids, "run__team_id")
-    stop_rows = list(stops.values("requested_at", "stopped_at", "signal_delivered_at", "outcome_state"))
-    to_stopped = [(row["stopped_at"] - row["requested_at"]).total_seconds() * 1000 for row in stop_rows if row["stopped_at"]]
+    stops = _team_filter(
+        StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until),
+        team_ids,
+        "run__team_id",
+    )
+    stop_rows = list(
+        stops.values("requested_at", "stopped_at", "signal_delivered_at", "outcome_state")
+    )
+    to_stopped = [
+        (row["stopped_at"] - row["requested_at"]).total_seconds() * 1000
+        for row in stop_rows
+        if row["stopped_at"]
+    ]
     to_signal = [
         (row["signal_delivered_at"] - row["requested_at"]).total_seconds() * 1000
-        for row in stop_rows if row["signal_delivered_at"]
+        for row in stop_rows
+        if row["signal_delivered_at"]
     ]
     return {
         "period": {"since": since.isoformat(), "until": until.isoformat()},
         "stops": len(stop_rows),
         "stopped_cleanly": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_cleanly"),
         "stopped_dirty": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_dirty"),
-        "stop_latency": {"to_stopped": _latency_summary(to_stopped), "to_worker_signal": _latency_summary(to_signal)},
+        "stop_latency": {
+            "to_stopped": _latency_summary(to_stopped),
+            "to_worker_signal": _latency_summary(to_signal),
+        },
         "side_effect_leakage": side_effect_leakage(since=since, until=until, team_ids=team_ids),
         "late_writes_rejected": _team_filter(
             RejectedWrite.objects.filter(at__gte=since, at__lt=until), team_ids, "run__team_id"
         ).count(),
-        "interruptions_recovered_cleanly": interruptions_recovered(since=since, until=until, team_ids=team_ids),
+        "interruptions_recovered_cleanly": interruptions_recovered(
+            since=since, until=until, team_ids=team_ids
+        ),
         "handoff_completion": handoff_completion(since=since, until=until, team_ids=team_ids),
     }
 
 
-def side_effect_leakage(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, int]:
+def side_effect_leakage(
+    *, since: datetime, until: datetime, team_ids: list[int] | None = None
+) -> dict[str, int]:
     """Permits or dispatch claims that started after a stop of their epoch was recorded (must be 0)."""
-    permits = _team_filter(
-        ExecutionRecord.objects.filter(
-            run__stop_requests__epoch_before=F("permit_epoch"),
-            run__stop_requests__requested_at__lt=F("permitted_at"),
-            permitted_at__gte=since, permitted_at__lt=until,
-        ),
-        team_ids, "run__team_id",
-    ).distinct().count()
-    dispatches = _team_filter(
-        OutboxItem.objects.filter(
-            run__stop_requests__epoch_before=F("claim_epoch"),
-            run__stop_requests__requested_at__lt=F("claimed_at"),
-            claimed_at__gte=since, claimed_at__lt=until,
-        ),
-        team_ids, "run__team_id",
-    ).distinct().count()
-    return {"permits_after_stop": permits, "dispatches_after_stop": dispatches, "total": permits + dispatches}
+    permits = (
+        _team_filter(
+            ExecutionRecord.objects.filter(
+                run__stop_requests__epoch_before=F("permit_epoch"),
+                run__stop_requests__requested_at__lt=F("permitted_at"),
+                permitted_at__gte=since,
+                permitted_at__lt=until,
+            ),
+            team_ids,
+            "run__team_id",
+        )
+        .distinct()
+        .count()
+    )
+    dispatches = (
+        _team_filter(
+            OutboxItem.objects.filter(
+                run__stop_requests__epoch_before=F("claim_epoch"),
+                run__stop_requests__requested_at__lt=F("claimed_at"),
+                claimed_at__gte=since,
+                claimed_at__lt=until,
+            ),
+            team_ids,
+            "run__team_id",
+        )
+        .distinct()
+        .count()
+    )
+    return {
+        "permits_after_stop": permits,
+        "dispatches_after_stop": dispatches,
+        "total": permits + dispatches,
+    }
 
 
-def interruptions_recovered(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, Any]:
+def interruptions_recovered(
+    *, since: datetime, until: datetime, team_ids: list[int] | None = None
+) -> dict[str, Any]:
     """Of runs interrupted in the period, the share that later stopped cleanly or resumed with no unknowns."""
     interrupted = _team_filter(
-        LedgerEntry.objects.filter(action="run.interrupted", at__gte=since, at__lt=until), team_ids, "run__team_id"
+        LedgerEntry.objects.filter(action="run.interrupted", at__gte=since, at__lt=until),
+        team_ids,
+        "run__team_id",
     )
     firsts: dict[str, Any] = {}
     for run_id, at in interrupted.values_list("run_id", "at"):
@@ -96,22 +136,35 @@ def interruptions_recovered(*, since: datetime, until: datetime, team_ids: list[
     recovered = 0
     if firsts:
         later = LedgerEntry.objects.filter(
-            run_id__in=list(firsts), action__in=("run.stopped_cleanly", "run.stopped_dirty", "run.resume")
+            run_id__in=list(firsts),
+            action__in=("run.stopped_cleanly", "run.stopped_dirty", "run.resume"),
         ).values_list("run_id", "action", "at")
         outcomes: dict[str, list[str]] = {}
         for run_id, action, at in later:
             if at >= firsts[run_id]:
                 outcomes.setdefault(run_id, []).append(action)
         recovered = sum(
-            1 for actions in outcomes.values()
-            if "run.stopped_dirty" not in actions and ("run.stopped_cleanly" in actions or "run.resume" in actions)
+            1
+            for actions in outcomes.values()
+            if "run.stopped_dirty" not in actions
+            and ("run.stopped_cleanly" in actions or "run.resume" in actions)
         )
     total = len(firsts)
-    return {"interrupted": total, "recovered_cleanly": recovered, "rate": (recovered / total) if total else None}
+    return {
+        "interrupted": total,
+        "recovered_cleanly": recovered,
+        "rate": (recovered / total) if total else None,
+    }
 
 
-def handoff_completion(*, since: datetime, until: datetime, team_ids: list[int] | None = None) -> dict[str, Any]:
-    handoffs = _team_filter(Handoff.objects.filter(created_at__gte=since, created_at__lt=until), team_ids, "run__team_id")
+def handoff_completion(
+    *, since: datetime, until: datetime, team_ids: list[int] | None = None
+) -> dict[str, Any]:
+    handoffs = _team_filter(
+        Handoff.objects.filter(created_at__gte=since, created_at__lt=until),
+        team_ids,
+        "run__team_id",
+    )
     total = handoffs.count()
     done = handoffs.filter(
         status__in=(HandoffStatus.COMPLETED, HandoffStatus.RETURNED, HandoffStatus.CLOSED)
@@ -130,7 +183,9 @@ def queue_depths(*, team_ids: list[int] | None = None) -> dict[str, int]:
     Two aggregate queries, one per table, instead of a COUNT per gauge.
     """
     outbox_states = ("pending", "dispatching", "frozen", "unknown")
-    outbox = _team_filter(OutboxItem.objects.filter(status__in=outbox_states), team_ids, "run__team_id").aggregate(
+    outbox = _team_filter(
+        OutboxItem.objects.filter(status__in=outbox_states), team_ids, "run__team_id"
+    ).aggregate(
         **{f"outbox_{state}": Count("pk", filter=Q(status=state)) for state in outbox_states}
     )
     # status IN (...) lets PostgreSQL use run_status_created_idx instead of reading every run

@@ -113,7 +113,9 @@ def _kicker_loop() -> None:
         try:
             dispatch_pending.apply_async(kwargs={"limit": KICK_LIMIT}, retry=False, expires=60)
         except Exception:
-            logger.warning("could not queue a dispatch kick; beat will dispatch instead", exc_info=True)
+            logger.warning(
+                "could not queue a dispatch kick; beat will dispatch instead", exc_info=True
+            )
 
 
 def install_dispatch_kick() -> None:

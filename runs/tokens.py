@@ -25,7 +25,9 @@ def team_ensure(*, slug: str, name: str = "") -> Team:
     return team
 
 
-def api_token_create(*, team_slug: str, name: str, role: str, actor: Actor | None = None) -> tuple[ApiToken, str]:
+def api_token_create(
+    *, team_slug: str, name: str, role: str, actor: Actor | None = None
+) -> tuple[ApiToken, str]:
     """Create a token (and its team if needed); return it with the raw secret, the only copy."""
     if role not in TokenRole.values:
         raise InvalidInput(f"role must be one of {', '.join(TokenRole.values)}", field="role")
@@ -36,16 +38,27 @@ def api_token_create(*, team_slug: str, name: str, role: str, actor: Actor | Non
         team = team_ensure(slug=team_slug)
         if ApiToken.objects.filter(team=team, name=name).exists():
             raise InvalidInput(f"team {team_slug} already has a token named {name!r}", field="name")
-        token = ApiToken.objects.create(team=team, name=name, role=role, prefix=raw[:10], token_hash=hash_token(raw))
-        ledger_append(run=None, actor=actor or Actor.system("create_api_token"), action="token.created",
-                      team_slug=team.slug, payload={"token": name, "role": role, "prefix": token.prefix})
+        token = ApiToken.objects.create(
+            team=team, name=name, role=role, prefix=raw[:10], token_hash=hash_token(raw)
+        )
+        ledger_append(
+            run=None,
+            actor=actor or Actor.system("create_api_token"),
+            action="token.created",
+            team_slug=team.slug,
+            payload={"token": name, "role": role, "prefix": token.prefix},
+        )
     return token, raw
 
 
 def api_token_authenticate(raw: str) -> ApiToken | None:
     if not raw.startswith(TOKEN_PREFIX):
         return None
-    token = ApiToken.objects.select_related("team").filter(token_hash=hash_token(raw), revoked_at__isnull=True).first()
+    token = (
+        ApiToken.objects.select_related("team")
+        .filter(token_hash=hash_token(raw), revoked_at__isnull=True)
+        .first()
+    )
     if token is not None:
         now = timezone.now()
         # Throttled write: last_used_at within a minute is good enough and saves a write per call.
@@ -61,6 +74,11 @@ def api_token_revoke(*, token_id: int, actor: Actor) -> ApiToken:
         if token.revoked_at is None:
             token.revoked_at = timezone.now()
             token.save(update_fields=["revoked_at"])
-            ledger_append(run=None, actor=actor, action="token.revoked", team_slug=token.team.slug,
-                          payload={"token": token.name})
+            ledger_append(
+                run=None,
+                actor=actor,
+                action="token.revoked",
+                team_slug=token.team.slug,
+                payload={"token": token.name},
+            )
     return token

@@ -63,8 +63,12 @@ def send(item: OutboxItem) -> SendResult:
     if sender is None:
         return SendResult.failed(f"no transport {item.transport!r}")
     try:
-        return sender(destination=item.destination, payload=item.payload,
-                      idempotency_key=item.idempotency_key, run_id=item.run_id)
+        return sender(
+            destination=item.destination,
+            payload=item.payload,
+            idempotency_key=item.idempotency_key,
+            run_id=item.run_id,
+        )
     except Exception as exc:  # a transport bug after the request may have left: not knowable
         logger.exception("transport %s crashed on %s", item.transport, item.public_id)
         return SendResult.unknown(f"transport crashed: {type(exc).__name__}: {exc}"[:2000])
@@ -87,7 +91,9 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def webhook_send(*, destination: str, payload: Any, idempotency_key: str, run_id: str = "") -> SendResult:
+def webhook_send(
+    *, destination: str, payload: Any, idempotency_key: str, run_id: str = ""
+) -> SendResult:
     """POST `payload` as JSON to `destination`, with the `Idempotency-Key` header.
 
     The allow-list is checked again here, at send time: the list may have shrunk since the item
@@ -110,8 +116,12 @@ def webhook_send(*, destination: str, payload: Any, idempotency_key: str, run_id
     try:
         # A fresh client per send: no pooled connection whose staleness could turn a clean
         # "connection refused" into an ambiguous mid-request error.
-        with httpx.Client(timeout=webhook_timeout(), follow_redirects=False, trust_env=False,
-                          verify=_tls_context()) as client:
+        with httpx.Client(
+            timeout=webhook_timeout(),
+            follow_redirects=False,
+            trust_env=False,
+            verify=_tls_context(),
+        ) as client:
             response = client.post(destination, content=body, headers=headers)
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         # No connection was ever established, so no byte of the request was sent.
@@ -132,7 +142,9 @@ def _classify_response(response: httpx.Response) -> SendResult:
         location = response.headers.get("location", "")
         return SendResult.failed(f"redirect to {location!r} not followed", status)
     if 400 <= status < 500:
-        return SendResult.failed(f"refused by receiver: HTTP {status} {response.text[:300]}", status)
+        return SendResult.failed(
+            f"refused by receiver: HTTP {status} {response.text[:300]}", status
+        )
     # A 5xx says the receiver broke while handling it, not that it did nothing.
     return SendResult.unknown(f"receiver error: HTTP {status} {response.text[:300]}", status)
 
@@ -156,7 +168,9 @@ _SMTP_REFUSED = (
 )
 
 
-def email_send(*, destination: str, payload: Any, idempotency_key: str, run_id: str = "") -> SendResult:
+def email_send(
+    *, destination: str, payload: Any, idempotency_key: str, run_id: str = ""
+) -> SendResult:
     """Send through Django's email backend; the idempotency key is in the headers.
 
     The connection is opened first, on its own: a failure there (refused, timed out, bad
@@ -174,7 +188,10 @@ def email_send(*, destination: str, payload: Any, idempotency_key: str, run_id: 
         body = json.dumps(data, cls=DjangoJSONEncoder, indent=2, sort_keys=True)
     connection = get_connection(fail_silently=False)
     message = EmailMessage(
-        subject=subject, body=body, from_email=settings.DEFAULT_FROM_EMAIL, to=[destination],
+        subject=subject,
+        body=body,
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        to=[destination],
         connection=connection,
         headers={
             "Message-ID": email_message_id(run_id=run_id, idempotency_key=idempotency_key),

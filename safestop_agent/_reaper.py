@@ -153,7 +153,9 @@ class Supervisor:
             # Only the command's tree may hold the output pipe open from now on.
             os.close(self.out_fd)
         self.main_pid = child.pid
-        self.report({"event": "started", "pid": child.pid, "pgid": child.pid, "subreaper": self.subreaper})
+        self.report(
+            {"event": "started", "pid": child.pid, "pgid": child.pid, "subreaper": self.subreaper}
+        )
         terminated = self.wait_for_command()
         child.returncode = self.returncode()  # we reaped it ourselves; keep Popen quiet
         leftovers = self.settle_descendants()

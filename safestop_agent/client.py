@@ -251,9 +251,7 @@ class SafestopClient:
         path = _run_path(run_id, f"tool-calls/{quote(tool_call_id, safe='')}/result/")
         return self._request("POST", path, json=body)
 
-    def send_events(
-        self, run_id: str, *, epoch: int, events: Sequence[Mapping[str, Any]]
-    ) -> JSON:
+    def send_events(self, run_id: str, *, epoch: int, events: Sequence[Mapping[str, Any]]) -> JSON:
         """Send a batch; the answer has one entry per event: accepted, duplicate or rejected."""
         body = {"epoch": epoch, "events": [dict(event) for event in events]}
         return self._request("POST", _run_path(run_id, "events/"), json=body)
@@ -293,7 +291,9 @@ class SafestopClient:
 
     # -- reviewer actions ----------------------------------------------------------
 
-    def cancel(self, run_id: str, reason: StopReason | str = "user_stop", note: str = "") -> StopAnswer:
+    def cancel(
+        self, run_id: str, reason: StopReason | str = "user_stop", note: str = ""
+    ) -> StopAnswer:
         """Stop the run. Repeating it answers with the same stop request."""
         body = {"reason": reason, "note": note}
         return self._request("POST", _run_path(run_id, "cancel/"), json=body)

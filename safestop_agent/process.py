@@ -80,7 +80,9 @@ class ProcessResult:
         if self.output_abandoned:
             parts.append("stopped reading: a descendant kept the output open")
         if self.output_truncated:
-            parts.append(f"output truncated ({len(self.stdout)} of {self.output_bytes_seen}+ bytes)")
+            parts.append(
+                f"output truncated ({len(self.stdout)} of {self.output_bytes_seen}+ bytes)"
+            )
         if self.start_error:
             parts.append(f"could not start: {self.start_error}")
         return ", ".join(parts)
@@ -204,7 +206,9 @@ def run_process(
     if token is not None:
         token.raise_if_cancelled()
     started = time.monotonic()
-    supervisor, pipes = _start_supervisor(argv, grace_seconds, kill_descendants, cwd, env, max_output_bytes)
+    supervisor, pipes = _start_supervisor(
+        argv, grace_seconds, kill_descendants, cwd, env, max_output_bytes
+    )
     deadline = started + timeout if timeout is not None else None
     stop_cause: str | None = None
     force_killed = False
@@ -299,7 +303,9 @@ def _kill_supervisor_and_group(supervisor: subprocess.Popen[bytes], pipes: _Pipe
     supervisor.wait()
 
 
-def _stop_supervisor(supervisor: subprocess.Popen[bytes], pipes: _Pipes, grace_seconds: float) -> None:
+def _stop_supervisor(
+    supervisor: subprocess.Popen[bytes], pipes: _Pipes, grace_seconds: float
+) -> None:
     supervisor.send_signal(signal.SIGTERM)
     try:
         supervisor.wait(grace_seconds + SUPERVISOR_MARGIN_SECONDS)

@@ -72,7 +72,9 @@ def retry(
         except Exception as error:
             if attempt == attempts or not retry_if(error):
                 raise
-            delay = backoff_delay(attempt, base_delay=base_delay, max_delay=max_delay, jitter=jitter)
+            delay = backoff_delay(
+                attempt, base_delay=base_delay, max_delay=max_delay, jitter=jitter
+            )
             _sleep_unless_cancelled(delay, token, error)
     raise AssertionError("unreachable: the loop returns or raises")
 

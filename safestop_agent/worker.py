@@ -481,7 +481,9 @@ class AgentRun:
         self.token.raise_if_cancelled()
         started = self.event("step.started", key=key, name=name, kind=kind)
         if started.get("status") == "rejected" and started.get("code") in REFUSAL_CODES:
-            raise self._refused(Refused(409, str(started.get("code")), "step.started rejected", started))
+            raise self._refused(
+                Refused(409, str(started.get("code")), "step.started rejected", started)
+            )
         stack = self._step_stack()
         stack.append(key)
         try:
@@ -515,7 +517,9 @@ class AgentRun:
         except (ApiError, httpx.TransportError, Cancelled) as report_error:
             log.warning("safestop: step.failed for %s not reported: %s", key, report_error)
 
-    def checkpoint(self, label: str, state: Mapping[str, Any], *, step_seq: int | None = None) -> EventAnswer:
+    def checkpoint(
+        self, label: str, state: Mapping[str, Any], *, step_seq: int | None = None
+    ) -> EventAnswer:
         """Save a resume point (`checkpoint_04`); the stop packet names the latest as `resume_from`."""
         fields: dict[str, Any] = {"label": label, "state": dict(state)}
         if step_seq is not None:
@@ -537,7 +541,12 @@ class AgentRun:
         """Record something the run produced, so a human taking over can reuse it or cite it."""
         if checksum is None and content is not None:
             checksum = "sha256:" + hashlib.sha256(content.encode("utf-8")).hexdigest()
-        fields: dict[str, Any] = {"name": name, "kind": kind, "reusable": reusable, "evidence": evidence}
+        fields: dict[str, Any] = {
+            "name": name,
+            "kind": kind,
+            "reusable": reusable,
+            "evidence": evidence,
+        }
         optional = {"uri": uri, "content": content, "checksum": checksum, "step_key": step_key}
         fields.update({k: v for k, v in optional.items() if v is not None})
         return self.event("artifact.added", **fields)
@@ -611,7 +620,9 @@ class AgentRun:
                 self.run_id,
                 lease_id=lease_id,
                 epoch=epoch,
-                observations=observations if observations is not None else self.default_observations(),
+                observations=observations
+                if observations is not None
+                else self.default_observations(),
                 stop_epoch=self.token.stop_epoch,
             ),
             token=None,

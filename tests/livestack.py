@@ -129,9 +129,12 @@ def _reset_inherited_state(db_name: str, overrides: dict[str, Any]) -> None:
 
 
 class _StackProcess(DaphneProcess):
-    def __init__(self, *, db_name: str, overrides: dict[str, Any], blocker: Any, background: bool) -> None:
-        super().__init__(_HOST, _application, kwargs={"verbosity": 0}, setup=self._setup,
-                         teardown=self._teardown)
+    def __init__(
+        self, *, db_name: str, overrides: dict[str, Any], blocker: Any, background: bool
+    ) -> None:
+        super().__init__(
+            _HOST, _application, kwargs={"verbosity": 0}, setup=self._setup, teardown=self._teardown
+        )
         self.db_name = db_name
         self.overrides = overrides
         self.blocker = blocker
@@ -164,7 +167,10 @@ class _StackProcess(DaphneProcess):
 
 @contextlib.contextmanager
 def start_live_stack(
-    django_db_blocker: Any = None, *, channel_layer: str = "memory", background: bool = False,
+    django_db_blocker: Any = None,
+    *,
+    channel_layer: str = "memory",
+    background: bool = False,
     settings_overrides: dict[str, Any] | None = None,
 ) -> Iterator[LiveStack]:
     """Start a server (see the module docstring); stop it on exit. Needs `transactional_db`."""
@@ -175,7 +181,9 @@ def start_live_stack(
     db_name = connections["default"].settings_dict["NAME"]
     if channel_layer == "redis":
         overrides["CHANNEL_LAYERS"] = settings.CHANNEL_LAYERS
-    process = _StackProcess(db_name=db_name, overrides=overrides, blocker=django_db_blocker, background=background)
+    process = _StackProcess(
+        db_name=db_name, overrides=overrides, blocker=django_db_blocker, background=background
+    )
     process.daemon = True
     process.start()
     try:
@@ -195,7 +203,9 @@ def _wait_until_ready(process: _StackProcess) -> None:
         failed = not process.errors.empty() or not process.is_alive()
         if failed or time.monotonic() > deadline:
             error = process.errors.get(timeout=1) if not process.errors.empty() else None
-            raise RuntimeError(f"the live server did not start: {error[1] if error else 'no error reported'}")
+            raise RuntimeError(
+                f"the live server did not start: {error[1] if error else 'no error reported'}"
+            )
 
 
 @pytest.fixture
@@ -230,10 +240,16 @@ def live_stack_redis(transactional_db: None, django_db_blocker: Any) -> Iterator
     # idle for 5 s dies: django/channels_redis#422): agents on the core layer, browsers on
     # Pub/Sub (whose channels ignore the database number: the prefix keeps tests apart).
     host = {"address": url, "socket_timeout": 15}
-    layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                          "CONFIG": {"hosts": [host], "prefix": prefix}},
-              "viewers": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                          "CONFIG": {"hosts": [host], "prefix": prefix}}}
+    layers = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": prefix},
+        },
+        "viewers": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": prefix},
+        },
+    }
     saved = dict(channel_layers.backends)
     with override_settings(CHANNEL_LAYERS=layers):
         channel_layers.backends = {}

@@ -74,8 +74,9 @@ def demo_accounts_ensure() -> EnsureReport:
             if changed:
                 user.save(update_fields=None if created else changed)
             for team in teams:
-                membership, made = Membership.objects.get_or_create(user=user, team=team,
-                                                                    defaults={"role": spec.role})
+                membership, made = Membership.objects.get_or_create(
+                    user=user, team=team, defaults={"role": spec.role}
+                )
                 memberships_created += made
                 if membership.role != spec.role:
                     membership.role = spec.role

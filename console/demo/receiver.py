@@ -93,8 +93,12 @@ class WebhookReceiver:
             self.server = _Server((host, 0), Handler)  # the preferred port is busy: any port
         self.host_name = host
         self.port = int(self.server.server_address[1])
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="demo-webhook-receiver", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="demo-webhook-receiver",
+            daemon=True,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -171,8 +175,17 @@ class WebhookReceiver:
             duplicate = bool(key) and key in self._applied
             if key and (status is None or status < 300):
                 self._applied.add(key)
-            self.receipts.append(Receipt(path, key, handler.headers.get("X-Safestop-Run", ""), body,
-                                         time.time(), duplicate, status))
+            self.receipts.append(
+                Receipt(
+                    path,
+                    key,
+                    handler.headers.get("X-Safestop-Run", ""),
+                    body,
+                    time.time(),
+                    duplicate,
+                    status,
+                )
+            )
             self._lock.notify_all()
         if status is None:
             # The work is done, the answer never arrives: close without a status line.
@@ -191,9 +204,12 @@ class WebhookReceiver:
                 receipts = [asdict(r) for r in self.receipts]
             self._answer(handler, 200, {"receipts": receipts})
         elif path.startswith("/operations/"):
-            key = path[len("/operations/"):]
-            self._answer(handler, 200, {"idempotency_key": key, "applied": self.applied(key),
-                                        "requests": self.count(key)})
+            key = path[len("/operations/") :]
+            self._answer(
+                handler,
+                200,
+                {"idempotency_key": key, "applied": self.applied(key), "requests": self.count(key)},
+            )
         elif path == "/healthz":
             self._answer(handler, 200, {"ok": True})
         else:

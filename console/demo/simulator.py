@@ -89,7 +89,9 @@ class Simulator:
         self.rng = random.Random(config.seed)
         self.stopping = threading.Event()
         self.agents = {t.team: SafestopClient(config.url, t.agent_token) for t in config.teams}
-        self.reviewers = {t.team: SafestopClient(config.url, t.reviewer_token) for t in config.teams}
+        self.reviewers = {
+            t.team: SafestopClient(config.url, t.reviewer_token) for t in config.teams
+        }
         self.outcomes: Counter[str] = Counter()
         self.run_ids: list[str] = []
         self.errors = 0
@@ -112,7 +114,12 @@ class Simulator:
                 return True
             except (httpx.TransportError, ApiError) as error:
                 if time.monotonic() >= deadline:
-                    log.error("simulator: %s did not answer within %.0fs (%r)", self.config.url, timeout, error)
+                    log.error(
+                        "simulator: %s did not answer within %.0fs (%r)",
+                        self.config.url,
+                        timeout,
+                        error,
+                    )
                     return False
             self.stopping.wait(0.25)
         return False
@@ -145,7 +152,9 @@ class Simulator:
             try:
                 # An agent token may stop its own run for `dependency_failure`: the runtime is
                 # going away. The worker hears the push, drains and reports like any stop.
-                self.agents[active.team].cancel(active.run_id, "dependency_failure", note="simulator shutting down")
+                self.agents[active.team].cancel(
+                    active.run_id, "dependency_failure", note="simulator shutting down"
+                )
             except httpx.TransportError:
                 # The server stopped first (`serve` shutting down): nobody to drain to. Its
                 # lease reaper will mark these runs interrupted when it is back.
@@ -166,8 +175,13 @@ class Simulator:
     # -- bookkeeping -------------------------------------------------------------------------
 
     def register(self, run_id: str, kind: str, team: str) -> ActiveRun:
-        active = ActiveRun(run_id, kind, team, time.monotonic(),
-                           bot_may_act=kind in REVIEWABLE and self.rng.random() < self.config.bot_share)
+        active = ActiveRun(
+            run_id,
+            kind,
+            team,
+            time.monotonic(),
+            bot_may_act=kind in REVIEWABLE and self.rng.random() < self.config.bot_share,
+        )
         with self._lock:
             self._active[run_id] = active
             self.run_ids.append(run_id)
@@ -203,7 +217,9 @@ class Simulator:
                 else:
                     outcome = "error"
                     self.errors += 1
-                    log.warning("simulator: %s on %s failed: %r", kind, ctx.run_id or "(no run)", error)
+                    log.warning(
+                        "simulator: %s on %s failed: %r", kind, ctx.run_id or "(no run)", error
+                    )
                     self.stopping.wait(1.0)
             finally:
                 if ctx.run_id:
@@ -218,9 +234,14 @@ class Simulator:
         while not self.stopping.wait(interval * self.rng.uniform(0.6, 1.4)):
             now = time.monotonic()
             with self._lock:
-                candidates = [a for a in self._active.values()
-                              if a.bot_may_act and a.leased and not a.acted
-                              and now - a.started > 2.5 * self.config.pace]
+                candidates = [
+                    a
+                    for a in self._active.values()
+                    if a.bot_may_act
+                    and a.leased
+                    and not a.acted
+                    and now - a.started > 2.5 * self.config.pace
+                ]
             if not candidates:
                 continue
             target = self.rng.choice(candidates)
@@ -228,7 +249,9 @@ class Simulator:
             reviewer = self.reviewers[target.team]
             try:
                 if self.rng.random() < 0.55:
-                    reviewer.cancel(target.run_id, "user_stop", note="reviewer bot: not needed any more")
+                    reviewer.cancel(
+                        target.run_id, "user_stop", note="reviewer bot: not needed any more"
+                    )
                     action = "stopped"
                 else:
                     reviewer.takeover(target.run_id, note="reviewer bot: a human will finish this")
@@ -265,10 +288,18 @@ class Context:
     def hook(self, path: str) -> str:
         return self.sim.config.receiver_url.rstrip("/") + path
 
-    def create(self, title: str, agent: str, steps: list[tuple[str, str, str]],
-               budget: dict[str, int] | None = None) -> str:
+    def create(
+        self,
+        title: str,
+        agent: str,
+        steps: list[tuple[str, str, str]],
+        budget: dict[str, int] | None = None,
+    ) -> str:
         info = self.client.create_run(
-            title, agent, steps=[{"key": key, "name": name, "kind": kind} for key, name, kind in steps], budget=budget,
+            title,
+            agent,
+            steps=[{"key": key, "name": name, "kind": kind} for key, name, kind in steps],
+            budget=budget,
         )
         self.run_id = str(info["id"])
         self.active = self.sim.register(self.run_id, self.kind, self.team)
@@ -289,8 +320,14 @@ class Context:
         if run.token.wait(seconds * self.pace):
             run.token.raise_if_cancelled()
 
-    def model_call(self, run: AgentRun, *, tool: str | None = None, arguments: dict[str, Any] | None = None,
-                   words: int = 12) -> StreamOutcome:
+    def model_call(
+        self,
+        run: AgentRun,
+        *,
+        tool: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        words: int = 12,
+    ) -> StreamOutcome:
         """A streamed model answer; a stop mid-stream discards any half-received tool call."""
         call_id = f"call_{uuid.uuid4().hex[:12]}"
         delay = 0.06 * self.pace
@@ -301,14 +338,40 @@ class Context:
                     return
                 yield {"choices": [{"delta": {"content": f"token{index} "}}]}
             if tool is not None:
-                yield {"choices": [{"delta": {"tool_calls": [
-                    {"index": 0, "id": call_id, "type": "function", "function": {"name": tool, "arguments": ""}}]}}]}
+                yield {
+                    "choices": [
+                        {
+                            "delta": {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": call_id,
+                                        "type": "function",
+                                        "function": {"name": tool, "arguments": ""},
+                                    }
+                                ]
+                            }
+                        }
+                    ]
+                }
                 text = json.dumps(arguments or {})
                 for start in range(0, len(text), 10):
                     if run.token.wait(delay / 2):
                         return
-                    yield {"choices": [{"delta": {"tool_calls": [
-                        {"index": 0, "function": {"arguments": text[start:start + 10]}}]}}]}
+                    yield {
+                        "choices": [
+                            {
+                                "delta": {
+                                    "tool_calls": [
+                                        {
+                                            "index": 0,
+                                            "function": {"arguments": text[start : start + 10]},
+                                        }
+                                    ]
+                                }
+                            }
+                        ]
+                    }
             yield {"choices": [{"delta": {}, "finish_reason": "tool_calls" if tool else "stop"}]}
 
         outcome = collect_tool_calls(stream(), token=run.token)
@@ -329,38 +392,64 @@ class Context:
 def research(ctx: Context) -> str:
     """Answer a support ticket: model calls, two read tools, a checkpoint, a webhook reply."""
     ticket = ctx.rng.randint(4000, 9999)
-    ctx.create(f"Answer support ticket #{ticket}", "support-bot", [
-        ("plan", "Plan the answer", "model_call"),
-        ("search_kb", "Search the knowledge base", "tool_read"),
-        ("read_article", "Read the best article", "tool_read"),
-        ("draft", "Draft the reply", "model_call"),
-        ("post_reply", "Post the reply to the helpdesk", "tool_write"),
-    ])
+    ctx.create(
+        f"Answer support ticket #{ticket}",
+        "support-bot",
+        [
+            ("plan", "Plan the answer", "model_call"),
+            ("search_kb", "Search the knowledge base", "tool_read"),
+            ("read_article", "Read the best article", "tool_read"),
+            ("draft", "Draft the reply", "model_call"),
+            ("post_reply", "Post the reply to the helpdesk", "tool_write"),
+        ],
+    )
     with ctx.lease() as run:
         ctx.leased()
         with run.step("plan", "Plan the answer", kind="model_call"):
-            outcome = ctx.model_call(run, tool="search_kb", arguments={"query": f"ticket {ticket} refund status"})
+            outcome = ctx.model_call(
+                run, tool="search_kb", arguments={"query": f"ticket {ticket} refund status"}
+            )
         calls = outcome.calls
         with run.step("search_kb", "Search the knowledge base", kind="tool_read"):
             for planned in calls[:1]:
-                with run.tool_call(planned.name, planned.arguments, tool_call_id=planned.id) as call:
+                with run.tool_call(
+                    planned.name, planned.arguments, tool_call_id=planned.id
+                ) as call:
                     ctx.pause(run, 0.5, 1.5)
                     call.result = {"hits": [f"kb-{ctx.rng.randint(100, 999)}" for _ in range(3)]}
-            run.artifact("search results", kind="json", content=json.dumps({"ticket": ticket}), reusable=True)
+            run.artifact(
+                "search results", kind="json", content=json.dumps({"ticket": ticket}), reusable=True
+            )
         with run.step("read_article", "Read the best article", kind="tool_read"):
-            with run.tool_call("fetch_url", {"url": f"https://kb.example/articles/{ticket}"}) as call:
+            with run.tool_call(
+                "fetch_url", {"url": f"https://kb.example/articles/{ticket}"}
+            ) as call:
                 ctx.pause(run, 0.5, 1.2)
                 call.result = "How refunds are processed (1,240 words)"
             run.checkpoint("checkpoint_03", {"ticket": ticket, "article": "refunds"}, step_seq=3)
         with run.step("draft", "Draft the reply", kind="model_call"):
             ctx.model_call(run, words=20)
-            run.artifact("draft reply", kind="text", content=f"Hello, about ticket #{ticket}: ...", reusable=True)
+            run.artifact(
+                "draft reply",
+                kind="text",
+                content=f"Hello, about ticket #{ticket}: ...",
+                reusable=True,
+            )
         with run.step("post_reply", "Post the reply to the helpdesk", kind="tool_write"):
             key = f"{ctx.run_id}-reply"
-            with run.tool_call("post_reply", {"ticket": ticket}, side_effect="write", idempotency_key=key,
-                               recovery_policy="reuse_idempotency_key") as call:
-                item = run.enqueue_outbox("webhook", ctx.hook("/hooks/helpdesk"),
-                                          {"ticket": ticket, "reply": "draft reply"}, idempotency_key=key)
+            with run.tool_call(
+                "post_reply",
+                {"ticket": ticket},
+                side_effect="write",
+                idempotency_key=key,
+                recovery_policy="reuse_idempotency_key",
+            ) as call:
+                item = run.enqueue_outbox(
+                    "webhook",
+                    ctx.hook("/hooks/helpdesk"),
+                    {"ticket": ticket, "reply": "draft reply"},
+                    idempotency_key=key,
+                )
                 call.set_operation_id(str(item["id"]))
                 call.result = item
         run.complete({"ticket": ticket, "answered": True})
@@ -371,14 +460,20 @@ def notify(ctx: Context) -> str:
     """Send invoice reminders: one write tool call and one webhook per customer."""
     batch = ctx.rng.randint(100, 999)
     customers = [f"cust_{ctx.rng.randint(1000, 9999)}" for _ in range(ctx.rng.randint(3, 5))]
-    ctx.create(f"Send invoice reminders (batch {batch})", "notifier-bot", [
-        ("select", "Select overdue customers", "tool_read"),
-        ("send", "Send reminders", "external_action"),
-    ])
+    ctx.create(
+        f"Send invoice reminders (batch {batch})",
+        "notifier-bot",
+        [
+            ("select", "Select overdue customers", "tool_read"),
+            ("send", "Send reminders", "external_action"),
+        ],
+    )
     with ctx.lease() as run:
         ctx.leased()
         with run.step("select", "Select overdue customers", kind="tool_read"):
-            with run.tool_call("sql_query", {"sql": "select id from invoices where overdue"}) as call:
+            with run.tool_call(
+                "sql_query", {"sql": "select id from invoices where overdue"}
+            ) as call:
                 ctx.pause(run, 0.4, 1.0)
                 call.result = customers
         with run.step("send", "Send reminders", kind="external_action"):
@@ -386,10 +481,19 @@ def notify(ctx: Context) -> str:
                 key = f"{ctx.run_id}-{customer}"
                 # Now and then the receiver is slow, so an item is seen `dispatching`.
                 path = "/slow/1.5/reminders" if ctx.rng.random() < 0.2 else "/hooks/reminders"
-                with run.tool_call("send_reminder", {"customer": customer}, side_effect="write",
-                                   idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
-                    item = run.enqueue_outbox("webhook", ctx.hook(path), {"customer": customer, "batch": batch},
-                                              idempotency_key=key)
+                with run.tool_call(
+                    "send_reminder",
+                    {"customer": customer},
+                    side_effect="write",
+                    idempotency_key=key,
+                    recovery_policy="reuse_idempotency_key",
+                ) as call:
+                    item = run.enqueue_outbox(
+                        "webhook",
+                        ctx.hook(path),
+                        {"customer": customer, "batch": batch},
+                        idempotency_key=key,
+                    )
                     call.set_operation_id(str(item["id"]))
                     call.result = item
                 ctx.pause(run, 0.3, 0.8)
@@ -400,11 +504,15 @@ def notify(ctx: Context) -> str:
 def slow_report(ctx: Context) -> str:
     """A slow warehouse query that reports progress: the run to stop mid-tool."""
     quarter = ctx.rng.choice(["Q1", "Q2", "Q3", "Q4"])
-    ctx.create(f"Revenue report {quarter}", "report-bot", [
-        ("plan", "Plan the report", "model_call"),
-        ("query", "Query the warehouse", "tool_read"),
-        ("publish", "Publish the report", "tool_write"),
-    ])
+    ctx.create(
+        f"Revenue report {quarter}",
+        "report-bot",
+        [
+            ("plan", "Plan the report", "model_call"),
+            ("query", "Query the warehouse", "tool_read"),
+            ("publish", "Publish the report", "tool_write"),
+        ],
+    )
     with ctx.lease() as run:
         ctx.leased()
         with run.step("plan", "Plan the report", kind="model_call"):
@@ -419,10 +527,16 @@ def slow_report(ctx: Context) -> str:
             run.checkpoint("checkpoint_02", {"quarter": quarter, "rows": 18_204}, step_seq=2)
         with run.step("publish", "Publish the report", kind="tool_write"):
             key = f"{ctx.run_id}-publish"
-            with run.tool_call("publish_report", {"quarter": quarter}, side_effect="write",
-                               idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
-                call.result = run.enqueue_outbox("webhook", ctx.hook("/hooks/reports"), {"quarter": quarter},
-                                                 idempotency_key=key)
+            with run.tool_call(
+                "publish_report",
+                {"quarter": quarter},
+                side_effect="write",
+                idempotency_key=key,
+                recovery_policy="reuse_idempotency_key",
+            ) as call:
+                call.result = run.enqueue_outbox(
+                    "webhook", ctx.hook("/hooks/reports"), {"quarter": quarter}, idempotency_key=key
+                )
         run.complete({"quarter": quarter})
     return ctx.ended(run)
 
@@ -430,34 +544,64 @@ def slow_report(ctx: Context) -> str:
 def deploy(ctx: Context) -> str:
     """Build, then a migration shell that ignores SIGTERM (a stop escalates to SIGKILL)."""
     version = f"1.{ctx.rng.randint(10, 60)}.{ctx.rng.randint(0, 9)}"
-    ctx.create(f"Deploy billing-api {version}", "deploy-bot", [
-        ("build", "Build the release", "tool_read"),
-        ("migrate", "Apply database migrations", "tool_write"),
-        ("announce", "Announce the deploy", "tool_write"),
-    ])
+    ctx.create(
+        f"Deploy billing-api {version}",
+        "deploy-bot",
+        [
+            ("build", "Build the release", "tool_read"),
+            ("migrate", "Apply database migrations", "tool_write"),
+            ("announce", "Announce the deploy", "tool_write"),
+        ],
+    )
     with ctx.lease() as run:
         ctx.leased()
         with run.step("build", "Build the release", kind="tool_read"):
             with run.tool_call("shell", {"cmd": f"make release VERSION={version}"}) as call:
-                call.observe_process(run_process(
-                    f"echo building {version}; sleep {1.5 * ctx.pace:.2f}; echo built",
-                    shell=True, token=run.token, timeout=60, grace_seconds=1.0))
+                call.observe_process(
+                    run_process(
+                        f"echo building {version}; sleep {1.5 * ctx.pace:.2f}; echo built",
+                        shell=True,
+                        token=run.token,
+                        timeout=60,
+                        grace_seconds=1.0,
+                    )
+                )
             run.token.raise_if_cancelled()
         with run.step("migrate", "Apply database migrations", kind="tool_write"):
-            with run.tool_call("shell", {"cmd": "manage.py migrate billing"}, side_effect="write",
-                               operation_id=f"migrate-{version}", recovery_policy="query_original") as call:
+            with run.tool_call(
+                "shell",
+                {"cmd": "manage.py migrate billing"},
+                side_effect="write",
+                operation_id=f"migrate-{version}",
+                recovery_policy="query_original",
+            ) as call:
                 # `trap '' TERM` is inherited by `sleep`: the whole tool ignores SIGTERM.
                 seconds = ctx.rng.uniform(5, 9) * ctx.pace
-                call.observe_process(run_process(
-                    f"trap '' TERM; echo applying 0042_invoices; sleep {seconds:.2f}; echo migration applied",
-                    shell=True, token=run.token, timeout=120, grace_seconds=1.5))
+                call.observe_process(
+                    run_process(
+                        f"trap '' TERM; echo applying 0042_invoices; sleep {seconds:.2f}; echo migration applied",
+                        shell=True,
+                        token=run.token,
+                        timeout=120,
+                        grace_seconds=1.5,
+                    )
+                )
             run.token.raise_if_cancelled()
         with run.step("announce", "Announce the deploy", kind="tool_write"):
             key = f"{ctx.run_id}-announce"
-            with run.tool_call("post_chat", {"channel": "#deploys"}, side_effect="write",
-                               idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
-                call.result = run.enqueue_outbox("webhook", ctx.hook("/hooks/chat"),
-                                                 {"text": f"billing-api {version} deployed"}, idempotency_key=key)
+            with run.tool_call(
+                "post_chat",
+                {"channel": "#deploys"},
+                side_effect="write",
+                idempotency_key=key,
+                recovery_policy="reuse_idempotency_key",
+            ) as call:
+                call.result = run.enqueue_outbox(
+                    "webhook",
+                    ctx.hook("/hooks/chat"),
+                    {"text": f"billing-api {version} deployed"},
+                    idempotency_key=key,
+                )
         run.complete({"version": version})
     return ctx.ended(run)
 
@@ -469,24 +613,48 @@ def crash(ctx: Context) -> str:
     knows the write was applied, so a reviewer can query it and resolve the unknown.
     """
     export = ctx.rng.randint(10, 99)
-    ctx.create(f"Export ledger batch {export}", "export-bot", [
-        ("export", "Export rows to the finance system", "tool_write"),
-    ])
+    ctx.create(
+        f"Export ledger batch {export}",
+        "export-bot",
+        [
+            ("export", "Export rows to the finance system", "tool_write"),
+        ],
+    )
     client = ctx.client
     ttl = max(2.0, 6.0 * ctx.pace)
     lease = client.acquire_lease(ctx.run_id, ctx.worker_id, ttl_seconds=ttl)
     ctx.leased()
     epoch = int(lease["epoch"])
-    client.send_events(ctx.run_id, epoch=epoch, events=[
-        {"event_id": f"evt_{uuid.uuid4().hex}", "type": "step.started", "key": "export",
-         "name": "Export rows to the finance system", "kind": "tool_write"}])
+    client.send_events(
+        ctx.run_id,
+        epoch=epoch,
+        events=[
+            {
+                "event_id": f"evt_{uuid.uuid4().hex}",
+                "type": "step.started",
+                "key": "export",
+                "name": "Export rows to the finance system",
+                "kind": "tool_write",
+            }
+        ],
+    )
     key = f"{ctx.run_id}-export"
-    client.request_permit(ctx.run_id, epoch=epoch, tool_call_id=f"call_{uuid.uuid4().hex[:12]}",
-                          tool="finance_export", side_effect="write", arguments={"batch": export},
-                          idempotency_key=key, operation_id=f"export-{export}", recovery_policy="query_original",
-                          step_key="export")
+    client.request_permit(
+        ctx.run_id,
+        epoch=epoch,
+        tool_call_id=f"call_{uuid.uuid4().hex[:12]}",
+        tool="finance_export",
+        side_effect="write",
+        arguments={"batch": export},
+        idempotency_key=key,
+        operation_id=f"export-{export}",
+        recovery_policy="query_original",
+        step_key="export",
+    )
     with httpx.Client(timeout=5, trust_env=False) as http:
-        http.post(ctx.hook("/hooks/finance"), json={"batch": export}, headers={"Idempotency-Key": key})
+        http.post(
+            ctx.hook("/hooks/finance"), json={"batch": export}, headers={"Idempotency-Key": key}
+        )
     # The process "dies" here: no result, no heartbeat, no release. The lease runs out.
     if ctx.active is not None:
         ctx.active.leased = False
@@ -497,7 +665,12 @@ def budget(ctx: Context) -> str:
     """A crawler that keeps calling tools until its budget refuses the next permit."""
     by_calls = ctx.rng.random() < 0.6
     limits = {"max_tool_calls": 3} if by_calls else {"max_seconds": max(2, round(6 * ctx.pace))}
-    ctx.create("Crawl the partner catalog", "crawler-bot", [("crawl", "Crawl pages", "tool_read")], budget=limits)
+    ctx.create(
+        "Crawl the partner catalog",
+        "crawler-bot",
+        [("crawl", "Crawl pages", "tool_read")],
+        budget=limits,
+    )
     with ctx.lease() as run:
         ctx.leased()
         with run.step("crawl", "Crawl pages", kind="tool_read"):
@@ -512,10 +685,14 @@ def budget(ctx: Context) -> str:
 def steering(ctx: Context) -> str:
     """A reviewer steers the run; the agent applies the message at its next step."""
     incident = ctx.rng.randint(1000, 9999)
-    ctx.create(f"Summarise incident INC-{incident}", "incident-bot", [
-        ("gather", "Gather the timeline", "tool_read"),
-        ("summarise", "Write the summary", "model_call"),
-    ])
+    ctx.create(
+        f"Summarise incident INC-{incident}",
+        "incident-bot",
+        [
+            ("gather", "Gather the timeline", "tool_read"),
+            ("summarise", "Write the summary", "model_call"),
+        ],
+    )
     with ctx.lease() as run:
         ctx.leased()
         message = ctx.reviewer.steer(ctx.run_id, "Focus on customer impact in the EU region first.")
@@ -527,8 +704,12 @@ def steering(ctx: Context) -> str:
         run.steering_applied(message["id"])
         with run.step("summarise", "Write the summary", kind="model_call"):
             ctx.model_call(run, words=25)
-            run.artifact("incident summary", kind="text", content=f"INC-{incident}: EU customers first ...",
-                         reusable=True)
+            run.artifact(
+                "incident summary",
+                kind="text",
+                content=f"INC-{incident}: EU customers first ...",
+                reusable=True,
+            )
         run.complete({"incident": incident})
     return ctx.ended(run)
 
@@ -549,10 +730,19 @@ def watch(ctx: Context) -> str:
             if polls % 4 == 0:
                 key = f"{ctx.run_id}-page-{polls}"
                 with run.step(f"page_{polls:03d}", "Page the on-call engineer", kind="tool_write"):
-                    with run.tool_call("page_oncall", {"alert": polls}, side_effect="write",
-                                       idempotency_key=key, recovery_policy="reuse_idempotency_key") as call:
-                        call.result = run.enqueue_outbox("webhook", ctx.hook("/hooks/pager"), {"alert": polls},
-                                                         idempotency_key=key)
+                    with run.tool_call(
+                        "page_oncall",
+                        {"alert": polls},
+                        side_effect="write",
+                        idempotency_key=key,
+                        recovery_policy="reuse_idempotency_key",
+                    ) as call:
+                        call.result = run.enqueue_outbox(
+                            "webhook",
+                            ctx.hook("/hooks/pager"),
+                            {"alert": polls},
+                            idempotency_key=key,
+                        )
             ctx.pause(run, 0.5, 1.5)
         if not run.token.cancelled:
             run.complete({"polls": polls})
@@ -576,4 +766,3 @@ SCENARIOS: dict[str, Scenario] = {
     "steering": Scenario(steering, "platform", 1),
     "watch": Scenario(watch, "payments", 2),
 }
-

@@ -23,7 +23,23 @@ PAD_TOP = 10
 
 def _nice_max(value: int) -> int:
     """The axis top: an even number at or above the largest value, so the middle tick is whole."""
-    for step in (2, 4, 10, 20, 40, 100, 200, 400, 1000, 2000, 4000, 10_000, 20_000, 40_000, 100_000):
+    for step in (
+        2,
+        4,
+        10,
+        20,
+        40,
+        100,
+        200,
+        400,
+        1000,
+        2000,
+        4000,
+        10_000,
+        20_000,
+        40_000,
+        100_000,
+    ):
         if value <= step:
             return step
     return value + value % 2
@@ -54,7 +70,9 @@ def _time_label(moment: datetime, bucket: str) -> str:
 
 
 @register.simple_tag
-def stacked_bars(series: list[tuple[datetime, int, int]], bucket: str = "day", height: int = 130) -> SafeString:
+def stacked_bars(
+    series: list[tuple[datetime, int, int]], bucket: str = "day", height: int = 130
+) -> SafeString:
     """Stops per bucket: stopped cleanly (bottom) and stopped dirty (top, red)."""
     top = _nice_max(max((clean + dirty for _t, clean, dirty in series), default=0))
     base = height - PAD_BOTTOM
@@ -70,11 +88,15 @@ def stacked_bars(series: list[tuple[datetime, int, int]], bucket: str = "day", h
         title = f"{_time_label(moment, bucket)}: {clean} stopped cleanly, {dirty} stopped dirty"
         body.append(f"<g><title>{escape(title)}</title>")
         if clean:
-            body.append(f'<rect class="chart__bar chart__bar--clean" x="{x:.1f}" y="{base - clean_h:.1f}" '
-                        f'width="{bar:.1f}" height="{clean_h:.1f}"/>')
+            body.append(
+                f'<rect class="chart__bar chart__bar--clean" x="{x:.1f}" y="{base - clean_h:.1f}" '
+                f'width="{bar:.1f}" height="{clean_h:.1f}"/>'
+            )
         if dirty:
-            body.append(f'<rect class="chart__bar chart__bar--dirty" x="{x:.1f}" y="{base - clean_h - dirty_h:.1f}" '
-                        f'width="{bar:.1f}" height="{dirty_h:.1f}"/>')
+            body.append(
+                f'<rect class="chart__bar chart__bar--dirty" x="{x:.1f}" y="{base - clean_h - dirty_h:.1f}" '
+                f'width="{bar:.1f}" height="{dirty_h:.1f}"/>'
+            )
         body.append("</g>")
     body.extend(_x_labels(series, bucket, slot, height))
     total_clean = sum(clean for _t, clean, _d in series)
@@ -83,7 +105,9 @@ def stacked_bars(series: list[tuple[datetime, int, int]], bucket: str = "day", h
     return _frame(height, label, body)
 
 
-def _x_labels(series: list[Any], bucket: str, slot: float, height: int, width: int = WIDTH) -> list[str]:
+def _x_labels(
+    series: list[Any], bucket: str, slot: float, height: int, width: int = WIDTH
+) -> list[str]:
     if not series:
         return []
     picks = sorted({0, len(series) // 2, len(series) - 1})
@@ -95,14 +119,22 @@ def _x_labels(series: list[Any], bucket: str, slot: float, height: int, width: i
             x = PAD_LEFT
         elif index == len(series) - 1:
             x = width
-        out.append(f'<text class="chart__tick" x="{x:.1f}" y="{height - 6}" text-anchor="{anchor}">'
-                   f"{escape(_time_label(series[index][0], bucket))}</text>")
+        out.append(
+            f'<text class="chart__tick" x="{x:.1f}" y="{height - 6}" text-anchor="{anchor}">'
+            f"{escape(_time_label(series[index][0], bucket))}</text>"
+        )
     return out
 
 
 @register.simple_tag
-def bars(series: list[tuple[datetime, int]], bucket: str = "day", height: int = 120, what: str = "count",
-         tone: str = "warn", width: int = 320) -> SafeString:
+def bars(
+    series: list[tuple[datetime, int]],
+    bucket: str = "day",
+    height: int = 120,
+    what: str = "count",
+    tone: str = "warn",
+    width: int = 320,
+) -> SafeString:
     """A single series over time; drawn narrower, for the small figure cards."""
     top = _nice_max(max((value for _t, value in series), default=0))
     base = height - PAD_BOTTOM
@@ -115,9 +147,11 @@ def bars(series: list[tuple[datetime, int]], bucket: str = "day", height: int = 
             continue
         x = PAD_LEFT + index * slot + (slot - bar) / 2
         h = span * value / top
-        body.append(f"<g><title>{escape(f'{_time_label(moment, bucket)}: {value} {what}')}</title>"
-                    f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
-                    f'width="{bar:.1f}" height="{h:.1f}"/></g>')
+        body.append(
+            f"<g><title>{escape(f'{_time_label(moment, bucket)}: {value} {what}')}</title>"
+            f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
+            f'width="{bar:.1f}" height="{h:.1f}"/></g>'
+        )
     body.extend(_x_labels(series, bucket, slot, height, width))
     total = sum(value for _t, value in series)
     return _frame(height, f"{what} per {bucket}: {total} in the period", body, width)
@@ -137,14 +171,20 @@ def histogram(buckets: list[tuple[str, int]], height: int = 150) -> SafeString:
         h = span * value / top
         slow = index >= len(buckets) - 3  # the last buckets are seconds: worth a different tone
         tone = "warn" if slow else "info"
-        body.append(f"<g><title>{escape(f'{label}: {value} stops')}</title>"
-                    f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
-                    f'width="{bar:.1f}" height="{max(h, 0):.1f}"/>')
+        body.append(
+            f"<g><title>{escape(f'{label}: {value} stops')}</title>"
+            f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
+            f'width="{bar:.1f}" height="{max(h, 0):.1f}"/>'
+        )
         if value:
-            body.append(f'<text class="chart__value" x="{x + bar / 2:.1f}" y="{base - h - 3:.1f}" '
-                        f'text-anchor="middle">{value}</text>')
-        body.append(f'<text class="chart__tick" x="{x + bar / 2:.1f}" y="{height - 6}" '
-                    f'text-anchor="middle">{escape(label)}</text></g>')
+            body.append(
+                f'<text class="chart__value" x="{x + bar / 2:.1f}" y="{base - h - 3:.1f}" '
+                f'text-anchor="middle">{value}</text>'
+            )
+        body.append(
+            f'<text class="chart__tick" x="{x + bar / 2:.1f}" y="{height - 6}" '
+            f'text-anchor="middle">{escape(label)}</text></g>'
+        )
     summary = ", ".join(f"{label}: {value}" for label, value in buckets if value) or "no stops"
     return _frame(height, f"Latency from stop request to stopped: {summary}", body)
 
@@ -153,11 +193,15 @@ def histogram(buckets: list[tuple[str, int]], height: int = 150) -> SafeString:
 def meter(rate: float | None, good_above: float = 0.9) -> SafeString:
     """A horizontal bar for a share (0..1); None draws an empty, labelled track."""
     if rate is None:
-        return format_html('<div class="meter meter--empty" role="img" aria-label="no data">'
-                           '<span class="meter__label">no data in this period</span></div>')
+        return format_html(
+            '<div class="meter meter--empty" role="img" aria-label="no data">'
+            '<span class="meter__label">no data in this period</span></div>'
+        )
     tone = "ok" if rate >= good_above else ("warn" if rate >= good_above / 2 else "bad")
     return format_html(
         '<div class="meter meter--{}" role="meter" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}">'
         '<span class="meter__fill" style="width: {}%"></span></div>',
-        tone, round(rate * 100), f"{rate * 100:.1f}",
+        tone,
+        round(rate * 100),
+        f"{rate * 100:.1f}",
     )

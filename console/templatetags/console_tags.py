@@ -31,18 +31,59 @@ RUN_STATES: dict[str, tuple[str, str]] = {
 
 # Tones for the states of the run's children (see .tag--* in console.css).
 TONES: dict[str, dict[str, str]] = {
-    "execution": {"permitted": "info", "running": "info", "succeeded": "ok", "failed": "bad",
-                  "not_started": "muted", "unknown": "alert"},
-    "side_effect": {"none": "muted", "pending_verification": "alert", "applied": "ink", "not_applied": "muted",
-                    "compensated": "purple"},
-    "remote_cancel": {"not_requested": "muted", "requested": "warn", "confirmed": "ok", "refused": "bad"},
-    "outbox": {"pending": "info", "dispatching": "warn", "sent": "ok", "failed": "bad", "frozen": "frost",
-               "unknown": "alert", "released": "info", "discarded": "muted"},
-    "step": {"planned": "muted", "running": "info", "completed": "ok", "failed": "bad", "cancelled": "muted",
-             "unknown": "alert"},
-    "steering": {"queued": "info", "applied": "ok", "unapplied_at_stop": "warn", "carried_over": "purple",
-                 "discarded": "muted"},
-    "handoff": {"open": "warn", "accepted": "info", "completed": "ok", "returned": "purple", "closed": "muted"},
+    "execution": {
+        "permitted": "info",
+        "running": "info",
+        "succeeded": "ok",
+        "failed": "bad",
+        "not_started": "muted",
+        "unknown": "alert",
+    },
+    "side_effect": {
+        "none": "muted",
+        "pending_verification": "alert",
+        "applied": "ink",
+        "not_applied": "muted",
+        "compensated": "purple",
+    },
+    "remote_cancel": {
+        "not_requested": "muted",
+        "requested": "warn",
+        "confirmed": "ok",
+        "refused": "bad",
+    },
+    "outbox": {
+        "pending": "info",
+        "dispatching": "warn",
+        "sent": "ok",
+        "failed": "bad",
+        "frozen": "frost",
+        "unknown": "alert",
+        "released": "info",
+        "discarded": "muted",
+    },
+    "step": {
+        "planned": "muted",
+        "running": "info",
+        "completed": "ok",
+        "failed": "bad",
+        "cancelled": "muted",
+        "unknown": "alert",
+    },
+    "steering": {
+        "queued": "info",
+        "applied": "ok",
+        "unapplied_at_stop": "warn",
+        "carried_over": "purple",
+        "discarded": "muted",
+    },
+    "handoff": {
+        "open": "warn",
+        "accepted": "info",
+        "completed": "ok",
+        "returned": "purple",
+        "closed": "muted",
+    },
     "lease": {"": "info", "released": "ok", "revoked_by_stop": "warn", "expired": "bad"},
     "decision": {"applied": "ink", "not_applied": "muted", "compensated": "purple"},
     "actor": {"user": "info", "api_client": "purple", "system": "muted"},
@@ -65,7 +106,10 @@ def status_chip(status: str, size: str = "") -> str:
     # exactly its label for screen readers, copy-paste and tests.
     return format_html(
         '<span class="chip chip--{}{}" data-status="{}"><span class="chip__glyph" aria-hidden="true"></span>{}</span>',
-        status, f" chip--{size}" if size else "", status, label,
+        status,
+        f" chip--{size}" if size else "",
+        status,
+        label,
     )
 
 
@@ -93,7 +137,9 @@ def pretty_json(value: Any) -> str:
 
 @register.filter
 def compact_json(value: Any, limit: int = 160) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False, cls=DjangoJSONEncoder)
+    text = json.dumps(
+        value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False, cls=DjangoJSONEncoder
+    )
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -162,7 +208,10 @@ def ago(value: Any, css: str = "") -> str:
     seconds = max(0, (timezone.now() - moment).total_seconds())
     return format_html(
         '<time class="{}" datetime="{}" data-ago title="{}">{}</time>',
-        css, moment.isoformat(), moment.strftime("%Y-%m-%d %H:%M:%S UTC"), _age_text(seconds),
+        css,
+        moment.isoformat(),
+        moment.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        _age_text(seconds),
     )
 
 
@@ -193,8 +242,11 @@ def countdown(value: Any, offset_seconds: Any = 0) -> str:
     text = f"in {int(left) + 1} s" if left > 0 else f"passed, {_age_text(-left)}"
     return format_html(
         '<time class="{}" datetime="{}" data-countdown data-offset="{}" title="{}">{}</time>',
-        "" if left > 0 else "is-late", moment.isoformat(), float(offset_seconds or 0),
-        end.strftime("%Y-%m-%d %H:%M:%S UTC"), text,
+        "" if left > 0 else "is-late",
+        moment.isoformat(),
+        float(offset_seconds or 0),
+        end.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        text,
     )
 
 
@@ -204,8 +256,11 @@ def stamp(value: Any) -> str:
     moment = _as_datetime(value)
     if moment is None:
         return "—"
-    return format_html('<time datetime="{}">{}</time>', moment.isoformat(),
-                       moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}")
+    return format_html(
+        '<time datetime="{}">{}</time>',
+        moment.isoformat(),
+        moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}",
+    )
 
 
 @register.filter

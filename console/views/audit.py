@@ -41,8 +41,13 @@ def _admin_scope(request: HtmxHttpRequest) -> tuple[Access, list[str] | None, li
 def _filters(form: AuditFilterForm) -> AuditFilters:
     data = form.cleaned_data if form.is_valid() else {}
     return AuditFilters(
-        actor=data.get("actor") or "", action=data.get("action") or "", reason=data.get("reason") or "",
-        team=data.get("team") or "", run=data.get("run") or "", since=data.get("since"), until=data.get("until"),
+        actor=data.get("actor") or "",
+        action=data.get("action") or "",
+        reason=data.get("reason") or "",
+        team=data.get("team") or "",
+        run=data.get("run") or "",
+        since=data.get("since"),
+        until=data.get("until"),
         after=data.get("after"),
     )
 
@@ -61,9 +66,15 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
     rows = rows[:AUDIT_PAGE_SIZE]
     actions, reasons = audit_choices(slugs)
     context = {
-        "form": form, "filters": filters, "rows": rows, "has_more": has_more,
+        "form": form,
+        "filters": filters,
+        "rows": rows,
+        "has_more": has_more,
         "older_after": rows[-1].pk if rows and has_more else None,
-        "teams": teams, "actions": actions, "reasons": reasons, "stop_action": STOP_ACTIONS,
+        "teams": teams,
+        "actions": actions,
+        "reasons": reasons,
+        "stop_action": STOP_ACTIONS,
     }
     if wants_fragment(request) and request.htmx.target == "audit-region":
         return fragments(request, TEMPLATE, "region", context)
@@ -80,10 +91,19 @@ def audit_verify(request: HtmxHttpRequest) -> HttpResponse:
     elapsed_ms = (timezone.now() - started).total_seconds() * 1000
     in_scope = True
     if broken is not None and slugs is not None:
-        entry = LedgerEntry.objects.filter(pk=broken.entry_id).values_list("team_slug", flat=True).first()
+        entry = (
+            LedgerEntry.objects.filter(pk=broken.entry_id)
+            .values_list("team_slug", flat=True)
+            .first()
+        )
         in_scope = entry in slugs
-    context = {"checked": checked, "broken": broken, "in_scope": in_scope, "elapsed_ms": elapsed_ms,
-               "verified_at": timezone.now()}
+    context = {
+        "checked": checked,
+        "broken": broken,
+        "in_scope": in_scope,
+        "elapsed_ms": elapsed_ms,
+        "verified_at": timezone.now(),
+    }
     if request.htmx:
         return fragments(request, "console/audit_verify.html", "verify", context)
     return page(request, "console/audit_verify.html", context)
@@ -94,8 +114,21 @@ class _Echo:
         return value
 
 
-CSV_COLUMNS = ["seq", "at", "team", "run_id", "run_seq", "actor_kind", "actor", "action", "reason", "note",
-               "payload", "prev_hash", "hash"]
+CSV_COLUMNS = [
+    "seq",
+    "at",
+    "team",
+    "run_id",
+    "run_seq",
+    "actor_kind",
+    "actor",
+    "action",
+    "reason",
+    "note",
+    "payload",
+    "prev_hash",
+    "hash",
+]
 
 
 def _csv_rows(entries: Any) -> Iterator[str]:
@@ -103,11 +136,23 @@ def _csv_rows(entries: Any) -> Iterator[str]:
     yield writer.writerow(CSV_COLUMNS)
     for entry in entries.iterator(chunk_size=2000):
         payload = entry.payload if isinstance(entry.payload, dict) else {}
-        yield writer.writerow([
-            entry.pk, entry.at.isoformat(), entry.team_slug, entry.run_id or "", entry.run_seq, entry.actor_kind,
-            entry.actor, entry.action, entry.reason, str(payload.get("note", "") or ""),
-            json.dumps(entry.payload, sort_keys=True), entry.prev_hash, entry.hash,
-        ])
+        yield writer.writerow(
+            [
+                entry.pk,
+                entry.at.isoformat(),
+                entry.team_slug,
+                entry.run_id or "",
+                entry.run_seq,
+                entry.actor_kind,
+                entry.actor,
+                entry.action,
+                entry.reason,
+                str(payload.get("note", "") or ""),
+                json.dumps(entry.payload, sort_keys=True),
+                entry.prev_hash,
+                entry.hash,
+            ]
+        )
 
 
 @login_required

@@ -37,15 +37,23 @@ def base_context(request: HtmxHttpRequest) -> dict[str, Any]:
     return {"access": request_access(request)}
 
 
-def page(request: HtmxHttpRequest, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+def page(
+    request: HtmxHttpRequest, template: str, context: dict[str, Any], *, status: int = 200
+) -> HttpResponse:
     response = render(request, template, {**base_context(request), **context}, status=status)
     patch_vary_headers(response, ["HX-Request"])
     return response
 
 
 def fragments(
-    request: HtmxHttpRequest, template: str, main: str | None, context: dict[str, Any],
-    *, oob: Iterable[str] = (), status: int = 200, prefix: str = "",
+    request: HtmxHttpRequest,
+    template: str,
+    main: str | None,
+    context: dict[str, Any],
+    *,
+    oob: Iterable[str] = (),
+    status: int = 200,
+    prefix: str = "",
 ) -> HttpResponse:
     """Render `template#main`, then each of `oob` as an out-of-band swap, in one response."""
     ctx = {**base_context(request), **context}
@@ -68,7 +76,9 @@ def error_text(error: DomainError) -> str:
     return f"{error.detail}{status}"
 
 
-def redirect_with(request: HttpRequest, url: str, *, ok: str = "", error: DomainError | str | None = None) -> HttpResponse:
+def redirect_with(
+    request: HttpRequest, url: str, *, ok: str = "", error: DomainError | str | None = None
+) -> HttpResponse:
     """The non-htmx answer to a POST: a message for the next page, and a redirect."""
     if ok:
         messages.success(request, ok)

@@ -41,7 +41,9 @@ def handoffs(request: HtmxHttpRequest) -> HttpResponse:
     return page(request, TEMPLATE, context)
 
 
-def _card_response(request: HtmxHttpRequest, handoff_id: int, *, ok: str = "", error: str = "") -> HttpResponse:
+def _card_response(
+    request: HtmxHttpRequest, handoff_id: int, *, ok: str = "", error: str = ""
+) -> HttpResponse:
     card = handoff_card(handoff_id)
     if card is None:
         raise Http404("no such handoff")
@@ -49,7 +51,9 @@ def _card_response(request: HtmxHttpRequest, handoff_id: int, *, ok: str = "", e
     return fragments(request, TEMPLATE, "card", {"card": card, "card_ok": ok, "card_error": error})
 
 
-def handoff_card_response(request: HtmxHttpRequest, run: Run, *, ok: str = "", error: str = "") -> HttpResponse:
+def handoff_card_response(
+    request: HtmxHttpRequest, run: Run, *, ok: str = "", error: str = ""
+) -> HttpResponse:
     """Used by the steering decision when it was made from the inbox."""
     handoff = Handoff.objects.filter(run=run).order_by("-created_at", "-pk").first()
     if handoff is None:
@@ -78,8 +82,11 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
             if not form.is_valid():
                 raise _Invalid(form_errors(form))
             handoff_services.handoff_return(
-                handoff_id=handoff.pk, actor=actor, checkpoint=form.cleaned_data["checkpoint"],
-                carry_over_steering=form.cleaned_data["carry_over_steering"], note=form.cleaned_data["note"],
+                handoff_id=handoff.pk,
+                actor=actor,
+                checkpoint=form.cleaned_data["checkpoint"],
+                carry_over_steering=form.cleaned_data["carry_over_steering"],
+                note=form.cleaned_data["note"],
             )
             ok = "Returned to automation: the run is pending at a new epoch."
         else:
@@ -104,4 +111,3 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
 
 class _Invalid(Exception):
     pass
-

@@ -35,19 +35,32 @@ TEMPLATE = "console/packet.html"
 
 def _packet(run: Run, epoch: int | None) -> StopPacket:
     packets = StopPacket.objects.filter(run=run)
-    packet = packets.filter(stop_epoch=epoch).first() if epoch is not None else packets.order_by("-stop_epoch").first()
+    packet = (
+        packets.filter(stop_epoch=epoch).first()
+        if epoch is not None
+        else packets.order_by("-stop_epoch").first()
+    )
     if packet is None:
         raise Http404("this run has no stop packet for that epoch")
     return packet
 
 
-def packet_context(request: HtmxHttpRequest, run: Run, packet: StopPacket, **extra: Any) -> dict[str, Any]:
+def packet_context(
+    request: HtmxHttpRequest, run: Run, packet: StopPacket, **extra: Any
+) -> dict[str, Any]:
     # ?all=1 lists every completed step, call and artifact; the JSON download is always whole.
     view = packet_view(run, packet, everything=request.GET.get("all") == "1")
-    epochs = list(StopPacket.objects.filter(run=run).order_by("-stop_epoch").values_list("stop_epoch", flat=True))
+    epochs = list(
+        StopPacket.objects.filter(run=run)
+        .order_by("-stop_epoch")
+        .values_list("stop_epoch", flat=True)
+    )
     can_act = request_access(request).can_act(run.team_id)
     return {
-        "run": run, "p": view, "snap": view.snap, "epochs": epochs,
+        "run": run,
+        "p": view,
+        "snap": view.snap,
+        "epochs": epochs,
         "can_resolve": can_act and view.is_current and run.status in services.RESOLVABLE_STATUSES,
         "can_act": can_act,
         "decisions": ResolutionDecision.choices,
@@ -81,11 +94,15 @@ def packet_json(request: HtmxHttpRequest, run_id: str, epoch: int) -> HttpRespon
     packet = _packet(run, epoch)
     body = json.dumps(packet.snapshot, indent=2, sort_keys=False, cls=DjangoJSONEncoder)
     response = HttpResponse(body + "\n", content_type="application/json")
-    response["Content-Disposition"] = f'attachment; filename="stop-packet-{run.pk}-epoch{packet.stop_epoch}.json"'
+    response["Content-Disposition"] = (
+        f'attachment; filename="stop-packet-{run.pk}-epoch{packet.stop_epoch}.json"'
+    )
     return response
 
 
-def packet_after_change(request: HtmxHttpRequest, run: Run, *, ok: str = "", error: str = "") -> HttpResponse:
+def packet_after_change(
+    request: HtmxHttpRequest, run: Run, *, ok: str = "", error: str = ""
+) -> HttpResponse:
     """htmx answer after a frozen item was released or discarded from the packet page."""
     run.refresh_from_db()
     context = packet_context(request, run, _packet(run, None), frozen_ok=ok, frozen_error=error)
@@ -105,8 +122,11 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if form.is_valid():
         try:
             result = services.resolution_record(
-                run_id=run.pk, target=form.cleaned_data["target"], target_id=form.cleaned_data["target_id"],
-                decision=form.cleaned_data["decision"], evidence=form.cleaned_data["evidence"],
+                run_id=run.pk,
+                target=form.cleaned_data["target"],
+                target_id=form.cleaned_data["target_id"],
+                decision=form.cleaned_data["decision"],
+                evidence=form.cleaned_data["evidence"],
                 actor=actor_of(request),
             )
             ok = f"Recorded as {result.decision.replace('_', ' ')}."
@@ -122,8 +142,14 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         return redirect_with(request, back, ok=ok, error=error or None)
     run.refresh_from_db()
     context = packet_context(request, run, _packet(run, None))
-    unknown = next((u for u in context["p"].unknowns if u.target == target and u.target_id == target_id), None)
+    unknown = next(
+        (u for u in context["p"].unknowns if u.target == target and u.target_id == target_id), None
+    )
     if unknown is None:
-        return fragments(request, TEMPLATE, "status", {**context, "status_error": error or "unknown target"})
-    context.update({"u": unknown, "card_ok": ok, "card_error": error, "card_form": form if error else None})
+        return fragments(
+            request, TEMPLATE, "status", {**context, "status_error": error or "unknown target"}
+        )
+    context.update(
+        {"u": unknown, "card_ok": ok, "card_error": error, "card_form": form if error else None}
+    )
     return fragments(request, TEMPLATE, "unknown-card", context, oob=["status"])

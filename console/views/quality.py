@@ -30,8 +30,14 @@ def quality(request: HtmxHttpRequest) -> HttpResponse:
     figures = stop_quality(since=since, until=until, team_ids=team_ids)
     series = quality_series(since=since, until=until, team_ids=team_ids)
     context = {
-        "form": form, "figures": figures, "series": series, "since": since, "until": until,
-        "period_label": label, "teams": teams, "team": chosen,
+        "form": form,
+        "figures": figures,
+        "series": series,
+        "since": since,
+        "until": until,
+        "period_label": label,
+        "teams": teams,
+        "team": chosen,
     }
     if wants_fragment(request) and request.htmx.target == "quality-region":
         return fragments(request, TEMPLATE, "region", context)

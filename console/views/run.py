@@ -66,8 +66,12 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "can_resume": status in services.RESUMABLE_STATUSES and status != RunStatus.HANDED_OFF,
         "can_close": status == RunStatus.STOPPED_CLEANLY,
         "can_take_over": status in (*STOPPABLE_STATUSES, *STOPPING_STATUSES, *STOPPED_STATUSES),
-        "takeover_pending": bool(detail.stop_request and detail.stop_request.takeover and status != RunStatus.HANDED_OFF
-                                 and status not in STOPPABLE_STATUSES),
+        "takeover_pending": bool(
+            detail.stop_request
+            and detail.stop_request.takeover
+            and status != RunStatus.HANDED_OFF
+            and status not in STOPPABLE_STATUSES
+        ),
         "stop_form": StopForm(admin=access.can_admin(run.team_id)),
         "takeover_form": NoteForm(),
         "resume_form": ResumeForm(checkpoints=checkpoints),
@@ -94,8 +98,14 @@ def run_page(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     return page(request, TEMPLATE, context)
 
 
-def _after_action(request: HtmxHttpRequest, run_id: str, *, ok: str = "", error: DomainError | str | None = None,
-                  **extra: Any) -> HttpResponse:
+def _after_action(
+    request: HtmxHttpRequest,
+    run_id: str,
+    *,
+    ok: str = "",
+    error: DomainError | str | None = None,
+    **extra: Any,
+) -> HttpResponse:
     """htmx: the new actions region, with summary and detail out of band. Otherwise redirect."""
     if not request.htmx:
         return redirect_with(request, reverse("console:run", args=[run_id]), ok=ok, error=error)
@@ -111,8 +121,10 @@ def _stop_message(outcome: services.StopOutcome, *, takeover: bool) -> str:
     request = outcome.stop_request
     what = "Take-over" if takeover else "Stop"
     if outcome.created and request is not None:
-        return (f"{what} recorded ({request.reason}): the entrance is closed and the epoch is now "
-                f"{request.epoch_after}.")
+        return (
+            f"{what} recorded ({request.reason}): the entrance is closed and the epoch is now "
+            f"{request.epoch_after}."
+        )
     if request is not None:
         return f"{what} was already recorded — stop request #{request.pk}, nothing new was done."
     return f"{what} recorded."
@@ -127,8 +139,9 @@ def run_stop(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         return _after_action(request, run_id, error=form_errors(form))
     reason = form.cleaned_data["reason"]
     try:
-        outcome = services.run_stop(run_id=run.pk, reason=reason, actor=actor_of(request),
-                                    note=form.cleaned_data["note"])
+        outcome = services.run_stop(
+            run_id=run.pk, reason=reason, actor=actor_of(request), note=form.cleaned_data["note"]
+        )
     except DomainError as error:
         return _after_action(request, run_id, error=error)
     return _after_action(request, run_id, ok=_stop_message(outcome, takeover=False))
@@ -142,14 +155,22 @@ def run_takeover(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if not form.is_valid():
         return _after_action(request, run_id, error=form_errors(form))
     try:
-        outcome = services.run_takeover(run_id=run.pk, actor=actor_of(request), note=form.cleaned_data["note"])
+        outcome = services.run_takeover(
+            run_id=run.pk, actor=actor_of(request), note=form.cleaned_data["note"]
+        )
     except DomainError as error:
         return _after_action(request, run_id, error=error)
     run.refresh_from_db(fields=["status"])
     if run.status == RunStatus.HANDED_OFF:
-        return _after_action(request, run_id, ok="Handed off: the run is yours in the handoff inbox.")
-    return _after_action(request, run_id, ok=_stop_message(outcome, takeover=True)
-                         + " It will be handed off as soon as it is stopped cleanly.")
+        return _after_action(
+            request, run_id, ok="Handed off: the run is yours in the handoff inbox."
+        )
+    return _after_action(
+        request,
+        run_id,
+        ok=_stop_message(outcome, takeover=True)
+        + " It will be handed off as soon as it is stopped cleanly.",
+    )
 
 
 @login_required
@@ -161,14 +182,20 @@ def run_resume(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if not form.is_valid():
         return _after_action(request, run_id, error=form_errors(form))
     try:
-        resumed = services.run_resume(run_id=run.pk, actor=actor_of(request),
-                                      checkpoint=form.cleaned_data["checkpoint"],
-                                      carry_over_steering=form.cleaned_data["carry_over_steering"])
+        resumed = services.run_resume(
+            run_id=run.pk,
+            actor=actor_of(request),
+            checkpoint=form.cleaned_data["checkpoint"],
+            carry_over_steering=form.cleaned_data["carry_over_steering"],
+        )
     except DomainError as error:
         return _after_action(request, run_id, error=error)
     where = f" from {resumed.resume_from}" if resumed.resume_from else ""
-    return _after_action(request, run_id, ok=f"Resumed{where}: pending at epoch {resumed.stop_epoch}, "
-                                             "waiting for a worker.")
+    return _after_action(
+        request,
+        run_id,
+        ok=f"Resumed{where}: pending at epoch {resumed.stop_epoch}, waiting for a worker.",
+    )
 
 
 @login_required
@@ -198,9 +225,14 @@ def steering_add(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     ok, error = "", ""
     if form.is_valid():
         try:
-            message = services.steering_queue(run_id=run.pk, text=form.cleaned_data["text"], actor=actor_of(request))
-            ok = ("Queued for the agent." if message.status == "queued"
-                  else "Saved: the run is stopped, so it waits as unapplied for the next round.")
+            message = services.steering_queue(
+                run_id=run.pk, text=form.cleaned_data["text"], actor=actor_of(request)
+            )
+            ok = (
+                "Queued for the agent."
+                if message.status == "queued"
+                else "Saved: the run is stopped, so it waits as unapplied for the next round."
+            )
             form = SteeringForm()
         except DomainError as exc:
             error = error_text(exc)
@@ -218,7 +250,9 @@ def _steering_decision(request: HtmxHttpRequest, run: Run, message_id: int) -> t
         return "", form_errors(form)
     carry = form.cleaned_data["decision"] == "carry_over"
     try:
-        services.steering_decide(run_id=run.pk, message_id=message_id, carry_over=carry, actor=actor_of(request))
+        services.steering_decide(
+            run_id=run.pk, message_id=message_id, carry_over=carry, actor=actor_of(request)
+        )
     except DomainError as exc:
         return "", error_text(exc)
     return ("Carried over to the next round." if carry else "Discarded."), ""
@@ -231,7 +265,11 @@ def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> H
     ok, error = _steering_decision(request, run, message_id)
     origin = request.POST.get("from", "")
     if not request.htmx:
-        back = reverse("console:handoffs") if origin == "handoffs" else reverse("console:run", args=[run_id]) + "#steering"
+        back = (
+            reverse("console:handoffs")
+            if origin == "handoffs"
+            else reverse("console:run", args=[run_id]) + "#steering"
+        )
         return redirect_with(request, back, ok=ok, error=error or None)
     if origin == "handoffs":
         from console.views.handoffs import handoff_card_response
@@ -247,7 +285,9 @@ def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> H
 
 @login_required
 @require_POST
-def outbox_decide(request: HtmxHttpRequest, run_id: str, item_id: int, decision: str) -> HttpResponse:
+def outbox_decide(
+    request: HtmxHttpRequest, run_id: str, item_id: int, decision: str
+) -> HttpResponse:
     if decision not in ("release", "discard"):
         raise Http404("no such decision")
     run = run_for(request, run_id, need=Role.REVIEWER)
@@ -273,4 +313,3 @@ def outbox_decide(request: HtmxHttpRequest, run_id: str, item_id: int, decision:
         return packet_after_change(request, run, ok=ok, error=error)
     context = run_context(request, run, detail_ok=ok, detail_error=error)
     return fragments(request, TEMPLATE, "detail", context, oob=["summary"])
-

@@ -16,9 +16,18 @@ TEMPLATE = "console/runs.html"
 
 # Order of the state chips: where attention is needed first, then the live ones, then the rest.
 STATE_ORDER = [
-    RunStatus.STOPPED_DIRTY, RunStatus.CANCEL_REQUESTED, RunStatus.DRAINING, RunStatus.INTERRUPTED,
-    RunStatus.RUNNING, RunStatus.PENDING, RunStatus.SUSPENDED, RunStatus.HANDED_OFF,
-    RunStatus.STOPPED_CLEANLY, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
+    RunStatus.STOPPED_DIRTY,
+    RunStatus.CANCEL_REQUESTED,
+    RunStatus.DRAINING,
+    RunStatus.INTERRUPTED,
+    RunStatus.RUNNING,
+    RunStatus.PENDING,
+    RunStatus.SUSPENDED,
+    RunStatus.HANDED_OFF,
+    RunStatus.STOPPED_CLEANLY,
+    RunStatus.COMPLETED,
+    RunStatus.FAILED,
+    RunStatus.CANCELLED,
 ]
 
 
@@ -28,12 +37,19 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
     access = request_access(request)
     form = RunFilterForm(request.GET)
     data = form.cleaned_data if form.is_valid() else {}
-    filters = RunFilters(**{key: data.get(key) or "" for key in ("status", "agent", "team", "q", "after", "before")})
+    filters = RunFilters(
+        **{key: data.get(key) or "" for key in ("status", "agent", "team", "q", "after", "before")}
+    )
     teams = visible_teams(access)
     result = runs_page(access, filters, teams=teams)
-    state_counts = [(state, RunStatus(state).label, result.counts.get(state, 0)) for state in STATE_ORDER]
+    state_counts = [
+        (state, RunStatus(state).label, result.counts.get(state, 0)) for state in STATE_ORDER
+    ]
     context = {
-        "form": form, "filters": filters, "result": result, "state_counts": state_counts,
+        "form": form,
+        "filters": filters,
+        "result": result,
+        "state_counts": state_counts,
         "status_choices": RunStatus.choices,
     }
     if wants_fragment(request) and request.htmx.target == "runs-region":

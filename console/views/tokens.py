@@ -33,7 +33,11 @@ def _admin_teams(request: HtmxHttpRequest) -> list[Team]:
 
 
 def _context(teams: list[Team], form: TokenCreateForm, **extra: object) -> dict[str, object]:
-    tokens = ApiToken.objects.select_related("team").filter(team__in=teams).order_by("team__slug", "name")
+    tokens = (
+        ApiToken.objects.select_related("team")
+        .filter(team__in=teams)
+        .order_by("team__slug", "name")
+    )
     return {"teams": teams, "form": form, "tokens": list(tokens), **extra}
 
 
@@ -46,16 +50,28 @@ def tokens(request: HtmxHttpRequest) -> HttpResponse:
         return page(request, TEMPLATE, _context(teams, TokenCreateForm(teams=choices)))
     form = TokenCreateForm(request.POST, teams=choices)
     if not form.is_valid():
-        return page(request, TEMPLATE, _context(teams, form, create_error=form_errors(form)), status=400)
+        return page(
+            request, TEMPLATE, _context(teams, form, create_error=form_errors(form)), status=400
+        )
     team = next(team for team in teams if team.slug == form.cleaned_data["team"])
     require(request, team.pk, Role.ADMIN)
     try:
-        token, raw = api_token_create(team_slug=team.slug, name=form.cleaned_data["name"],
-                                      role=form.cleaned_data["role"], actor=actor_of(request))
+        token, raw = api_token_create(
+            team_slug=team.slug,
+            name=form.cleaned_data["name"],
+            role=form.cleaned_data["role"],
+            actor=actor_of(request),
+        )
     except DomainError as exc:
-        return page(request, TEMPLATE, _context(teams, form, create_error=error_text(exc)), status=400)
+        return page(
+            request, TEMPLATE, _context(teams, form, create_error=error_text(exc)), status=400
+        )
     # The raw token exists only in this response: it is rendered once, never stored or redirected.
-    return page(request, TEMPLATE, _context(teams, TokenCreateForm(teams=choices), new_token=token, raw_token=raw))
+    return page(
+        request,
+        TEMPLATE,
+        _context(teams, TokenCreateForm(teams=choices), new_token=token, raw_token=raw),
+    )
 
 
 @login_required
@@ -67,4 +83,3 @@ def token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
         raise Http404("no such token")
     api_token_revoke(token_id=token.pk, actor=actor_of(request))
     return redirect_with(request, reverse("console:tokens"), ok=f"Token {token.name} revoked.")
-

@@ -12,7 +12,16 @@ from runs.api.models import Denial
 
 @admin.register(Denial)
 class DenialAdmin(admin.ModelAdmin):
-    list_display = ("window_start", "reason", "team_slug", "credential", "client_ip", "route", "count", "last_at")
+    list_display = (
+        "window_start",
+        "reason",
+        "team_slug",
+        "credential",
+        "client_ip",
+        "route",
+        "count",
+        "last_at",
+    )
     list_filter = ("reason", "team_slug")
     search_fields = ("credential", "client_ip", "route")
     date_hierarchy = "window_start"

@@ -53,15 +53,30 @@ class Verdict:
 def _authorise(raw_token: str, run_id: str, client_ip: str) -> Verdict:
     token = api_token_authenticate(raw_token) if raw_token else None
     if token is None:
-        denial_record(reason="bad_token", credential="missing" if not raw_token else "unknown",
-                      client_ip=client_ip, route=ROUTE, detail="agent websocket: no valid token")
+        denial_record(
+            reason="bad_token",
+            credential="missing" if not raw_token else "unknown",
+            client_ip=client_ip,
+            route=ROUTE,
+            detail="agent websocket: no valid token",
+        )
         return Verdict(None, CLOSE_BAD_TOKEN)
-    team_id = Run.objects.filter(pk=run_id).values_list("team_id", flat=True).first() if plausible_run_id(run_id) else None
+    team_id = (
+        Run.objects.filter(pk=run_id).values_list("team_id", flat=True).first()
+        if plausible_run_id(run_id)
+        else None
+    )
     if team_id is None:
         return Verdict(token, CLOSE_NO_SUCH_RUN)
     if team_id != token.team_id:
-        denial_record(reason="wrong_team", team_slug=token.team.slug, credential=f"token:{token.name}",
-                      client_ip=client_ip, route=ROUTE, detail=f"agent websocket: run {run_id} of another team")
+        denial_record(
+            reason="wrong_team",
+            team_slug=token.team.slug,
+            credential=f"token:{token.name}",
+            client_ip=client_ip,
+            route=ROUTE,
+            detail=f"agent websocket: run {run_id} of another team",
+        )
         return Verdict(token, CLOSE_NO_SUCH_RUN)
     return Verdict(token, None)
 
@@ -85,7 +100,9 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
         client = self.scope.get("client") or ("", 0)
-        verdict = await database_sync_to_async(_authorise)(_token_from_scope(self.scope), self.run_id, str(client[0]))
+        verdict = await database_sync_to_async(_authorise)(
+            _token_from_scope(self.scope), self.run_id, str(client[0])
+        )
         if verdict.close_code is not None:
             await self.accept()
             await self.close(code=verdict.close_code)
@@ -115,7 +132,9 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
                 run_id=self.run_id, stop_epoch=int(signal["stop_epoch"])
             )
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
         try:
             content = json.loads(text_data if text_data is not None else (bytes_data or b""))
         except (ValueError, RecursionError):
@@ -133,7 +152,9 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
             except DomainError as error:
                 await self._error(error.code, error.detail)
                 return
-            await self.send_json({"type": "ack", "status": run.status, "stop_epoch": run.stop_epoch})
+            await self.send_json(
+                {"type": "ack", "status": run.status, "stop_epoch": run.stop_epoch}
+            )
         elif kind == "ping":
             await self.send_json({"type": "pong"})
         else:

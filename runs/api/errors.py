@@ -50,8 +50,12 @@ def _first_field_error(detail: Any, prefix: str = "") -> tuple[str, str]:
     if isinstance(detail, list) and detail:
         for index, value in enumerate(detail):
             if value:
-                nested = f"{prefix}[{index}]" if isinstance(value, dict | list) and prefix else prefix
-                return _first_field_error(value, nested if isinstance(value, dict | list) else prefix)
+                nested = (
+                    f"{prefix}[{index}]" if isinstance(value, dict | list) and prefix else prefix
+                )
+                return _first_field_error(
+                    value, nested if isinstance(value, dict | list) else prefix
+                )
     return prefix, str(detail)
 
 
@@ -102,8 +106,12 @@ def _count_denial(exc: Exception, request: Any, view: Any) -> None:
         return
     match = getattr(request, "resolver_match", None)
     denial_record(
-        reason=reason, team_slug=team_slug, credential=credential, client_ip=_client_ip(request),
-        route=(match.route if match is not None else ""), detail=str(getattr(exc, "detail", "")),
+        reason=reason,
+        team_slug=team_slug,
+        credential=credential,
+        client_ip=_client_ip(request),
+        route=(match.route if match is not None else ""),
+        detail=str(getattr(exc, "detail", "")),
     )
 
 

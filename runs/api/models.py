@@ -23,7 +23,9 @@ class RateWindow(models.Model):
     class Meta:
         constraints = [
             # the ON CONFLICT target of the atomic increment
-            models.UniqueConstraint(fields=["bucket", "window_start"], name="ratewindow_unique_bucket_window"),
+            models.UniqueConstraint(
+                fields=["bucket", "window_start"], name="ratewindow_unique_bucket_window"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -72,7 +72,12 @@ def make_storable(data: Any) -> Any:
 
 
 class SafeJSONParser(JSONParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
+    def parse(
+        self,
+        stream: Any,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
         parser_context = parser_context or {}
         encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

@@ -49,12 +49,24 @@ class Capability(enum.StrEnum):
 
 _TOKEN_CAPABILITIES: dict[str, set[Capability]] = {
     TokenRole.AGENT: {Capability.READ, Capability.WORK, Capability.STOP},
-    TokenRole.REVIEWER: {Capability.READ, Capability.WORK, Capability.STOP, Capability.REVIEW, Capability.AUDIT},
+    TokenRole.REVIEWER: {
+        Capability.READ,
+        Capability.WORK,
+        Capability.STOP,
+        Capability.REVIEW,
+        Capability.AUDIT,
+    },
 }
 _ROLE_CAPABILITIES: dict[str, set[Capability]] = {
     Role.VIEWER: {Capability.READ},
     Role.REVIEWER: {Capability.READ, Capability.STOP, Capability.REVIEW, Capability.AUDIT},
-    Role.ADMIN: {Capability.READ, Capability.STOP, Capability.REVIEW, Capability.AUDIT, Capability.ADMIN},
+    Role.ADMIN: {
+        Capability.READ,
+        Capability.STOP,
+        Capability.REVIEW,
+        Capability.AUDIT,
+        Capability.ADMIN,
+    },
 }
 _WHY_NOT = {
     Capability.WORK: "this is an agent endpoint: it needs an API token",
@@ -88,14 +100,22 @@ class Caller:
     def from_request(cls, request: Request) -> Caller:
         token = request.auth if isinstance(request.auth, ApiToken) else None
         if token is not None:
-            return cls(actor=Actor.for_token(token), token=token,
-                       capabilities={token.team_id: frozenset(_TOKEN_CAPABILITIES[token.role])})
+            return cls(
+                actor=Actor.for_token(token),
+                token=token,
+                capabilities={token.team_id: frozenset(_TOKEN_CAPABILITIES[token.role])},
+            )
         user = request.user
         if getattr(user, "is_staff", False) or getattr(user, "is_superuser", False):
             return cls(actor=Actor.for_user(user), user=user, every_team=True)
         roles = Membership.objects.filter(user_id=user.pk).values_list("team_id", "role")  # type: ignore[misc]
-        return cls(actor=Actor.for_user(user), user=user,
-                   capabilities={team_id: frozenset(_ROLE_CAPABILITIES.get(role, set())) for team_id, role in roles})
+        return cls(
+            actor=Actor.for_user(user),
+            user=user,
+            capabilities={
+                team_id: frozenset(_ROLE_CAPABILITIES.get(role, set())) for team_id, role in roles
+            },
+        )
 
     @property
     def is_token(self) -> bool:
@@ -127,25 +147,40 @@ class Caller:
 
     def require(self, capability: Capability, team_id: int | None = None) -> None:
         """For endpoints that are not about one run (list, ledger, metrics, create)."""
-        allowed = self.may(capability, team_id) if team_id is not None else (
-            self.every_team and capability != Capability.WORK
-            or any(capability in caps for caps in self.capabilities.values())
+        allowed = (
+            self.may(capability, team_id)
+            if team_id is not None
+            else (
+                self.every_team
+                and capability != Capability.WORK
+                or any(capability in caps for caps in self.capabilities.values())
+            )
         )
         if not allowed:
             raise WrongRole(_WHY_NOT.get(capability, "not allowed"))
 
     def check_stop_reason(self, reason: str, team_id: int) -> None:
         """Agent tokens stop their own runs only for budget, timeout or dependency failure."""
-        if self.token is not None and self.token.role == TokenRole.AGENT and reason not in AGENT_STOP_REASONS:
+        if (
+            self.token is not None
+            and self.token.role == TokenRole.AGENT
+            and reason not in AGENT_STOP_REASONS
+        ):
             allowed = ", ".join(sorted(AGENT_STOP_REASONS))
-            raise WrongRole(f"an agent token may stop a run only for {allowed}; {reason} needs a reviewer")
+            raise WrongRole(
+                f"an agent token may stop a run only for {allowed}; {reason} needs a reviewer"
+            )
         if reason == StopReason.ADMIN_KILL and not self.may(Capability.ADMIN, team_id):
             raise WrongRole("admin_kill needs an admin of the run's team")
 
 
 def run_for(caller: Caller, run_id: str, capability: Capability) -> Run:
     """The run, if the caller's team owns it (else 404) and the caller may `capability` (else 403)."""
-    run = Run.objects.select_related("team").filter(pk=run_id).first() if plausible_run_id(run_id) else None
+    run = (
+        Run.objects.select_related("team").filter(pk=run_id).first()
+        if plausible_run_id(run_id)
+        else None
+    )
     if run is None:
         raise exceptions.NotFound(f"run {run_id[:64]} does not exist")
     if not caller.may(Capability.READ, run.team_id):
@@ -184,4 +219,8 @@ def _run_team_id(run_id: str) -> int:
 def plausible_run_id(run_id: str) -> bool:
     # Path text goes straight into a query: refuse what no run id can be (NUL bytes would make
     # PostgreSQL raise instead of answering "no such run").
-    return 0 < len(run_id) <= 32 and run_id.isascii() and run_id.replace("_", "").replace("-", "").isalnum()
+    return (
+        0 < len(run_id) <= 32
+        and run_id.isascii()
+        and run_id.replace("_", "").replace("-", "").isalnum()
+    )

@@ -143,8 +143,14 @@ class CallerRateThrottle(BaseThrottle):
 
 
 def denial_record(
-    *, reason: str, team_slug: str = "", credential: str = "", client_ip: str = "", route: str = "",
-    detail: str = "", now: datetime | None = None,
+    *,
+    reason: str,
+    team_slug: str = "",
+    credential: str = "",
+    client_ip: str = "",
+    route: str = "",
+    detail: str = "",
+    now: datetime | None = None,
 ) -> None:
     """Count one denied attempt. Never raises: a broken counter must not turn a 403 into a 500."""
     now = now or timezone.now()
@@ -155,8 +161,15 @@ def denial_record(
     key_columns = ["window_start", "reason", "team_slug", "credential", "client_ip", "route"]
     columns = [*key_columns, "count", "first_at", "last_at", "last_detail"]
     values = [
-        ops.adapt_datetimefield_value(window_start), reason[:16], team_slug[:64], credential[:160],
-        client_ip[:45], route[:120], 1, ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now),
+        ops.adapt_datetimefield_value(window_start),
+        reason[:16],
+        team_slug[:64],
+        credential[:160],
+        client_ip[:45],
+        route[:120],
+        1,
+        ops.adapt_datetimefield_value(now),
+        ops.adapt_datetimefield_value(now),
         detail[:300],
     ]
     try:
@@ -175,7 +188,9 @@ def denial_record(
         logger.exception("could not count a denied API attempt (%s)", reason)
 
 
-def denials_list(*, team_slugs: list[str] | None, since: datetime, until: datetime, limit: int = 500) -> dict[str, Any]:
+def denials_list(
+    *, team_slugs: list[str] | None, since: datetime, until: datetime, limit: int = 500
+) -> dict[str, Any]:
     """Denials in [since, until), newest first; `team_slugs=None` means every team and none."""
     rows = Denial.objects.filter(last_at__gte=since, window_start__lt=until)
     if team_slugs is not None:

@@ -26,15 +26,26 @@ def stop_packet_get(*, run: Run, epoch: int | None = None) -> StopPacket | None:
 
 def resolutions_for(*, run: Run) -> list[dict[str, Any]]:
     return [
-        {"target": resolution.target, "id": resolution.target_id, "decision": resolution.decision,
-         "evidence": resolution.evidence, "by": resolution.by, "at": resolution.at.isoformat()}
+        {
+            "target": resolution.target,
+            "id": resolution.target_id,
+            "decision": resolution.decision,
+            "evidence": resolution.evidence,
+            "by": resolution.by,
+            "at": resolution.at.isoformat(),
+        }
         for resolution in Resolution.objects.filter(run=run).order_by("at", "id")
     ]
 
 
 def ledger_entries(
-    *, team_slugs: list[str] | None, run_id: str | None = None, actor: str | None = None,
-    action: str | None = None, since: datetime | None = None, until: datetime | None = None,
+    *,
+    team_slugs: list[str] | None,
+    run_id: str | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> QuerySet[LedgerEntry]:
     """Ledger entries a reader may see: their teams' (by team slug, so entries without a run,
     such as token creation, are included), or all of them for `team_slugs=None`."""
@@ -55,10 +66,15 @@ def ledger_entries(
 
 
 # A worker connecting to a run in these states is told to stop at once.
-SIGNALLED_STATUSES = frozenset({
-    RunStatus.CANCEL_REQUESTED, RunStatus.DRAINING, RunStatus.STOPPED_CLEANLY, RunStatus.STOPPED_DIRTY,
-    RunStatus.HANDED_OFF,
-})
+SIGNALLED_STATUSES = frozenset(
+    {
+        RunStatus.CANCEL_REQUESTED,
+        RunStatus.DRAINING,
+        RunStatus.STOPPED_CLEANLY,
+        RunStatus.STOPPED_DIRTY,
+        RunStatus.HANDED_OFF,
+    }
+)
 
 
 def current_stop_signal(*, run_id: str) -> tuple[dict[str, Any] | None, bool]:

@@ -29,8 +29,11 @@ MAX_EVENTS_PER_BATCH = 500
 MAX_OBSERVATIONS = 200
 MAX_PLANNED_STEPS = 500
 RESULT_STATES = [
-    ExecutionState.RUNNING, ExecutionState.SUCCEEDED, ExecutionState.FAILED,
-    ExecutionState.NOT_STARTED, ExecutionState.UNKNOWN,
+    ExecutionState.RUNNING,
+    ExecutionState.SUCCEEDED,
+    ExecutionState.FAILED,
+    ExecutionState.NOT_STARTED,
+    ExecutionState.UNKNOWN,
 ]
 
 
@@ -50,8 +53,9 @@ class ErrorSerializer(serializers.Serializer):
     error = serializers.CharField(help_text="stable machine-readable code, e.g. stale_epoch")
     detail = serializers.CharField()
     field = serializers.CharField(required=False, help_text="the first bad field (400 only)")
-    status = serializers.ChoiceField(choices=RunStatus.choices, required=False,
-                                     help_text="the run's current status (409)")
+    status = serializers.ChoiceField(
+        choices=RunStatus.choices, required=False, help_text="the run's current status (409)"
+    )
     stop_epoch = serializers.IntegerField(required=False, help_text="the run's current epoch (409)")
     errors = AnyJSONField(required=False, help_text="every field error (400 only)")  # type: ignore[assignment]
 
@@ -63,12 +67,18 @@ class ErrorSerializer(serializers.Serializer):
 class PlannedStepIn(serializers.Serializer):
     key = serializers.CharField(max_length=120)
     name = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
-    kind = serializers.ChoiceField(choices=StepKind.choices, required=False, default=StepKind.MODEL_CALL)
+    kind = serializers.ChoiceField(
+        choices=StepKind.choices, required=False, default=StepKind.MODEL_CALL
+    )
 
 
 class BudgetIn(serializers.Serializer):
-    max_seconds = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, allow_null=True)
-    max_tool_calls = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+    max_seconds = serializers.IntegerField(
+        min_value=1, max_value=INT32_MAX, required=False, allow_null=True
+    )
+    max_tool_calls = serializers.IntegerField(
+        min_value=0, max_value=INT32_MAX, required=False, allow_null=True
+    )
 
 
 class RunCreateIn(serializers.Serializer):
@@ -76,14 +86,20 @@ class RunCreateIn(serializers.Serializer):
     agent = serializers.CharField(max_length=120)
     steps = PlannedStepIn(many=True, required=False, max_length=MAX_PLANNED_STEPS)  # type: ignore[call-arg]
     budget = BudgetIn(required=False)
-    idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=True,
-                                            help_text="client id of this create: a retry returns the first run (200)")
+    idempotency_key = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="client id of this create: a retry returns the first run (200)",
+    )
 
     def validate_steps(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         keys = [step["key"] for step in steps]
         duplicates = sorted({key for key in keys if keys.count(key) > 1})
         if duplicates:
-            raise serializers.ValidationError(f"step keys must be unique; repeated: {', '.join(duplicates)}")
+            raise serializers.ValidationError(
+                f"step keys must be unique; repeated: {', '.join(duplicates)}"
+            )
         return steps
 
 
@@ -178,14 +194,18 @@ class HeartbeatOut(serializers.Serializer):
     lease_id = serializers.CharField()
     epoch = serializers.IntegerField()
     expires_at = serializers.DateTimeField()
-    signal = StopSignalOut(allow_null=True, help_text="null, or the stop request: stop starting work and drain")
+    signal = StopSignalOut(
+        allow_null=True, help_text="null, or the stop request: stop starting work and drain"
+    )
 
 
 class LeaseReleaseOut(serializers.Serializer):
     lease_id = serializers.CharField()
     released_at = serializers.DateTimeField(allow_null=True)
     release_reason = serializers.CharField()
-    status = serializers.ChoiceField(choices=RunStatus.choices, help_text="the run's status after the release")
+    status = serializers.ChoiceField(
+        choices=RunStatus.choices, help_text="the run's status after the release"
+    )
     stop_epoch = serializers.IntegerField()
 
 
@@ -197,12 +217,19 @@ class PermitIn(serializers.Serializer):
     epoch = epoch_field()
     tool_call_id = serializers.CharField(max_length=120)
     tool = serializers.CharField(max_length=120)
-    side_effect = serializers.ChoiceField(choices=SideEffect.choices, required=False, default=SideEffect.NONE)
+    side_effect = serializers.ChoiceField(
+        choices=SideEffect.choices, required=False, default=SideEffect.NONE
+    )
     arguments = AnyJSONField(required=False, default=dict)
-    idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    operation_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    recovery_policy = serializers.ChoiceField(choices=RecoveryPolicy.choices, required=False, allow_blank=True,
-                                              default="")
+    idempotency_key = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default=""
+    )
+    operation_id = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default=""
+    )
+    recovery_policy = serializers.ChoiceField(
+        choices=RecoveryPolicy.choices, required=False, allow_blank=True, default=""
+    )
     step_key = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
 
 
@@ -221,13 +248,19 @@ class PermitOut(serializers.Serializer):
 
 class ToolResultIn(serializers.Serializer):
     execution_state = serializers.ChoiceField(choices=RESULT_STATES)
-    operation_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    observation = serializers.CharField(max_length=100_000, required=False, allow_blank=True, default="",
-                                        trim_whitespace=False)
+    operation_id = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default=""
+    )
+    observation = serializers.CharField(
+        max_length=100_000, required=False, allow_blank=True, default="", trim_whitespace=False
+    )
     output_truncated = serializers.BooleanField(required=False, default=False)
-    remote_cancel_state = serializers.ChoiceField(choices=RemoteCancelState.choices, required=False,
-                                                  allow_blank=True, default="")
-    recovery_action = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    remote_cancel_state = serializers.ChoiceField(
+        choices=RemoteCancelState.choices, required=False, allow_blank=True, default=""
+    )
+    recovery_action = serializers.CharField(
+        max_length=2000, required=False, allow_blank=True, default=""
+    )
 
 
 class ToolCallOut(serializers.Serializer):
@@ -253,14 +286,21 @@ class EventIn(serializers.Serializer):
 
     event_id = serializers.CharField(max_length=120)
     type = serializers.CharField(max_length=40)
-    step_seq = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
-    steering_id = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True)
+    step_seq = serializers.IntegerField(
+        min_value=0, max_value=INT32_MAX, required=False, allow_null=True
+    )
+    steering_id = serializers.IntegerField(
+        min_value=1, max_value=INT64_MAX, required=False, allow_null=True
+    )
 
 
 class EventsIn(serializers.Serializer):
     epoch = epoch_field()
-    events = serializers.ListField(child=AnyJSONField(), max_length=MAX_EVENTS_PER_BATCH,
-                                   help_text=f"at most {MAX_EVENTS_PER_BATCH} events, each {{event_id, type, ...}}")
+    events = serializers.ListField(
+        child=AnyJSONField(),
+        max_length=MAX_EVENTS_PER_BATCH,
+        help_text=f"at most {MAX_EVENTS_PER_BATCH} events, each {{event_id, type, ...}}",
+    )
 
     def validate_events(self, events: list[Any]) -> list[Any]:
         # The identity of every event must be sound, or no answer could name it: that is a
@@ -270,7 +310,9 @@ class EventsIn(serializers.Serializer):
             if not isinstance(event, dict):
                 errors.append({"non_field_errors": ["each event must be an object"]})
                 continue
-            identity = EventIn(data={key: event[key] for key in ("event_id", "type") if key in event})
+            identity = EventIn(
+                data={key: event[key] for key in ("event_id", "type") if key in event}
+            )
             errors.append({} if identity.is_valid() else identity.errors)
         if any(errors):
             raise serializers.ValidationError(errors)
@@ -301,7 +343,9 @@ class OutboxIn(serializers.Serializer):
     destination = serializers.CharField(max_length=500)
     payload = AnyJSONField(required=False, default=dict)
     idempotency_key = serializers.CharField(max_length=200)
-    tool_call_id = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    tool_call_id = serializers.CharField(
+        max_length=120, required=False, allow_blank=True, default=""
+    )
 
 
 class OutboxOut(serializers.Serializer):
@@ -317,22 +361,34 @@ class ObservationIn(serializers.Serializer):
     # Both optional: a drain report also carries observations that are not a tool call's
     # outcome (safestop_agent sends `{"kind": "stop_seen", ...}` and already-reported calls
     # without a state); the service applies only those that name a call and a state.
-    tool_call_id = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
-    execution_state = serializers.ChoiceField(choices=RESULT_STATES, required=False, allow_blank=True, default="")
-    operation_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    observation = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="",
-                                        trim_whitespace=False)
+    tool_call_id = serializers.CharField(
+        max_length=120, required=False, allow_blank=True, default=""
+    )
+    execution_state = serializers.ChoiceField(
+        choices=RESULT_STATES, required=False, allow_blank=True, default=""
+    )
+    operation_id = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default=""
+    )
+    observation = serializers.CharField(
+        max_length=10_000, required=False, allow_blank=True, default="", trim_whitespace=False
+    )
     output_truncated = serializers.BooleanField(required=False, default=False)
-    remote_cancel_state = serializers.ChoiceField(choices=RemoteCancelState.choices, required=False,
-                                                  allow_blank=True, default="")
-    recovery_action = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    remote_cancel_state = serializers.ChoiceField(
+        choices=RemoteCancelState.choices, required=False, allow_blank=True, default=""
+    )
+    recovery_action = serializers.CharField(
+        max_length=2000, required=False, allow_blank=True, default=""
+    )
 
 
 class DrainedIn(serializers.Serializer):
     lease_id = serializers.CharField(max_length=64)
     epoch = epoch_field(help_text="the lease's epoch (not the new stop epoch)")
     observations = ObservationIn(many=True, required=False, max_length=MAX_OBSERVATIONS)  # type: ignore[call-arg]
-    stop_epoch = epoch_field(required=False, help_text="informational: the stop epoch the worker saw")
+    stop_epoch = epoch_field(
+        required=False, help_text="informational: the stop epoch the worker saw"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +427,9 @@ class StopOut(serializers.Serializer):
 
 class ResolutionIn(serializers.Serializer):
     target = serializers.ChoiceField(choices=["tool_call", "outbox", "worker"])
-    id = serializers.CharField(max_length=120, help_text="tool_call_id, outbox item id (outbox_12) or lease_id")
+    id = serializers.CharField(
+        max_length=120, help_text="tool_call_id, outbox item id (outbox_12) or lease_id"
+    )
     decision = serializers.ChoiceField(choices=ResolutionDecision.choices)
     evidence = serializers.CharField(max_length=5000, help_text="how you know")
 
@@ -421,8 +479,12 @@ class StopPacketOut(serializers.Serializer):
     unapplied_steering = serializers.ListField(child=serializers.DictField())
     late_writes_rejected = serializers.IntegerField()
     packet_created_at = serializers.DateTimeField()
-    run_status = serializers.ChoiceField(choices=RunStatus.choices, help_text="the run's status now")
-    resolutions = serializers.ListField(child=serializers.DictField(), help_text="decisions recorded on top")
+    run_status = serializers.ChoiceField(
+        choices=RunStatus.choices, help_text="the run's status now"
+    )
+    resolutions = serializers.ListField(
+        child=serializers.DictField(), help_text="decisions recorded on top"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,7 +579,9 @@ class DenialOut(serializers.Serializer):
     window_start = serializers.DateTimeField()
     reason = serializers.CharField()
     team = serializers.CharField(source="team_slug")
-    credential = serializers.CharField(help_text="token:<name>, user:<name>, revoked token:<name>, unknown, malformed")
+    credential = serializers.CharField(
+        help_text="token:<name>, user:<name>, revoked token:<name>, unknown, malformed"
+    )
     client_ip = serializers.CharField()
     route = serializers.CharField()
     count = serializers.IntegerField()
@@ -532,4 +596,3 @@ class DenialsOut(serializers.Serializer):
     total = serializers.IntegerField()
     by_reason = serializers.DictField(child=serializers.IntegerField())
     results = DenialOut(many=True)
-

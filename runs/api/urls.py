@@ -19,7 +19,11 @@ urlpatterns = [
     path(RUN + "lease/release/", views.LeaseReleaseView.as_view(), name="lease-release"),
     path(RUN + "permits/", views.PermitsView.as_view(), name="permits"),
     # <path:...> so a tool_call_id with an encoded "/" still reaches the view
-    path(RUN + "tool-calls/<path:tool_call_id>/result/", views.ToolResultView.as_view(), name="tool-result"),
+    path(
+        RUN + "tool-calls/<path:tool_call_id>/result/",
+        views.ToolResultView.as_view(),
+        name="tool-result",
+    ),
     path(RUN + "events/", views.EventsView.as_view(), name="events"),
     path(RUN + "outbox/", views.OutboxView.as_view(), name="outbox"),
     path(RUN + "drained/", views.DrainedView.as_view(), name="drained"),
@@ -28,7 +32,11 @@ urlpatterns = [
     path(RUN + "resume/", views.ResumeView.as_view(), name="resume"),
     path(RUN + "close/", views.CloseView.as_view(), name="close"),
     path(RUN + "stop-packet/", views.StopPacketView.as_view(), name="stop-packet"),
-    path(RUN + "stop-packets/<int:epoch>/", views.StopPacketEpochView.as_view(), name="stop-packet-epoch"),
+    path(
+        RUN + "stop-packets/<int:epoch>/",
+        views.StopPacketEpochView.as_view(),
+        name="stop-packet-epoch",
+    ),
     path(RUN + "resolutions/", views.ResolutionsView.as_view(), name="resolutions"),
     path(RUN + "steering/", views.SteeringView.as_view(), name="steering"),
     path("ledger/", views.LedgerView.as_view(), name="ledger"),

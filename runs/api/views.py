@@ -48,7 +48,9 @@ _ALWAYS = (401, 429)
 READ_ERRORS = _errors(*_ALWAYS, 403, 404)
 WRITE_ERRORS = _errors(*_ALWAYS, 400, 403, 404, 409, 413, 415)
 
-RUN_ID = OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="run id, e.g. run_1a2b3c4d5e6f")
+RUN_ID = OpenApiParameter(
+    "run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="run id, e.g. run_1a2b3c4d5e6f"
+)
 
 
 class ApiView(APIView):
@@ -78,7 +80,9 @@ class _Page(CursorPagination):
     max_page_size = 500
     page_size_query_param = "limit"
 
-    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any] | None:
+    def paginate_queryset(
+        self, queryset: Any, request: Request, view: Any = None
+    ) -> list[Any] | None:
         # A cursor is client text: a forged position ("p=garbage") fails in the ORM, not in
         # DRF's decoder, and must be a 404 like any other invalid cursor, not a 500.
         try:
@@ -96,7 +100,9 @@ class LedgerPage(_Page):
 
 
 PAGE_PARAMETERS = [
-    OpenApiParameter("cursor", OpenApiTypes.STR, description="opaque cursor from `next` / `previous`"),
+    OpenApiParameter(
+        "cursor", OpenApiTypes.STR, description="opaque cursor from `next` / `previous`"
+    ),
     OpenApiParameter("limit", OpenApiTypes.INT, description="page size (default 50, at most 500)"),
 ]
 
@@ -105,10 +111,17 @@ def _stop_answer(outcome: StopOutcome) -> Response:
     if outcome.already_finished or outcome.stop_request is None:
         raise AlreadyFinished(
             f"the run already finished ({outcome.status}); nothing to stop",
-            status=outcome.status, stop_epoch=outcome.stop_epoch,
+            status=outcome.status,
+            stop_epoch=outcome.stop_epoch,
         )
-    body = s.StopOut({"status": outcome.status, "stop_epoch": outcome.stop_epoch, "created": outcome.created,
-                      "stop_request": outcome.stop_request}).data
+    body = s.StopOut(
+        {
+            "status": outcome.status,
+            "stop_epoch": outcome.stop_epoch,
+            "created": outcome.created,
+            "stop_request": outcome.stop_request,
+        }
+    ).data
     return Response(body, status=status.HTTP_202_ACCEPTED)
 
 
@@ -118,8 +131,10 @@ def _stop_answer(outcome: StopOutcome) -> Response:
 
 class RunsView(ApiView):
     @extend_schema(
-        operation_id="runs_list", summary="List the runs your team can see, newest first",
-        parameters=[s.RunListQuery, *PAGE_PARAMETERS], responses={200: s.RunPageOut, **_errors(*_ALWAYS, 400, 403, 404)},
+        operation_id="runs_list",
+        summary="List the runs your team can see, newest first",
+        parameters=[s.RunListQuery, *PAGE_PARAMETERS],
+        responses={200: s.RunPageOut, **_errors(*_ALWAYS, 400, 403, 404)},
     )
     def get(self, request: Request) -> Response:
         self.caller.require(Capability.READ)
@@ -132,8 +147,10 @@ class RunsView(ApiView):
         return paginator.get_paginated_response(s.RunOut(page, many=True).data)
 
     @extend_schema(
-        operation_id="runs_create", summary="Create a run (agent or reviewer token)",
-        request=s.RunCreateIn, responses={201: s.RunOut, 200: s.RunOut, **_errors(*_ALWAYS, 400, 403, 413, 415)},
+        operation_id="runs_create",
+        summary="Create a run (agent or reviewer token)",
+        request=s.RunCreateIn,
+        responses={201: s.RunOut, 200: s.RunOut, **_errors(*_ALWAYS, 400, 403, 413, 415)},
     )
     def post(self, request: Request) -> Response:
         self.caller.require(Capability.WORK)
@@ -141,18 +158,28 @@ class RunsView(ApiView):
         budget = data.get("budget") or {}
         assert self.caller.token is not None  # WORK is a token capability
         run, created = services.run_create_or_get(
-            team=self.caller.token.team, title=data["title"], agent=data["agent"], actor=self.caller.actor,
+            team=self.caller.token.team,
+            title=data["title"],
+            agent=data["agent"],
+            actor=self.caller.actor,
             steps=[PlannedStep(**step) for step in data.get("steps", [])],
-            max_seconds=budget.get("max_seconds"), max_tool_calls=budget.get("max_tool_calls"),
+            max_seconds=budget.get("max_seconds"),
+            max_tool_calls=budget.get("max_tool_calls"),
             idempotency_key=data.get("idempotency_key", ""),
         )
         run = run_selectors.runs_for_teams(None).get(pk=run.pk)
-        return Response(s.RunOut(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            s.RunOut(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
 
 
 class RunDetailView(ApiView):
-    @extend_schema(operation_id="runs_retrieve", summary="One run", parameters=[RUN_ID],
-                   responses={200: s.RunOut, **READ_ERRORS})
+    @extend_schema(
+        operation_id="runs_retrieve",
+        summary="One run",
+        parameters=[RUN_ID],
+        responses={200: s.RunOut, **READ_ERRORS},
+    )
     def get(self, request: Request, run_id: str) -> Response:
         return Response(s.RunOut(self.run(run_id, Capability.READ)).data)
 
@@ -163,51 +190,88 @@ class RunDetailView(ApiView):
 
 class LeaseAcquireView(ApiView):
     @extend_schema(
-        operation_id="lease_acquire", summary="Acquire the run's lease (pending → running)",
+        operation_id="lease_acquire",
+        summary="Acquire the run's lease (pending → running)",
         description="The lease carries the run's current epoch. 409 `lease_held` while another worker "
-                    "holds a live lease; 409 `run_not_running` if the run is not pending.",
-        parameters=[RUN_ID], request=s.LeaseAcquireIn, responses={201: s.LeaseOut, **WRITE_ERRORS},
+        "holds a live lease; 409 `run_not_running` if the run is not pending.",
+        parameters=[RUN_ID],
+        request=s.LeaseAcquireIn,
+        responses={201: s.LeaseOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.LeaseAcquireIn)
-        lease = services.lease_acquire(run_id=run_id, worker_id=data["worker_id"], ttl_seconds=data["ttl_seconds"],
-                                       actor=self.caller.actor)
+        lease = services.lease_acquire(
+            run_id=run_id,
+            worker_id=data["worker_id"],
+            ttl_seconds=data["ttl_seconds"],
+            actor=self.caller.actor,
+        )
         return Response(s.LeaseOut(lease).data, status=status.HTTP_201_CREATED)
 
 
 class LeaseHeartbeatView(ApiView):
     @extend_schema(
-        operation_id="lease_heartbeat", summary="Renew the lease; the answer carries the stop signal",
+        operation_id="lease_heartbeat",
+        summary="Renew the lease; the answer carries the stop signal",
         description="`signal` is null, or the stop request: stop starting work, finish or abandon what is in "
-                    "flight, report `drained`. 409 `lease_revoked` once the run is stopped or the lease expired.",
-        parameters=[RUN_ID], request=s.LeaseIn, responses={200: s.HeartbeatOut, **WRITE_ERRORS},
+        "flight, report `drained`. 409 `lease_revoked` once the run is stopped or the lease expired.",
+        parameters=[RUN_ID],
+        request=s.LeaseIn,
+        responses={200: s.HeartbeatOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.LeaseIn)
-        answer = services.lease_heartbeat(run_id=run_id, lease_token=data["lease_id"], epoch=data["epoch"],
-                                          actor=self.caller.actor)
+        answer = services.lease_heartbeat(
+            run_id=run_id,
+            lease_token=data["lease_id"],
+            epoch=data["epoch"],
+            actor=self.caller.actor,
+        )
         lease = answer.lease
-        return Response(s.HeartbeatOut({"lease_id": lease.token, "epoch": lease.epoch, "expires_at": lease.expires_at,
-                                        "signal": answer.signal}).data)
+        return Response(
+            s.HeartbeatOut(
+                {
+                    "lease_id": lease.token,
+                    "epoch": lease.epoch,
+                    "expires_at": lease.expires_at,
+                    "signal": answer.signal,
+                }
+            ).data
+        )
 
 
 class LeaseReleaseView(ApiView):
     @extend_schema(
-        operation_id="lease_release", summary="Give the lease back",
+        operation_id="lease_release",
+        summary="Give the lease back",
         description="Releasing a running run's lease interrupts the run; during a stop it counts as drained "
-                    "with no observations. Releasing twice answers the first release.",
-        parameters=[RUN_ID], request=s.LeaseIn, responses={200: s.LeaseReleaseOut, **WRITE_ERRORS},
+        "with no observations. Releasing twice answers the first release.",
+        parameters=[RUN_ID],
+        request=s.LeaseIn,
+        responses={200: s.LeaseReleaseOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.LeaseIn)
-        lease = services.lease_release(run_id=run_id, lease_token=data["lease_id"], epoch=data["epoch"],
-                                       actor=self.caller.actor)
+        lease = services.lease_release(
+            run_id=run_id,
+            lease_token=data["lease_id"],
+            epoch=data["epoch"],
+            actor=self.caller.actor,
+        )
         state = selectors.run_state(run_id=run_id)
-        return Response(s.LeaseReleaseOut({"lease_id": lease.token, "released_at": lease.released_at,
-                                           "release_reason": lease.release_reason, **state}).data)
+        return Response(
+            s.LeaseReleaseOut(
+                {
+                    "lease_id": lease.token,
+                    "released_at": lease.released_at,
+                    "release_reason": lease.release_reason,
+                    **state,
+                }
+            ).data
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,33 +280,46 @@ class LeaseReleaseView(ApiView):
 
 class PermitsView(ApiView):
     @extend_schema(
-        operation_id="permits_create", summary="Ask to start one tool call (the intent record)",
+        operation_id="permits_create",
+        summary="Ask to start one tool call (the intent record)",
         description="201 with the permit; 200 with the same permit when `tool_call_id` was already permitted "
-                    "at this epoch (a retry). 409 `stale_epoch` / `run_not_running` after a stop: the tool must "
-                    "not start.",
-        parameters=[RUN_ID], request=s.PermitIn, responses={201: s.PermitOut, 200: s.PermitOut, **WRITE_ERRORS},
+        "at this epoch (a retry). 409 `stale_epoch` / `run_not_running` after a stop: the tool must "
+        "not start.",
+        parameters=[RUN_ID],
+        request=s.PermitIn,
+        responses={201: s.PermitOut, 200: s.PermitOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.PermitIn)
         record, created = services.permit_request(run_id=run_id, actor=self.caller.actor, **data)
-        return Response(s.PermitOut(record).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            s.PermitOut(record).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
 
 
 class ToolResultView(ApiView):
     @extend_schema(
-        operation_id="tool_result_report", summary="Report the outcome of a permitted tool call",
+        operation_id="tool_result_report",
+        summary="Report the outcome of a permitted tool call",
         description="Accepted after a stop too, as a fact (`reported_after_stop`). A verified success and a "
-                    "reviewer's resolution are never overwritten.",
-        parameters=[RUN_ID, OpenApiParameter("tool_call_id", OpenApiTypes.STR, OpenApiParameter.PATH)],
-        request=s.ToolResultIn, responses={200: s.ToolCallOut, **WRITE_ERRORS},
+        "reviewer's resolution are never overwritten.",
+        parameters=[
+            RUN_ID,
+            OpenApiParameter("tool_call_id", OpenApiTypes.STR, OpenApiParameter.PATH),
+        ],
+        request=s.ToolResultIn,
+        responses={200: s.ToolCallOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str, tool_call_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         if len(tool_call_id) > 120 or "\x00" in tool_call_id:
             raise NotFound(f"tool call {tool_call_id[:120]!r} was never permitted on run {run_id}")
         data = self.parse(s.ToolResultIn)
-        record = services.tool_result_report(run_id=run_id, tool_call_id=tool_call_id, actor=self.caller.actor, **data)
+        record = services.tool_result_report(
+            run_id=run_id, tool_call_id=tool_call_id, actor=self.caller.actor, **data
+        )
         return Response(s.ToolCallOut(record).data)
 
 
@@ -252,13 +329,16 @@ class ToolResultView(ApiView):
 
 class EventsView(ApiView):
     @extend_schema(
-        operation_id="events_ingest", summary="Report a batch of events; each gets its own answer",
+        operation_id="events_ingest",
+        summary="Report a batch of events; each gets its own answer",
         description="Types: step.started, step.completed, step.failed, artifact.added, checkpoint.saved, "
-                    "steering.applied, run.suspended, run.completed, run.failed. Each event is answered "
-                    "`accepted`, `duplicate` (its `event_id` was seen before) or `rejected` with a `code` "
-                    "(stale_epoch, run_not_running, unknown_event_type, unknown_step, invalid, ...). "
-                    f"At most {s.MAX_EVENTS_PER_BATCH} events per batch.",
-        parameters=[RUN_ID], request=s.EventsIn, responses={200: s.EventsOut, **WRITE_ERRORS},
+        "steering.applied, run.suspended, run.completed, run.failed. Each event is answered "
+        "`accepted`, `duplicate` (its `event_id` was seen before) or `rejected` with a `code` "
+        "(stale_epoch, run_not_running, unknown_event_type, unknown_step, invalid, ...). "
+        f"At most {s.MAX_EVENTS_PER_BATCH} events per batch.",
+        parameters=[RUN_ID],
+        request=s.EventsIn,
+        responses={200: s.EventsOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
@@ -273,41 +353,68 @@ class EventsView(ApiView):
                 slots.append(None)
             else:
                 field, messages = next(iter(checked.errors.items()))
-                slots.append(EventAnswer(str(event["event_id"]), "rejected", "invalid", f"{field}: {messages[0]}"))
-        answered = iter(services.events_ingest(run_id=run_id, epoch=data["epoch"], events=valid,
-                                               actor=self.caller.actor) if valid else [])
+                slots.append(
+                    EventAnswer(
+                        str(event["event_id"]), "rejected", "invalid", f"{field}: {messages[0]}"
+                    )
+                )
+        answered = iter(
+            services.events_ingest(
+                run_id=run_id, epoch=data["epoch"], events=valid, actor=self.caller.actor
+            )
+            if valid
+            else []
+        )
         results = [slot or next(answered) for slot in slots]
-        counts = {name: sum(1 for answer in results if answer.status == name)
-                  for name in ("accepted", "duplicate", "rejected")}
-        return Response(s.EventsOut({"results": [answer.as_dict() for answer in results], **counts}).data)
+        counts = {
+            name: sum(1 for answer in results if answer.status == name)
+            for name in ("accepted", "duplicate", "rejected")
+        }
+        return Response(
+            s.EventsOut({"results": [answer.as_dict() for answer in results], **counts}).data
+        )
 
 
 class OutboxView(ApiView):
     @extend_schema(
-        operation_id="outbox_enqueue", summary="Queue a side effect for the server to dispatch",
+        operation_id="outbox_enqueue",
+        summary="Queue a side effect for the server to dispatch",
         description="201 with the item; 200 with the first item when `idempotency_key` was used before on "
-                    "this run. A webhook's destination must be on SAFESTOP_WEBHOOK_ALLOWED_HOSTS.",
-        parameters=[RUN_ID], request=s.OutboxIn, responses={201: s.OutboxOut, 200: s.OutboxOut, **WRITE_ERRORS},
+        "this run. A webhook's destination must be on SAFESTOP_WEBHOOK_ALLOWED_HOSTS.",
+        parameters=[RUN_ID],
+        request=s.OutboxIn,
+        responses={201: s.OutboxOut, 200: s.OutboxOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.OutboxIn)
         item, created = services.outbox_enqueue(run_id=run_id, actor=self.caller.actor, **data)
-        return Response(s.OutboxOut(item).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            s.OutboxOut(item).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
 
 
 class DrainedView(ApiView):
     @extend_schema(
-        operation_id="run_drained", summary="The worker says it has stopped",
+        operation_id="run_drained",
+        summary="The worker says it has stopped",
         description="`epoch` is the lease's epoch. Observations are recorded as facts about tool calls, then "
-                    "the run settles to stopped_cleanly or stopped_dirty. A retry after it settled is a no-op.",
-        parameters=[RUN_ID], request=s.DrainedIn, responses={200: s.RunOut, **WRITE_ERRORS},
+        "the run settles to stopped_cleanly or stopped_dirty. A retry after it settled is a no-op.",
+        parameters=[RUN_ID],
+        request=s.DrainedIn,
+        responses={200: s.RunOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.DrainedIn)
-        services.run_drained(run_id=run_id, lease_token=data["lease_id"], epoch=data["epoch"],
-                             observations=data.get("observations", []), actor=self.caller.actor)
+        services.run_drained(
+            run_id=run_id,
+            lease_token=data["lease_id"],
+            epoch=data["epoch"],
+            observations=data.get("observations", []),
+            actor=self.caller.actor,
+        )
         return Response(s.RunOut(self.run(run_id, Capability.READ)).data)
 
 
@@ -317,53 +424,74 @@ class DrainedView(ApiView):
 
 class CancelView(ApiView):
     @extend_schema(
-        operation_id="run_cancel", summary="Stop the run",
+        operation_id="run_cancel",
+        summary="Stop the run",
         description="202 with the stop request; repeating it answers the same `stop_request.id` "
-                    "(`created: false`). 409 `already_finished` for a completed, failed or cancelled run. "
-                    "Agent tokens may stop their own team's runs only for budget_exhausted, timeout or "
-                    "dependency_failure; admin_kill needs an admin.",
-        parameters=[RUN_ID], request=s.StopIn, responses={202: s.StopOut, **WRITE_ERRORS},
+        "(`created: false`). 409 `already_finished` for a completed, failed or cancelled run. "
+        "Agent tokens may stop their own team's runs only for budget_exhausted, timeout or "
+        "dependency_failure; admin_kill needs an admin.",
+        parameters=[RUN_ID],
+        request=s.StopIn,
+        responses={202: s.StopOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.STOP)
         data = self.parse(s.StopIn)
         self.caller.check_stop_reason(data["reason"], run.team_id)
-        return _stop_answer(services.run_stop(run_id=run.pk, reason=data["reason"], note=data["note"],
-                                              actor=self.caller.actor))
+        return _stop_answer(
+            services.run_stop(
+                run_id=run.pk, reason=data["reason"], note=data["note"], actor=self.caller.actor
+            )
+        )
 
 
 class TakeoverView(ApiView):
     @extend_schema(
-        operation_id="run_takeover", summary="Take over: stop, then hand the run to a human",
+        operation_id="run_takeover",
+        summary="Take over: stop, then hand the run to a human",
         description="A stop with reason manual_takeover that ends in handed_off once the run stopped cleanly "
-                    "(a stopped_dirty run stays so until its unknowns are resolved).",
-        parameters=[RUN_ID], request=s.NoteIn, responses={202: s.StopOut, **WRITE_ERRORS},
+        "(a stopped_dirty run stays so until its unknowns are resolved).",
+        parameters=[RUN_ID],
+        request=s.NoteIn,
+        responses={202: s.StopOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.REVIEW)
         data = self.parse(s.NoteIn)
-        return _stop_answer(services.run_takeover(run_id=run.pk, note=data["note"], actor=self.caller.actor))
+        return _stop_answer(
+            services.run_takeover(run_id=run.pk, note=data["note"], actor=self.caller.actor)
+        )
 
 
 class ResumeView(ApiView):
     @extend_schema(
-        operation_id="run_resume", summary="Back to pending at a new epoch",
+        operation_id="run_resume",
+        summary="Back to pending at a new epoch",
         description="From stopped_cleanly, suspended, interrupted or handed_off, once nothing is unknown. "
-                    "`checkpoint` sets where to resume; `carry_over_steering` keeps unapplied steering.",
-        parameters=[RUN_ID], request=s.ResumeIn, responses={200: s.RunOut, **WRITE_ERRORS},
+        "`checkpoint` sets where to resume; `carry_over_steering` keeps unapplied steering.",
+        parameters=[RUN_ID],
+        request=s.ResumeIn,
+        responses={200: s.RunOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.REVIEW)
         data = self.parse(s.ResumeIn)
-        services.run_resume(run_id=run.pk, checkpoint=data["checkpoint"],
-                            carry_over_steering=data["carry_over_steering"], actor=self.caller.actor)
+        services.run_resume(
+            run_id=run.pk,
+            checkpoint=data["checkpoint"],
+            carry_over_steering=data["carry_over_steering"],
+            actor=self.caller.actor,
+        )
         return Response(s.RunOut(self.run(run_id, Capability.READ)).data)
 
 
 class CloseView(ApiView):
     @extend_schema(
-        operation_id="run_close", summary="Close a stopped or handed-off run for good (cancelled)",
-        parameters=[RUN_ID], request=s.NoteIn, responses={200: s.RunOut, **WRITE_ERRORS},
+        operation_id="run_close",
+        summary="Close a stopped or handed-off run for good (cancelled)",
+        parameters=[RUN_ID],
+        request=s.NoteIn,
+        responses={200: s.RunOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.REVIEW)
@@ -374,28 +502,40 @@ class CloseView(ApiView):
 
 class ResolutionsView(ApiView):
     @extend_schema(
-        operation_id="resolutions_create", summary="Resolve one unknown side effect",
+        operation_id="resolutions_create",
+        summary="Resolve one unknown side effect",
         description='`{"target": "tool_call", "id": <tool_call_id>}`, `{"target": "outbox", "id": "outbox_12"}` '
-                    'or `{"target": "worker", "id": <lease_id>}` for a worker fenced off without confirming. '
-                    "201 when recorded, 200 when the same decision was recorded before; 409 for a different one.",
-        parameters=[RUN_ID], request=s.ResolutionIn,
+        'or `{"target": "worker", "id": <lease_id>}` for a worker fenced off without confirming. '
+        "201 when recorded, 200 when the same decision was recorded before; 409 for a different one.",
+        parameters=[RUN_ID],
+        request=s.ResolutionIn,
         responses={201: s.ResolutionOut, 200: s.ResolutionOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.REVIEW)
         data = self.parse(s.ResolutionIn)
-        result = services.resolution_record(run_id=run.pk, target=data["target"], target_id=data["id"],
-                                            decision=data["decision"], evidence=data["evidence"],
-                                            actor=self.caller.actor)
-        return Response(s.ResolutionOut(result).data,
-                        status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
+        result = services.resolution_record(
+            run_id=run.pk,
+            target=data["target"],
+            target_id=data["id"],
+            decision=data["decision"],
+            evidence=data["evidence"],
+            actor=self.caller.actor,
+        )
+        return Response(
+            s.ResolutionOut(result).data,
+            status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
+        )
 
 
 class SteeringView(ApiView):
     @extend_schema(
-        operation_id="steering_create", summary="Queue a steering message for the agent",
+        operation_id="steering_create",
+        summary="Queue a steering message for the agent",
         description="On a stopping or stopped run the message waits, unapplied, for the next round.",
-        parameters=[RUN_ID], request=s.SteeringIn, responses={201: s.SteeringOut, **WRITE_ERRORS},
+        parameters=[RUN_ID],
+        request=s.SteeringIn,
+        responses={201: s.SteeringOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.REVIEW)
@@ -411,26 +551,39 @@ class SteeringView(ApiView):
 def _packet_answer(run: Any, packet: Any) -> Response:
     if packet is None:
         raise NotFound(f"run {run.pk} has no such stop packet (it has not stopped at that epoch)")
-    body = {**packet.snapshot, "packet_created_at": packet.created_at.isoformat(), "run_status": run.status,
-            "resolutions": selectors.resolutions_for(run=run)}
+    body = {
+        **packet.snapshot,
+        "packet_created_at": packet.created_at.isoformat(),
+        "run_status": run.status,
+        "resolutions": selectors.resolutions_for(run=run),
+    }
     return Response(body)
 
 
 class StopPacketView(ApiView):
-    @extend_schema(operation_id="stop_packet_latest", summary="The latest stop packet (DESIGN §4)",
-                   parameters=[RUN_ID], responses={200: s.StopPacketOut, **READ_ERRORS})
+    @extend_schema(
+        operation_id="stop_packet_latest",
+        summary="The latest stop packet (DESIGN §4)",
+        parameters=[RUN_ID],
+        responses={200: s.StopPacketOut, **READ_ERRORS},
+    )
     def get(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.READ)
         return _packet_answer(run, selectors.stop_packet_get(run=run))
 
 
 class StopPacketEpochView(ApiView):
-    @extend_schema(operation_id="stop_packet_for_epoch", summary="The stop packet of an older stop epoch",
-                   parameters=[RUN_ID, OpenApiParameter("epoch", OpenApiTypes.INT, OpenApiParameter.PATH)],
-                   responses={200: s.StopPacketOut, **READ_ERRORS})
+    @extend_schema(
+        operation_id="stop_packet_for_epoch",
+        summary="The stop packet of an older stop epoch",
+        parameters=[RUN_ID, OpenApiParameter("epoch", OpenApiTypes.INT, OpenApiParameter.PATH)],
+        responses={200: s.StopPacketOut, **READ_ERRORS},
+    )
     def get(self, request: Request, run_id: str, epoch: int) -> Response:
         run = self.run(run_id, Capability.READ)
-        packet = selectors.stop_packet_get(run=run, epoch=epoch) if 0 <= epoch <= s.INT32_MAX else None
+        packet = (
+            selectors.stop_packet_get(run=run, epoch=epoch) if 0 <= epoch <= s.INT32_MAX else None
+        )
         return _packet_answer(run, packet)
 
 
@@ -453,17 +606,23 @@ def _period(query: dict[str, Any], *, default: timedelta) -> tuple[datetime, dat
 
 class LedgerView(ApiView):
     @extend_schema(
-        operation_id="ledger_list", summary="Audit entries, newest first",
+        operation_id="ledger_list",
+        summary="Audit entries, newest first",
         description="Reviewer tokens and reviewers read their teams' entries; staff read all. "
-                    "`actor` is the username or the token's name.",
-        parameters=[s.LedgerQuery, *PAGE_PARAMETERS], responses={200: s.LedgerPageOut, **_errors(*_ALWAYS, 400, 403, 404)},
+        "`actor` is the username or the token's name.",
+        parameters=[s.LedgerQuery, *PAGE_PARAMETERS],
+        responses={200: s.LedgerPageOut, **_errors(*_ALWAYS, 400, 403, 404)},
     )
     def get(self, request: Request) -> Response:
         self.caller.require(Capability.AUDIT)
         query = self.parse(s.LedgerQuery, request.query_params)
         entries = selectors.ledger_entries(
-            team_slugs=self.caller.team_slugs(Capability.AUDIT), run_id=query.get("run"), actor=query.get("actor"),
-            action=query.get("action"), since=query.get("since"), until=query.get("until"),
+            team_slugs=self.caller.team_slugs(Capability.AUDIT),
+            run_id=query.get("run"),
+            actor=query.get("actor"),
+            action=query.get("action"),
+            since=query.get("since"),
+            until=query.get("until"),
         )
         paginator = LedgerPage()
         page = paginator.paginate_queryset(entries, request, view=self)
@@ -472,26 +631,41 @@ class LedgerView(ApiView):
 
 class StopQualityView(ApiView):
     @extend_schema(
-        operation_id="metrics_stop_quality", summary="The five stop-quality figures (DESIGN §7)",
+        operation_id="metrics_stop_quality",
+        summary="The five stop-quality figures (DESIGN §7)",
         description="For stops requested in [since, until); default: the last 24 hours. Scoped to your teams.",
-        parameters=[s.PeriodQuery], responses={200: s.StopQualityOut, **_errors(*_ALWAYS, 400, 403)},
+        parameters=[s.PeriodQuery],
+        responses={200: s.StopQualityOut, **_errors(*_ALWAYS, 400, 403)},
     )
     def get(self, request: Request) -> Response:
         self.caller.require(Capability.READ)
-        since, until = _period(self.parse(s.PeriodQuery, request.query_params), default=timedelta(hours=24))
-        figures = run_selectors.stop_quality(since=since, until=until, team_ids=self.caller.team_ids(Capability.READ))
+        since, until = _period(
+            self.parse(s.PeriodQuery, request.query_params), default=timedelta(hours=24)
+        )
+        figures = run_selectors.stop_quality(
+            since=since, until=until, team_ids=self.caller.team_ids(Capability.READ)
+        )
         return Response(s.StopQualityOut(figures).data)
 
 
 class DenialsView(ApiView):
     @extend_schema(
-        operation_id="security_denials", summary="Denied API attempts, counted per minute (admins)",
+        operation_id="security_denials",
+        summary="Denied API attempts, counted per minute (admins)",
         description="Bad or revoked tokens, another team's run, a role that may not do it. Team admins see "
-                    "their teams'; staff see all, including attempts no team can be named for. Default: last 24h.",
-        parameters=[s.PeriodQuery], responses={200: s.DenialsOut, **_errors(*_ALWAYS, 400, 403)},
+        "their teams'; staff see all, including attempts no team can be named for. Default: last 24h.",
+        parameters=[s.PeriodQuery],
+        responses={200: s.DenialsOut, **_errors(*_ALWAYS, 400, 403)},
     )
     def get(self, request: Request) -> Response:
         self.caller.require(Capability.ADMIN)
-        since, until = _period(self.parse(s.PeriodQuery, request.query_params), default=timedelta(hours=24))
-        return Response(s.DenialsOut(denials_list(team_slugs=self.caller.team_slugs(Capability.ADMIN),
-                                                  since=since, until=until)).data)
+        since, until = _period(
+            self.parse(s.PeriodQuery, request.query_params), default=timedelta(hours=24)
+        )
+        return Response(
+            s.DenialsOut(
+                denials_list(
+                    team_slugs=self.caller.team_slugs(Capability.ADMIN), since=since, until=until
+                )
+            ).data
+        )

@@ -48,18 +48,29 @@ class FakeApi:
                 200, json={"lease_id": self.lease_id, "epoch": self.epoch, "expires_at": "soon"}
             )
         if suffix == "lease/heartbeat/":
-            return httpx.Response(200, json={"expires_at": "later", "signal": self.heartbeat_signal})
+            return httpx.Response(
+                200, json={"expires_at": "later", "signal": self.heartbeat_signal}
+            )
         if suffix == "permits/":
             return httpx.Response(
                 201,
-                json={"permit_id": "p1", "tool_call_id": body["tool_call_id"], "epoch": body["epoch"]},
+                json={
+                    "permit_id": "p1",
+                    "tool_call_id": body["tool_call_id"],
+                    "epoch": body["epoch"],
+                },
             )
         if suffix == "events/":
             results = [{"event_id": e["event_id"], "status": "accepted"} for e in body["events"]]
             return httpx.Response(200, json={"results": results})
         if suffix == "outbox/":
             return httpx.Response(
-                201, json={"id": "outbox_1", "status": "pending", "idempotency_key": body["idempotency_key"]}
+                201,
+                json={
+                    "id": "outbox_1",
+                    "status": "pending",
+                    "idempotency_key": body["idempotency_key"],
+                },
             )
         return httpx.Response(200, json={"ok": True})
 
@@ -69,13 +80,23 @@ class FakeApi:
 
     def sent_matching(self, prefix: str) -> list[tuple[str, dict[str, Any]]]:
         with self.lock:
-            return [(path, body) for _method, path, body in self.requests if path.startswith(prefix)]
+            return [
+                (path, body) for _method, path, body in self.requests if path.startswith(prefix)
+            ]
 
     def events_of_type(self, event_type: str) -> list[dict[str, Any]]:
-        return [e for batch in self.sent("events/") for e in batch["events"] if e["type"] == event_type]
+        return [
+            e for batch in self.sent("events/") for e in batch["events"] if e["type"] == event_type
+        ]
 
 
 def refusal(code: str, *, status: str = "cancel_requested", stop_epoch: int = 4) -> httpx.Response:
     return httpx.Response(
-        409, json={"error": code, "detail": f"refused: {code}", "status": status, "stop_epoch": stop_epoch}
+        409,
+        json={
+            "error": code,
+            "detail": f"refused: {code}",
+            "status": status,
+            "stop_epoch": stop_epoch,
+        },
     )

@@ -47,10 +47,14 @@ def tiny_server() -> Iterator[TinyServer]:
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            state.seen.append(Recorded(
-                self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
-                json.loads(raw) if raw else None,
-            ))
+            state.seen.append(
+                Recorded(
+                    self.command,
+                    self.path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    json.loads(raw) if raw else None,
+                )
+            )
             status, body = state.answers.get(self.path.split("?")[0], (200, b'{"ok": true}'))
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -66,7 +70,9 @@ def tiny_server() -> Iterator[TinyServer]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+    )
     thread.start()
     yield state
     server.shutdown()
@@ -81,7 +87,11 @@ def test_every_request_carries_the_bearer_token_and_json(tiny_server: TinyServer
     create, detail, listing = tiny_server.seen
     assert all(r.headers["authorization"] == "Bearer tok-123" for r in tiny_server.seen)
     assert (create.method, create.path) == ("POST", "/api/v1/runs/")
-    assert create.body == {"title": "Refund triage", "agent": "support-bot", "budget": {"max_tool_calls": 5}}
+    assert create.body == {
+        "title": "Refund triage",
+        "agent": "support-bot",
+        "budget": {"max_tool_calls": 5},
+    }
     assert create.headers["content-type"] == "application/json"
     assert (detail.method, detail.path) == ("GET", "/api/v1/runs/run_1/")
     assert listing.path == "/api/v1/runs/?status=running"
@@ -91,15 +101,36 @@ def test_every_request_carries_the_bearer_token_and_json(tiny_server: TinyServer
     ("call", "method", "path"),
     [
         (lambda a: a.acquire_lease("r", "w", 30), "POST", "/api/v1/runs/r/lease/"),
-        (lambda a: a.heartbeat("r", lease_id="l", epoch=1), "POST", "/api/v1/runs/r/lease/heartbeat/"),
-        (lambda a: a.release_lease("r", lease_id="l", epoch=1), "POST", "/api/v1/runs/r/lease/release/"),
-        (lambda a: a.request_permit("r", epoch=1, tool_call_id="c", tool="t", side_effect="none",
-                                    arguments={}), "POST", "/api/v1/runs/r/permits/"),
-        (lambda a: a.report_tool_result("r", "call/9", execution_state="unknown"), "POST",
-         "/api/v1/runs/r/tool-calls/call%2F9/result/"),
+        (
+            lambda a: a.heartbeat("r", lease_id="l", epoch=1),
+            "POST",
+            "/api/v1/runs/r/lease/heartbeat/",
+        ),
+        (
+            lambda a: a.release_lease("r", lease_id="l", epoch=1),
+            "POST",
+            "/api/v1/runs/r/lease/release/",
+        ),
+        (
+            lambda a: a.request_permit(
+                "r", epoch=1, tool_call_id="c", tool="t", side_effect="none", arguments={}
+            ),
+            "POST",
+            "/api/v1/runs/r/permits/",
+        ),
+        (
+            lambda a: a.report_tool_result("r", "call/9", execution_state="unknown"),
+            "POST",
+            "/api/v1/runs/r/tool-calls/call%2F9/result/",
+        ),
         (lambda a: a.send_events("r", epoch=1, events=[]), "POST", "/api/v1/runs/r/events/"),
-        (lambda a: a.enqueue_outbox("r", epoch=1, transport="webhook", destination="d", payload={},
-                                    idempotency_key="k"), "POST", "/api/v1/runs/r/outbox/"),
+        (
+            lambda a: a.enqueue_outbox(
+                "r", epoch=1, transport="webhook", destination="d", payload={}, idempotency_key="k"
+            ),
+            "POST",
+            "/api/v1/runs/r/outbox/",
+        ),
         (lambda a: a.drained("r", lease_id="l", epoch=1), "POST", "/api/v1/runs/r/drained/"),
         (lambda a: a.cancel("r", "user_stop"), "POST", "/api/v1/runs/r/cancel/"),
         (lambda a: a.takeover("r"), "POST", "/api/v1/runs/r/takeover/"),
@@ -107,8 +138,11 @@ def test_every_request_carries_the_bearer_token_and_json(tiny_server: TinyServer
         (lambda a: a.close("r"), "POST", "/api/v1/runs/r/close/"),
         (lambda a: a.stop_packet("r"), "GET", "/api/v1/runs/r/stop-packet/"),
         (lambda a: a.stop_packet("r", epoch=2), "GET", "/api/v1/runs/r/stop-packets/2/"),
-        (lambda a: a.resolve("r", target="tool_call", id="c", decision="applied"), "POST",
-         "/api/v1/runs/r/resolutions/"),
+        (
+            lambda a: a.resolve("r", target="tool_call", id="c", decision="applied"),
+            "POST",
+            "/api/v1/runs/r/resolutions/",
+        ),
         (lambda a: a.steer("r", "also check EU"), "POST", "/api/v1/runs/r/steering/"),
     ],
 )
@@ -122,10 +156,17 @@ def test_each_operation_uses_the_documented_path(
 
 
 def test_a_stop_refusal_raises_refused_with_status_and_epoch(tiny_server: TinyServer) -> None:
-    body = {"error": "stale_epoch", "detail": "run was stopped", "status": "cancel_requested", "stop_epoch": 6}
+    body = {
+        "error": "stale_epoch",
+        "detail": "run was stopped",
+        "status": "cancel_requested",
+        "stop_epoch": 6,
+    }
     tiny_server.answers["/api/v1/runs/r/permits/"] = (409, json.dumps(body).encode())
     with SafestopClient(tiny_server.url, "t") as api, pytest.raises(Refused) as caught:
-        api.request_permit("r", epoch=5, tool_call_id="c", tool="t", side_effect="write", arguments={})
+        api.request_permit(
+            "r", epoch=5, tool_call_id="c", tool="t", side_effect="write", arguments={}
+        )
     error = caught.value
     assert (error.status_code, error.code, error.detail) == (409, "stale_epoch", "run was stopped")
     assert (error.run_status, error.stop_epoch) == ("cancel_requested", 6)
@@ -133,7 +174,10 @@ def test_a_stop_refusal_raises_refused_with_status_and_epoch(tiny_server: TinySe
 
 
 def test_lease_held_is_an_api_error_but_not_a_stop_refusal(tiny_server: TinyServer) -> None:
-    tiny_server.answers["/api/v1/runs/r/lease/"] = (409, b'{"error": "lease_held", "detail": "busy"}')
+    tiny_server.answers["/api/v1/runs/r/lease/"] = (
+        409,
+        b'{"error": "lease_held", "detail": "busy"}',
+    )
     with SafestopClient(tiny_server.url, "t") as api, pytest.raises(ApiError) as caught:
         api.acquire_lease("r", "w")
     assert not isinstance(caught.value, Refused)
@@ -150,8 +194,13 @@ def test_a_non_json_error_still_maps_to_an_api_error(tiny_server: TinyServer) ->
 
 
 def test_push_url_follows_the_base_url_scheme_and_prefix() -> None:
-    assert SafestopClient("http://h:8000", "t").push_url("run_1") == "ws://h:8000/ws/agent/runs/run_1/"
-    assert SafestopClient("https://h/console/", "t").push_url("r") == "wss://h/console/ws/agent/runs/r/"
+    assert (
+        SafestopClient("http://h:8000", "t").push_url("run_1") == "ws://h:8000/ws/agent/runs/run_1/"
+    )
+    assert (
+        SafestopClient("https://h/console/", "t").push_url("r")
+        == "wss://h/console/ws/agent/runs/r/"
+    )
 
 
 # -- the websocket push --------------------------------------------------------------
@@ -172,11 +221,13 @@ def start_push_server(drop_first_connections: int, frame: dict[str, Any]) -> Pus
     def handler(connection: ServerConnection) -> None:
         state = holder[0]
         assert connection.request is not None
-        state.handshakes.append({
-            "path": connection.request.path,
-            "authorization": connection.request.headers.get("Authorization", ""),
-            "origin": connection.request.headers.get("Origin", ""),
-        })
+        state.handshakes.append(
+            {
+                "path": connection.request.path,
+                "authorization": connection.request.headers.get("Authorization", ""),
+                "origin": connection.request.headers.get("Origin", ""),
+            }
+        )
         if len(state.handshakes) <= drop_first_connections:
             connection.close()
             return
@@ -207,8 +258,16 @@ def wait_for(condition: Any, timeout: float = 3.0) -> bool:
     "message",
     [
         {"type": "cancel_requested", "reason": "user_stop", "requested_by": "a", "stop_epoch": 2},
-        {"type": "stop.signal", "run_id": "r", "signal": {
-            "type": "cancel_requested", "reason": "user_stop", "requested_by": "a", "stop_epoch": 2}},
+        {
+            "type": "stop.signal",
+            "run_id": "r",
+            "signal": {
+                "type": "cancel_requested",
+                "reason": "user_stop",
+                "requested_by": "a",
+                "stop_epoch": 2,
+            },
+        },
     ],
 )
 def test_a_stop_is_found_in_a_bare_or_wrapped_frame(message: dict[str, Any]) -> None:
@@ -223,23 +282,37 @@ def test_frames_that_are_not_stops_are_ignored() -> None:
 
 
 def test_a_pushed_stop_sets_the_token_after_a_reconnect(fake_api: FakeApi) -> None:
-    frame = {"type": "cancel_requested", "reason": "user_stop", "requested_by": "alice", "stop_epoch": 4}
+    frame = {
+        "type": "cancel_requested",
+        "reason": "user_stop",
+        "requested_by": "alice",
+        "stop_epoch": 4,
+    }
     push = start_push_server(drop_first_connections=1, frame=frame)
-    api = SafestopClient(f"http://127.0.0.1:{push.port}", "tok-9",
-                         transport=httpx.MockTransport(fake_api.handle))
+    api = SafestopClient(
+        f"http://127.0.0.1:{push.port}", "tok-9", transport=httpx.MockTransport(fake_api.handle)
+    )
     try:
         # A long TTL: the heartbeat cannot be the one that delivers this stop.
         with AgentRun(api, "run_1", "w", ttl_seconds=60, push=True) as run:
             assert run.token.wait(5.0), "the pushed frame must set the token"
             listener = run._listener
-        assert (run.token.reason, run.token.requested_by, run.token.stop_epoch) == ("user_stop", "alice", 4)
+        assert (run.token.reason, run.token.requested_by, run.token.stop_epoch) == (
+            "user_stop",
+            "alice",
+            4,
+        )
         assert len(push.handshakes) == 2, "the dropped connection was retried"
         assert push.handshakes[1] == {
-            "path": "/ws/agent/runs/run_1/", "authorization": "Bearer tok-9", "origin": "",
+            "path": "/ws/agent/runs/run_1/",
+            "authorization": "Bearer tok-9",
+            "origin": "",
         }
         assert fake_api.sent("lease/heartbeat/") == []
         assert wait_for(lambda: push.received == [{"type": "ack", "stop_epoch": 4}])
-        assert listener is not None and not listener._thread.is_alive(), "the listener stops on exit"
+        assert listener is not None and not listener._thread.is_alive(), (
+            "the listener stops on exit"
+        )
         assert fake_api.sent("drained/")
     finally:
         api.disconnect()

@@ -39,7 +39,9 @@ def read_pids(path: str) -> list[int]:
     return [int(word) for word in Path(path).read_text().split()]
 
 
-def run_in_background(fn: Callable[[], ProcessResult]) -> tuple[threading.Thread, list[ProcessResult]]:
+def run_in_background(
+    fn: Callable[[], ProcessResult],
+) -> tuple[threading.Thread, list[ProcessResult]]:
     results: list[ProcessResult] = []
     thread = threading.Thread(target=lambda: results.append(fn()), daemon=True)
     thread.start()
@@ -82,7 +84,9 @@ def test_cancel_kills_a_shell_and_its_child(tmp_path: Path) -> None:
     thread, results = run_in_background(
         lambda: run_process(
             f"echo $$ > {pidfile}; sleep 300 & echo $! >> {pidfile}; wait",
-            shell=True, token=token, grace_seconds=1.0,
+            shell=True,
+            token=token,
+            grace_seconds=1.0,
         )
     )
     pids = wait_for_pids(pidfile, 2)
@@ -139,7 +143,9 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path:
     started = time.monotonic()
     result = run_process(
         f"trap '' TERM; echo $$ > {pidfile}; sleep 300 & echo $! >> {pidfile}; wait",
-        shell=True, timeout=0.3, grace_seconds=0.4,
+        shell=True,
+        timeout=0.3,
+        grace_seconds=0.4,
     )
     elapsed = time.monotonic() - started
 
@@ -166,12 +172,15 @@ def test_returns_promptly_while_a_descendant_holds_the_output_open(tmp_path: Pat
     assert_all_dead(read_pids(str(pidfile)) + list(result.reaped_descendants))
 
 
-def test_reading_is_abandoned_and_reported_when_a_descendant_is_left_running(tmp_path: Path) -> None:
+def test_reading_is_abandoned_and_reported_when_a_descendant_is_left_running(
+    tmp_path: Path,
+) -> None:
     pidfile = tmp_path / "pids"
     started = time.monotonic()
     result = run_process(
         ["sh", "-c", f"sleep 30 & echo $! > {pidfile}; echo hi"],
-        kill_descendants=False, drain_timeout=0.3,
+        kill_descendants=False,
+        drain_timeout=0.3,
     )
     elapsed = time.monotonic() - started
     (sleeper,) = read_pids(str(pidfile))

@@ -7,8 +7,14 @@ from typing import Any
 from safestop_agent import CancelToken, collect_tool_calls
 
 
-def chunk(index: int, *, id: str | None = None, name: str | None = None, args: str | None = None,
-          finish_reason: str | None = None) -> dict[str, Any]:
+def chunk(
+    index: int,
+    *,
+    id: str | None = None,
+    name: str | None = None,
+    args: str | None = None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
     function: dict[str, Any] = {}
     if name is not None:
         function["name"] = name
@@ -78,13 +84,17 @@ def test_cancel_mid_stream_stops_reading_and_discards_the_half_call() -> None:
     outcome = collect_tool_calls(slow_stream(), token=token)
     assert outcome.calls == []
     assert outcome.interrupted_by == "cancelled: user_stop"
-    assert consumed == [0, 1, 2], "the chunk that arrived after the stop is dropped; no more are read"
+    assert consumed == [0, 1, 2], (
+        "the chunk that arrived after the stop is dropped; no more are read"
+    )
     assert [d.arguments_text for d in outcome.discarded] == ['{"q": "ref', '{"service"']
 
 
 def test_a_length_cut_off_is_an_interrupted_answer() -> None:
-    chunks = [chunk(0, id="call_a", name="write_file", args='{"path": "/tmp/x", "body": "par'),
-              finish("length")]
+    chunks = [
+        chunk(0, id="call_a", name="write_file", args='{"path": "/tmp/x", "body": "par'),
+        finish("length"),
+    ]
     outcome = collect_tool_calls(chunks)
     assert outcome.calls == []
     assert outcome.discarded[0].why == "finish_reason=length"

@@ -46,7 +46,9 @@ def test_refused_permit_raises_cancelled_and_the_tool_body_never_runs(
     fake_api.overrides["permits/"] = lambda request, body: refusal("stale_epoch", stop_epoch=4)
     body_ran = False
     with leased(client) as run:
-        with run.tool_call("deploy", {"service": "api"}, side_effect="write", tool_call_id="call_1"):
+        with run.tool_call(
+            "deploy", {"service": "api"}, side_effect="write", tool_call_id="call_1"
+        ):
             body_ran = True
         pytest.fail("Cancelled must leave the block")  # pragma: no cover
 
@@ -56,7 +58,11 @@ def test_refused_permit_raises_cancelled_and_the_tool_body_never_runs(
     assert fake_api.sent("lease/release/") == [], "a stopped worker drains instead of releasing"
     (drained,) = fake_api.sent("drained/")
     assert drained["lease_id"] == "lease_tok" and drained["epoch"] == 3
-    assert drained["observations"][0] == {"kind": "stop_seen", "reason": "stale_epoch", "stop_epoch": 4}
+    assert drained["observations"][0] == {
+        "kind": "stop_seen",
+        "reason": "stale_epoch",
+        "stop_epoch": 4,
+    }
 
 
 def test_a_call_queued_after_the_stop_never_asks_for_a_permit(
@@ -74,15 +80,25 @@ def test_permit_carries_the_lease_epoch_and_the_client_ids(
 ) -> None:
     with leased(client) as run:
         with run.tool_call(
-            "deploy", {"service": "api"}, side_effect="write", tool_call_id="call_7",
-            idempotency_key="idem-7", operation_id="deploy-77", recovery_policy="query_original",
+            "deploy",
+            {"service": "api"},
+            side_effect="write",
+            tool_call_id="call_7",
+            idempotency_key="idem-7",
+            operation_id="deploy-77",
+            recovery_policy="query_original",
         ) as call:
             call.result = "deployed"
     (permit,) = fake_api.sent("permits/")
     assert permit == {
-        "epoch": 3, "tool_call_id": "call_7", "tool": "deploy", "side_effect": "write",
-        "arguments": {"service": "api"}, "idempotency_key": "idem-7",
-        "operation_id": "deploy-77", "recovery_policy": "query_original",
+        "epoch": 3,
+        "tool_call_id": "call_7",
+        "tool": "deploy",
+        "side_effect": "write",
+        "arguments": {"service": "api"},
+        "idempotency_key": "idem-7",
+        "operation_id": "deploy-77",
+        "recovery_policy": "query_original",
     }
     (result,) = results_for(fake_api, "call_7")
     assert result["execution_state"] == "succeeded"
@@ -94,7 +110,9 @@ def test_a_write_interrupted_by_an_error_is_reported_unknown_never_failed(
 ) -> None:
     with pytest.raises(TimeoutError):
         with leased(client) as run:
-            with run.tool_call("deploy", {"v": 2}, side_effect="write", tool_call_id="call_2") as call:
+            with run.tool_call(
+                "deploy", {"v": 2}, side_effect="write", tool_call_id="call_2"
+            ) as call:
                 call.set_operation_id("deploy-77")
                 call.observe("request submitted, waiting for status")
                 raise TimeoutError("remote did not answer")
@@ -119,8 +137,13 @@ def test_a_write_cancelled_mid_call_is_unknown_and_the_run_drains(
     assert result["remote_cancel_state"] == "requested"
     assert "interrupted by stop (user_stop)" in result["observation"]
     (drained,) = fake_api.sent("drained/")
-    assert {"kind": "tool_call", "tool_call_id": "call_3", "tool": "deploy", "side_effect": "write",
-            "reported": True} in drained["observations"], "a reported outcome is not re-applied by the drain"
+    assert {
+        "kind": "tool_call",
+        "tool_call_id": "call_3",
+        "tool": "deploy",
+        "side_effect": "write",
+        "reported": True,
+    } in drained["observations"], "a reported outcome is not re-applied by the drain"
 
 
 def test_an_outcome_that_could_not_be_reported_travels_with_the_drain(
@@ -197,32 +220,48 @@ def test_result_reporting_is_retried_on_network_errors(
 
 def test_heartbeat_signal_sets_the_token(client: SafestopClient, fake_api: FakeApi) -> None:
     fake_api.heartbeat_signal = {
-        "type": "cancel_requested", "reason": "manual_takeover", "requested_by": "alice", "stop_epoch": 4,
+        "type": "cancel_requested",
+        "reason": "manual_takeover",
+        "requested_by": "alice",
+        "stop_epoch": 4,
     }
     with leased(client, ttl_seconds=0.3) as run:
         assert run.token.wait(2.0), "the heartbeat (every ttl/3 = 0.1 s) must deliver the stop"
-    assert (run.token.reason, run.token.requested_by, run.token.stop_epoch) == ("manual_takeover", "alice", 4)
+    assert (run.token.reason, run.token.requested_by, run.token.stop_epoch) == (
+        "manual_takeover",
+        "alice",
+        4,
+    )
     assert fake_api.sent("lease/heartbeat/")[0] == {"lease_id": "lease_tok", "epoch": 3}
     assert fake_api.sent("drained/")
 
 
 def test_a_signal_for_an_older_epoch_is_ignored(client: SafestopClient, fake_api: FakeApi) -> None:
     fake_api.heartbeat_signal = {
-        "type": "cancel_requested", "reason": "user_stop", "requested_by": "alice", "stop_epoch": 3,
+        "type": "cancel_requested",
+        "reason": "user_stop",
+        "requested_by": "alice",
+        "stop_epoch": 3,
     }
     with leased(client, ttl_seconds=0.3) as run:
         assert wait_until(lambda: len(fake_api.sent("lease/heartbeat/")) >= 2)
-        assert not run.token.cancelled, "a stop at or before our lease's epoch belongs to an earlier round"
+        assert not run.token.cancelled, (
+            "a stop at or before our lease's epoch belongs to an earlier round"
+        )
 
 
 def test_a_revoked_lease_sets_the_token(client: SafestopClient, fake_api: FakeApi) -> None:
-    fake_api.overrides["lease/heartbeat/"] = lambda request, body: refusal("lease_revoked", status="stopped_dirty", stop_epoch=5)
+    fake_api.overrides["lease/heartbeat/"] = lambda request, body: refusal(
+        "lease_revoked", status="stopped_dirty", stop_epoch=5
+    )
     with leased(client, ttl_seconds=0.3) as run:
         assert run.token.wait(2.0)
     assert run.token.reason == "lease_revoked" and run.token.stop_epoch == 5
 
 
-def test_steps_report_started_and_completed_or_failed(client: SafestopClient, fake_api: FakeApi) -> None:
+def test_steps_report_started_and_completed_or_failed(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
     with pytest.raises(RuntimeError):
         with leased(client) as run:
             with run.step("search", "Search the docs", kind="tool_read"):
@@ -231,7 +270,8 @@ def test_steps_report_started_and_completed_or_failed(client: SafestopClient, fa
                 raise RuntimeError("model error")
     started = fake_api.events_of_type("step.started")
     assert [(e["key"], e["name"], e["kind"]) for e in started] == [
-        ("search", "Search the docs", "tool_read"), ("summarise", "Summarise", "model_call"),
+        ("search", "Search the docs", "tool_read"),
+        ("summarise", "Summarise", "model_call"),
     ]
     assert [e["key"] for e in fake_api.events_of_type("step.completed")] == ["search"]
     (failed,) = fake_api.events_of_type("step.failed")
@@ -248,8 +288,14 @@ def test_a_rejected_step_start_stops_the_worker_before_the_step_runs(
     def reject(request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
         event = body["events"][0]
         status = "rejected" if event["type"] == "step.started" else "accepted"
-        return httpx.Response(200, json={"results": [
-            {"event_id": event["event_id"], "status": status, "code": "stale_epoch"}]})
+        return httpx.Response(
+            200,
+            json={
+                "results": [
+                    {"event_id": event["event_id"], "status": status, "code": "stale_epoch"}
+                ]
+            },
+        )
 
     fake_api.overrides["events/"] = reject
     body_ran = False
@@ -260,17 +306,24 @@ def test_a_rejected_step_start_stops_the_worker_before_the_step_runs(
     assert run.token.reason == "stale_epoch"
 
 
-def test_checkpoint_artifact_completion_and_outbox(client: SafestopClient, fake_api: FakeApi) -> None:
+def test_checkpoint_artifact_completion_and_outbox(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
     with leased(client) as run:
         run.checkpoint("checkpoint_01", {"cursor": 10}, step_seq=1)
         run.artifact("report.md", kind="markdown", content="# hi", reusable=True)
         item = run.enqueue_outbox("webhook", "http://hooks.local/x", {"a": 1}, idempotency_key="k1")
         answer = run.complete({"answer": 42})
     assert item["id"] == "outbox_1"
-    assert fake_api.sent("outbox/") == [{
-        "epoch": 3, "transport": "webhook", "destination": "http://hooks.local/x",
-        "payload": {"a": 1}, "idempotency_key": "k1",
-    }]
+    assert fake_api.sent("outbox/") == [
+        {
+            "epoch": 3,
+            "transport": "webhook",
+            "destination": "http://hooks.local/x",
+            "payload": {"a": 1},
+            "idempotency_key": "k1",
+        }
+    ]
     (checkpoint,) = fake_api.events_of_type("checkpoint.saved")
     assert checkpoint["label"] == "checkpoint_01" and checkpoint["state"] == {"cursor": 10}
     (artifact,) = fake_api.events_of_type("artifact.added")
@@ -280,7 +333,9 @@ def test_checkpoint_artifact_completion_and_outbox(client: SafestopClient, fake_
     assert answer["status"] == "accepted" and run.completed
 
 
-def test_outbox_refused_after_stop_raises_cancelled(client: SafestopClient, fake_api: FakeApi) -> None:
+def test_outbox_refused_after_stop_raises_cancelled(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
     fake_api.overrides["outbox/"] = lambda request, body: refusal("run_not_running")
     with leased(client) as run:
         run.enqueue_outbox("webhook", "http://hooks.local/x", {})
@@ -288,7 +343,9 @@ def test_outbox_refused_after_stop_raises_cancelled(client: SafestopClient, fake
     assert run.token.reason == "run_not_running"
 
 
-def test_a_permit_names_the_step_open_in_its_thread(client: SafestopClient, fake_api: FakeApi) -> None:
+def test_a_permit_names_the_step_open_in_its_thread(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
     with leased(client) as run:
         with run.tool_call("plan", {}, tool_call_id="call_outside") as call:
             call.result = "ok"

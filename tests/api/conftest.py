@@ -29,8 +29,15 @@ class Api:
     def get(self, path: str, token: Any = None, **params: Any) -> Any:
         return self.client.get(path, params, **self._headers(token))
 
-    def post(self, path: str, body: Any = None, token: Any = None, *, raw: bytes | str | None = None,
-             content_type: str = "application/json") -> Any:
+    def post(
+        self,
+        path: str,
+        body: Any = None,
+        token: Any = None,
+        *,
+        raw: bytes | str | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
         data = raw if raw is not None else json.dumps({} if body is None else body)
         return self.client.post(path, data=data, content_type=content_type, **self._headers(token))
 

@@ -12,7 +12,9 @@ from runs.models import LedgerEntry
 def test_an_admin_revokes_a_token_and_it_stops_working(api, client, agent_token, django_user_model):
     root = django_user_model.objects.create_superuser("root", password="pw")
     client.force_login(root)
-    response = client.post("/admin/runs/apitoken/", {"action": "revoke", "_selected_action": [agent_token.token.pk]})
+    response = client.post(
+        "/admin/runs/apitoken/", {"action": "revoke", "_selected_action": [agent_token.token.pk]}
+    )
     assert response.status_code == 302
     agent_token.token.refresh_from_db()
     assert agent_token.token.revoked_at is not None
@@ -22,7 +24,9 @@ def test_an_admin_revokes_a_token_and_it_stops_working(api, client, agent_token,
 
 
 @pytest.mark.django_db
-def test_the_admin_lists_tokens_without_their_hash_and_denials(api, client, agent_token, django_user_model):
+def test_the_admin_lists_tokens_without_their_hash_and_denials(
+    api, client, agent_token, django_user_model
+):
     api.client.get("/api/v1/runs/", HTTP_AUTHORIZATION="Bearer ss_nope")
     assert Denial.objects.count() == 1
     client.force_login(django_user_model.objects.create_superuser("root", password="pw"))

@@ -44,13 +44,20 @@ async def test_a_stop_is_pushed_the_moment_it_commits(team, agent_token):
     assert await socket.receive_nothing(timeout=0.1)
     outcome = await database_sync_to_async(stop)(run)
     frame = await socket.receive_json_from(timeout=3)
-    assert frame == {"type": "cancel_requested", "reason": "user_stop", "requested_by": "test", "stop_epoch": 2,
-                     "stop_request_id": outcome.stop_request.pk, "run_id": run.pk,
-                     "requested_at": outcome.stop_request.requested_at.isoformat()}
+    assert frame == {
+        "type": "cancel_requested",
+        "reason": "user_stop",
+        "requested_by": "test",
+        "stop_epoch": 2,
+        "stop_request_id": outcome.stop_request.pk,
+        "run_id": run.pk,
+        "requested_at": outcome.stop_request.requested_at.isoformat(),
+    }
     delivered = None
     for _ in range(40):
         delivered = await database_sync_to_async(
-            lambda: StopRequest.objects.get(pk=outcome.stop_request.pk).signal_delivered_at)()
+            lambda: StopRequest.objects.get(pk=outcome.stop_request.pk).signal_delivered_at
+        )()
         if delivered:
             break
         await asyncio.sleep(0.05)
@@ -64,7 +71,11 @@ async def test_the_worker_acks_over_the_socket(team, agent_token):
     await database_sync_to_async(stop)(run)
     await socket.receive_json_from(timeout=3)
     await socket.send_json_to({"type": "ack"})
-    assert await socket.receive_json_from(timeout=3) == {"type": "ack", "status": "draining", "stop_epoch": 2}
+    assert await socket.receive_json_from(timeout=3) == {
+        "type": "ack",
+        "status": "draining",
+        "stop_epoch": 2,
+    }
     assert (await database_sync_to_async(Run.objects.get)(pk=run.pk)).status == "draining"
     await socket.disconnect()
 
@@ -91,7 +102,9 @@ async def test_a_pending_run_sends_nothing_and_answers_pings(team, agent_token):
     await socket.disconnect()
 
 
-@pytest.mark.parametrize("headers", [[], [(b"authorization", b"Bearer ss_wrong")], [(b"authorization", b"Basic x")]])
+@pytest.mark.parametrize(
+    "headers", [[], [(b"authorization", b"Bearer ss_wrong")], [(b"authorization", b"Basic x")]]
+)
 async def test_a_bad_or_missing_token_is_refused_with_4401(team, headers):
     run = await database_sync_to_async(make_run)(team)
     assert await close_code(f"/ws/agent/runs/{run.pk}/", headers) == 4401
@@ -105,7 +118,9 @@ async def test_another_teams_run_is_refused_like_a_missing_one(other_team, agent
     assert (denial.reason, denial.credential) == ("wrong_team", "token:agent-1")
 
 
-async def test_another_teams_stop_is_never_pushed_to_this_token(team, other_team, agent_token, outsider_token):
+async def test_another_teams_stop_is_never_pushed_to_this_token(
+    team, other_team, agent_token, outsider_token
+):
     mine, _ = await database_sync_to_async(make_running)(team)
     socket = await open_socket(f"/ws/agent/runs/{mine.pk}/", bearer(agent_token))
     theirs, _ = await database_sync_to_async(make_running)(other_team)

@@ -27,9 +27,13 @@ def test_no_credentials_is_401(api):
     assert response["WWW-Authenticate"] == "Bearer"
 
 
-@pytest.mark.parametrize("header", ["Bearer ss_unknown", "Bearer", "Token abc", "Bearer a b", "Bearer \x00"])
+@pytest.mark.parametrize(
+    "header", ["Bearer ss_unknown", "Bearer", "Token abc", "Bearer a b", "Bearer \x00"]
+)
 def test_bad_tokens_are_401(api, header):
-    assert_error(api.client.get("/api/v1/runs/", HTTP_AUTHORIZATION=header), 401, "authentication_failed")
+    assert_error(
+        api.client.get("/api/v1/runs/", HTTP_AUTHORIZATION=header), 401, "authentication_failed"
+    )
 
 
 def test_a_body_over_the_limit_is_413(api, team, agent_token, settings):
@@ -46,10 +50,19 @@ def test_json_that_is_not_an_object_is_400(api, team, agent_token, raw):
     assert_error(api.post(url(run, "permits/"), raw=raw, token=agent_token), 400, "invalid")
 
 
-@pytest.mark.parametrize("raw", [
-    "{", '{"epoch": NaN}', '{"epoch": Infinity}', '{"x": 1e400}', '{"epoch": ' + "9" * 5000 + "}",
-    "[" * 100_000 + "]" * 100_000, '{"a": ' * 70 + "1" + "}" * 70, b"\xff\xfe{}",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{",
+        '{"epoch": NaN}',
+        '{"epoch": Infinity}',
+        '{"x": 1e400}',
+        '{"epoch": ' + "9" * 5000 + "}",
+        "[" * 100_000 + "]" * 100_000,
+        '{"a": ' * 70 + "1" + "}" * 70,
+        b"\xff\xfe{}",
+    ],
+)
 def test_malformed_json_is_400(api, team, agent_token, raw):
     run, _ = make_running(team)
     assert_error(api.post(url(run, "permits/"), raw=raw, token=agent_token), 400, "parse_error")
@@ -58,29 +71,49 @@ def test_malformed_json_is_400(api, team, agent_token, raw):
 def test_huge_and_mistyped_numbers_are_400_naming_the_field(api, team, agent_token):
     run, _ = make_running(team)
     for epoch in (10**100, 1.5, "1e3", True, [1], {"n": 1}):
-        body = assert_error(api.post(url(run, "permits/"), {"epoch": epoch, "tool_call_id": "c", "tool": "t"},
-                                     agent_token), 400, "invalid")
+        body = assert_error(
+            api.post(
+                url(run, "permits/"),
+                {"epoch": epoch, "tool_call_id": "c", "tool": "t"},
+                agent_token,
+            ),
+            400,
+            "invalid",
+        )
         assert body["field"] == "epoch"
 
 
 def test_unicode_nul_and_lone_surrogates_are_stored_not_crashed_on(api, team, agent_token):
     run, _ = make_running(team)
-    raw = json.dumps({"epoch": 1, "tool_call_id": "ç-😀", "tool": "t",
-                      "arguments": {"k\u0000ey": "nul\u0000byte", "s": "\ud800lone"}})
+    raw = json.dumps(
+        {
+            "epoch": 1,
+            "tool_call_id": "ç-😀",
+            "tool": "t",
+            "arguments": {"k\u0000ey": "nul\u0000byte", "s": "\ud800lone"},
+        }
+    )
     response = api.post(url(run, "permits/"), raw=raw, token=agent_token)
     assert response.status_code == 201
     record = ExecutionRecord.objects.get()
     assert record.tool_call_id == "ç-😀"
     assert record.arguments == {"k\ufffdey": "nul\ufffdbyte", "s": "\ufffdlone"}
-    text = api.post(url(run, "tool-calls/%C3%A7-%F0%9F%98%80/result/"),
-                    {"execution_state": "succeeded", "observation": "bin\u0000ary"}, agent_token)
+    text = api.post(
+        url(run, "tool-calls/%C3%A7-%F0%9F%98%80/result/"),
+        {"execution_state": "succeeded", "observation": "bin\u0000ary"},
+        agent_token,
+    )
     assert text.status_code == 200
 
 
 def test_form_bodies_are_415(api, team, agent_token):
     run, _ = make_running(team)
-    response = api.post(url(run, "permits/"), raw="epoch=1", token=agent_token,
-                        content_type="application/x-www-form-urlencoded")
+    response = api.post(
+        url(run, "permits/"),
+        raw="epoch=1",
+        token=agent_token,
+        content_type="application/x-www-form-urlencoded",
+    )
     assert_error(response, 415, "unsupported_media_type")
 
 
@@ -100,9 +133,24 @@ def test_strange_query_values_are_400_not_500(api, agent_token, reviewer_token):
     assert api.get("/api/v1/runs/", agent_token, status="\x00").status_code == 400
     assert api.get("/api/v1/ledger/", reviewer_token, actor="\x00").status_code == 400
     assert api.get("/api/v1/ledger/", reviewer_token, run="\x00").status_code == 400
-    assert api.get("/api/v1/metrics/stop-quality/", agent_token, since="9999-12-31T23:59:59+14:00").status_code == 400
-    assert api.get("/api/v1/metrics/stop-quality/", agent_token, since="0001-01-01T00:00:00+14:00").status_code == 400
-    assert api.get("/api/v1/metrics/stop-quality/", agent_token, until="0001-01-01T00:00:01Z").status_code == 200
+    assert (
+        api.get(
+            "/api/v1/metrics/stop-quality/", agent_token, since="9999-12-31T23:59:59+14:00"
+        ).status_code
+        == 400
+    )
+    assert (
+        api.get(
+            "/api/v1/metrics/stop-quality/", agent_token, since="0001-01-01T00:00:00+14:00"
+        ).status_code
+        == 400
+    )
+    assert (
+        api.get(
+            "/api/v1/metrics/stop-quality/", agent_token, until="0001-01-01T00:00:01Z"
+        ).status_code
+        == 200
+    )
 
 
 @pytest.mark.parametrize("position", ["garbage", "2020-01-01 00:00:00+00:00", "\x00", "9" * 40])

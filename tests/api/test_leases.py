@@ -24,7 +24,12 @@ def test_acquire_while_held_is_409_lease_held_with_status_and_epoch(api, team, a
     run, _ = make_running(team)
     response = api.post(url(run, "lease/"), {"worker_id": "w-2"}, agent_token)
     assert response.status_code == 409
-    assert response.json() == {**response.json(), "error": "lease_held", "status": "running", "stop_epoch": 1}
+    assert response.json() == {
+        **response.json(),
+        "error": "lease_held",
+        "status": "running",
+        "stop_epoch": 1,
+    }
 
 
 def test_acquire_a_stopped_run_is_409_run_not_running(api, team, agent_token):
@@ -33,13 +38,21 @@ def test_acquire_a_stopped_run_is_409_run_not_running(api, team, agent_token):
     response = api.post(url(run, "lease/"), {"worker_id": "w"}, agent_token)
     assert response.status_code == 409
     assert (response.json()["error"], response.json()["status"], response.json()["stop_epoch"]) == (
-        "run_not_running", "stopped_cleanly", 2)
+        "run_not_running",
+        "stopped_cleanly",
+        2,
+    )
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({}, "worker_id"), ({"worker_id": "w", "ttl_seconds": 0}, "ttl_seconds"),
-    ({"worker_id": "w", "ttl_seconds": 10**400}, "ttl_seconds"), ({"worker_id": "w", "ttl_seconds": "soon"}, "ttl_seconds"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "worker_id"),
+        ({"worker_id": "w", "ttl_seconds": 0}, "ttl_seconds"),
+        ({"worker_id": "w", "ttl_seconds": 10**400}, "ttl_seconds"),
+        ({"worker_id": "w", "ttl_seconds": "soon"}, "ttl_seconds"),
+    ],
+)
 def test_acquire_bad_input(api, team, agent_token, body, field):
     response = api.post(url(make_run(team), "lease/"), body, agent_token)
     assert response.status_code == 400
@@ -54,15 +67,26 @@ def test_heartbeat_without_a_stop_has_no_signal(api, team, agent_token):
     assert response.json()["expires_at"] > lease.expires_at.isoformat().replace("+00:00", "Z")[:19]
 
 
-def test_heartbeat_after_a_stop_carries_the_signal_and_counts_as_the_ack(api, team, agent_token, reviewer_token):
+def test_heartbeat_after_a_stop_carries_the_signal_and_counts_as_the_ack(
+    api, team, agent_token, reviewer_token
+):
     run, lease = make_running(team)
-    stop_request = api.post(url(run, "cancel/"), {"reason": "user_stop"}, reviewer_token).json()["stop_request"]
+    stop_request = api.post(url(run, "cancel/"), {"reason": "user_stop"}, reviewer_token).json()[
+        "stop_request"
+    ]
     response = api.post(url(run, "lease/heartbeat/"), lease_body(lease), agent_token)
     assert response.status_code == 200
     signal = response.json()["signal"]
-    assert {key: signal[key] for key in ("type", "reason", "requested_by", "stop_epoch", "stop_request_id")} == {
-        "type": "cancel_requested", "reason": "user_stop", "requested_by": "reviewer-bot", "stop_epoch": 2,
-        "stop_request_id": stop_request["id"]}
+    assert {
+        key: signal[key]
+        for key in ("type", "reason", "requested_by", "stop_epoch", "stop_request_id")
+    } == {
+        "type": "cancel_requested",
+        "reason": "user_stop",
+        "requested_by": "reviewer-bot",
+        "stop_epoch": 2,
+        "stop_request_id": stop_request["id"],
+    }
     assert api.get(url(run), agent_token).json()["status"] == "draining"
 
 
@@ -71,7 +95,10 @@ def test_heartbeat_at_a_wrong_epoch_is_409_stale_epoch(api, team, agent_token):
     response = api.post(url(run, "lease/heartbeat/"), lease_body(lease, epoch=7), agent_token)
     assert response.status_code == 409
     assert (response.json()["error"], response.json()["status"], response.json()["stop_epoch"]) == (
-        "stale_epoch", "running", 1)
+        "stale_epoch",
+        "running",
+        1,
+    )
 
 
 def test_heartbeat_once_stopped_is_409_lease_revoked(api, team, agent_token):
@@ -81,12 +108,17 @@ def test_heartbeat_once_stopped_is_409_lease_revoked(api, team, agent_token):
     response = api.post(url(run, "lease/heartbeat/"), lease_body(lease), agent_token)
     assert response.status_code == 409
     assert (response.json()["error"], response.json()["status"], response.json()["stop_epoch"]) == (
-        "lease_revoked", "stopped_cleanly", 2)
+        "lease_revoked",
+        "stopped_cleanly",
+        2,
+    )
 
 
 def test_heartbeat_with_an_unknown_lease_is_404(api, team, agent_token):
     run, lease = make_running(team)
-    response = api.post(url(run, "lease/heartbeat/"), {"lease_id": "lease_nope", "epoch": 1}, agent_token)
+    response = api.post(
+        url(run, "lease/heartbeat/"), {"lease_id": "lease_nope", "epoch": 1}, agent_token
+    )
     assert response.status_code == 404
 
 

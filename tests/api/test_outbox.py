@@ -16,18 +16,28 @@ def allowed_hosts(settings):
 
 
 def item(key="notify-1", **extra):
-    return {"epoch": 1, "transport": "webhook", "destination": "https://hooks.example/in",
-            "payload": {"text": "done"}, "idempotency_key": key, **extra}
+    return {
+        "epoch": 1,
+        "transport": "webhook",
+        "destination": "https://hooks.example/in",
+        "payload": {"text": "done"},
+        "idempotency_key": key,
+        **extra,
+    }
 
 
-def test_enqueue_is_201_and_a_retry_with_the_same_key_answers_the_first_item(api, team, agent_token):
+def test_enqueue_is_201_and_a_retry_with_the_same_key_answers_the_first_item(
+    api, team, agent_token
+):
     run, _ = make_running(team)
     first = api.post(url(run, "outbox/"), item(), agent_token)
     again = api.post(url(run, "outbox/"), item(payload={"text": "changed"}), agent_token)
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json() == again.json()
     assert {key: first.json()[key] for key in ("status", "idempotency_key")} == {
-        "status": "pending", "idempotency_key": "notify-1"}
+        "status": "pending",
+        "idempotency_key": "notify-1",
+    }
     assert first.json()["id"].startswith("outbox_")
     assert OutboxItem.objects.get().payload == {"text": "done"}
 
@@ -41,12 +51,15 @@ def test_enqueue_after_a_stop_is_409_stale_epoch(api, team, agent_token):
     assert not OutboxItem.objects.exists()
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"destination": "https://evil.example/x"}, "destination"),
-    ({"transport": "carrier_pigeon"}, "transport"),
-    ({"idempotency_key": ""}, "idempotency_key"),
-    ({"transport": "email", "destination": "not-an-address"}, "destination"),
-])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"destination": "https://evil.example/x"}, "destination"),
+        ({"transport": "carrier_pigeon"}, "transport"),
+        ({"idempotency_key": ""}, "idempotency_key"),
+        ({"transport": "email", "destination": "not-an-address"}, "destination"),
+    ],
+)
 def test_enqueue_bad_input_names_the_field(api, team, agent_token, change, field):
     run, _ = make_running(team)
     response = api.post(url(run, "outbox/"), item(**change), agent_token)

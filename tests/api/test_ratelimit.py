@@ -22,7 +22,9 @@ def frozen_clock(monkeypatch):
 
 
 @pytest.mark.django_db
-def test_over_the_limit_is_429_with_retry_after(api, agent_token, reviewer_token, settings, frozen_clock):
+def test_over_the_limit_is_429_with_retry_after(
+    api, agent_token, reviewer_token, settings, frozen_clock
+):
     settings.SAFESTOP_RATE_LIMIT_PER_MINUTE = 3
     assert [api.get("/api/v1/runs/", agent_token).status_code for _ in range(3)] == [200, 200, 200]
     refused = api.get("/api/v1/runs/", agent_token)

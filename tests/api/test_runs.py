@@ -12,9 +12,12 @@ pytestmark = pytest.mark.django_db
 
 
 def test_create_answers_201_with_id_status_and_epoch(api, agent_token):
-    body = {"title": "Quarterly report", "agent": "report-bot",
-            "steps": [{"key": "plan"}, {"key": "send", "name": "Send it", "kind": "external_action"}],
-            "budget": {"max_seconds": 600, "max_tool_calls": 20}}
+    body = {
+        "title": "Quarterly report",
+        "agent": "report-bot",
+        "steps": [{"key": "plan"}, {"key": "send", "name": "Send it", "kind": "external_action"}],
+        "budget": {"max_seconds": 600, "max_tool_calls": 20},
+    }
     response = api.post("/api/v1/runs/", body, agent_token)
     assert response.status_code == 201
     run = response.json()
@@ -25,11 +28,19 @@ def test_create_answers_201_with_id_status_and_epoch(api, agent_token):
     assert run["budget"] == {"max_seconds": 600, "max_tool_calls": 20, "tool_calls_used": 0}
     assert run["created_by"] == "agent-1"
     assert list(Step.objects.filter(run_id=run["id"]).values_list("key", "kind")) == [
-        ("plan", "model_call"), ("send", "external_action")]
+        ("plan", "model_call"),
+        ("send", "external_action"),
+    ]
 
 
-def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_run(api, agent_token, outsider_token):
-    body = {"title": "Nightly export", "agent": "export-bot", "idempotency_key": "export-2026-11-30"}
+def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_run(
+    api, agent_token, outsider_token
+):
+    body = {
+        "title": "Nightly export",
+        "agent": "export-bot",
+        "idempotency_key": "export-2026-11-30",
+    }
     first = api.post("/api/v1/runs/", body, agent_token)
     again = api.post("/api/v1/runs/", body, agent_token)
     other_team = api.post("/api/v1/runs/", body, outsider_token)
@@ -38,16 +49,25 @@ def test_a_retried_create_with_the_same_idempotency_key_returns_the_first_run(ap
     assert other_team.json()["id"] != first.json()["id"]  # keys are per team
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"agent": "a"}, "title"),
-    ({"title": ["not", "text"], "agent": "a"}, "title"),
-    ({"title": "t", "agent": "a" * 121}, "agent"),
-    ({"title": "t", "agent": "a", "steps": [{"key": "x"}, {"key": "x"}]}, "steps"),
-    ({"title": "t", "agent": "a", "steps": [{"name": "no key"}]}, "steps[0].key"),
-    ({"title": "t", "agent": "a", "steps": [{"key": "x", "kind": "teleport"}]}, "steps[0].kind"),
-    ({"title": "t", "agent": "a", "budget": {"max_seconds": -1}}, "budget.max_seconds"),
-    ({"title": "t", "agent": "a", "budget": {"max_tool_calls": 10**40}}, "budget.max_tool_calls"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"agent": "a"}, "title"),
+        ({"title": ["not", "text"], "agent": "a"}, "title"),
+        ({"title": "t", "agent": "a" * 121}, "agent"),
+        ({"title": "t", "agent": "a", "steps": [{"key": "x"}, {"key": "x"}]}, "steps"),
+        ({"title": "t", "agent": "a", "steps": [{"name": "no key"}]}, "steps[0].key"),
+        (
+            {"title": "t", "agent": "a", "steps": [{"key": "x", "kind": "teleport"}]},
+            "steps[0].kind",
+        ),
+        ({"title": "t", "agent": "a", "budget": {"max_seconds": -1}}, "budget.max_seconds"),
+        (
+            {"title": "t", "agent": "a", "budget": {"max_tool_calls": 10**40}},
+            "budget.max_tool_calls",
+        ),
+    ],
+)
 def test_create_with_bad_input_names_the_field(api, agent_token, body, field):
     response = api.post("/api/v1/runs/", body, agent_token)
     assert response.status_code == 400
@@ -103,9 +123,16 @@ def test_staff_read_every_team(api, client, team, other_team, django_user_model)
 def test_detail(api, team, agent_token):
     run = make_run(team)
     body = api.get(url(run), agent_token).json()
-    assert {key: body[key] for key in ("id", "title", "agent", "status", "stop_epoch", "stop_reason")} == {
-        "id": run.pk, "title": "Quarterly report", "agent": "report-bot", "status": "pending", "stop_epoch": 1,
-        "stop_reason": None}
+    assert {
+        key: body[key] for key in ("id", "title", "agent", "status", "stop_epoch", "stop_reason")
+    } == {
+        "id": run.pk,
+        "title": "Quarterly report",
+        "agent": "report-bot",
+        "status": "pending",
+        "stop_epoch": 1,
+        "stop_reason": None,
+    }
 
 
 def test_another_teams_run_is_a_404_like_a_missing_one_and_is_counted(api, other_team, agent_token):
@@ -115,4 +142,8 @@ def test_another_teams_run_is_a_404_like_a_missing_one_and_is_counted(api, other
     assert response.status_code == missing.status_code == 404
     assert response.json()["error"] == missing.json()["error"] == "not_found"
     denial = Denial.objects.get()
-    assert (denial.reason, denial.credential, denial.team_slug) == ("wrong_team", "token:agent-1", "acme")
+    assert (denial.reason, denial.credential, denial.team_slug) == (
+        "wrong_team",
+        "token:agent-1",
+        "acme",
+    )

@@ -26,16 +26,27 @@ from tests.api.conftest import make_run, make_running, stop
 pytestmark = pytest.mark.django_db
 
 DESIGN_PATHS = [
-    ("post", "/api/v1/runs/"), ("get", "/api/v1/runs/"), ("get", "/api/v1/runs/{run_id}/"),
-    ("post", "/api/v1/runs/{run_id}/lease/"), ("post", "/api/v1/runs/{run_id}/lease/heartbeat/"),
-    ("post", "/api/v1/runs/{run_id}/lease/release/"), ("post", "/api/v1/runs/{run_id}/permits/"),
-    ("post", "/api/v1/runs/{run_id}/tool-calls/{tool_call_id}/result/"), ("post", "/api/v1/runs/{run_id}/events/"),
-    ("post", "/api/v1/runs/{run_id}/outbox/"), ("post", "/api/v1/runs/{run_id}/drained/"),
-    ("post", "/api/v1/runs/{run_id}/cancel/"), ("post", "/api/v1/runs/{run_id}/takeover/"),
-    ("post", "/api/v1/runs/{run_id}/resume/"), ("post", "/api/v1/runs/{run_id}/close/"),
-    ("get", "/api/v1/runs/{run_id}/stop-packet/"), ("get", "/api/v1/runs/{run_id}/stop-packets/{epoch}/"),
-    ("post", "/api/v1/runs/{run_id}/resolutions/"), ("post", "/api/v1/runs/{run_id}/steering/"),
-    ("get", "/api/v1/ledger/"), ("get", "/api/v1/metrics/stop-quality/"),
+    ("post", "/api/v1/runs/"),
+    ("get", "/api/v1/runs/"),
+    ("get", "/api/v1/runs/{run_id}/"),
+    ("post", "/api/v1/runs/{run_id}/lease/"),
+    ("post", "/api/v1/runs/{run_id}/lease/heartbeat/"),
+    ("post", "/api/v1/runs/{run_id}/lease/release/"),
+    ("post", "/api/v1/runs/{run_id}/permits/"),
+    ("post", "/api/v1/runs/{run_id}/tool-calls/{tool_call_id}/result/"),
+    ("post", "/api/v1/runs/{run_id}/events/"),
+    ("post", "/api/v1/runs/{run_id}/outbox/"),
+    ("post", "/api/v1/runs/{run_id}/drained/"),
+    ("post", "/api/v1/runs/{run_id}/cancel/"),
+    ("post", "/api/v1/runs/{run_id}/takeover/"),
+    ("post", "/api/v1/runs/{run_id}/resume/"),
+    ("post", "/api/v1/runs/{run_id}/close/"),
+    ("get", "/api/v1/runs/{run_id}/stop-packet/"),
+    ("get", "/api/v1/runs/{run_id}/stop-packets/{epoch}/"),
+    ("post", "/api/v1/runs/{run_id}/resolutions/"),
+    ("post", "/api/v1/runs/{run_id}/steering/"),
+    ("get", "/api/v1/ledger/"),
+    ("get", "/api/v1/metrics/stop-quality/"),
 ]
 
 
@@ -47,11 +58,16 @@ def test_the_schema_has_every_row_of_the_contract(client):
     for method, path in DESIGN_PATHS:
         assert method in document["paths"].get(path, {}), f"{method.upper()} {path} is missing"
     assert document["components"]["securitySchemes"]["bearerAuth"] == {
-        **document["components"]["securitySchemes"]["bearerAuth"], "type": "http", "scheme": "bearer"}
+        **document["components"]["securitySchemes"]["bearerAuth"],
+        "type": "http",
+        "scheme": "bearer",
+    }
 
 
 def test_the_schema_validates_without_warnings(tmp_path):
-    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+    call_command(
+        "spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml")
+    )
     assert (tmp_path / "schema.yaml").read_text().startswith("openapi: 3")
 
 
@@ -64,7 +80,12 @@ def test_the_docs_page_uses_our_own_static_files(client):
     assert finders.find("drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
 
 
-POSITIVE_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+POSITIVE_CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 NEGATIVE_CHECKS = [not_a_server_error, content_type_conformance, response_schema_conformance]
 
 
@@ -80,7 +101,9 @@ def wsgi_keeps_the_test_transaction():
 
 
 @pytest.mark.usefixtures("wsgi_keeps_the_test_transaction")
-def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(team, reviewer_token, agent_token, settings):
+def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
+    team, reviewer_token, agent_token, settings
+):
     """Every operation, positive and negative inputs, with valid tokens of both roles; path
     parameters are sometimes pointed at real runs so the calls get past the 404."""
     settings.SAFESTOP_RATE_LIMIT_PER_MINUTE = 0  # fuzzing is not abuse
@@ -100,8 +123,13 @@ def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(team, reviewer_tok
 
 def _exercise(operation, mode, checks, examples, run_ids, tokens) -> None:
     @given(case=operation.as_strategy(generation_mode=mode), run_id=run_ids, token=tokens)
-    @hypothesis_settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                         suppress_health_check=list(HealthCheck))
+    @hypothesis_settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     def exercise(case, run_id, token):
         if run_id is not None and case.path_parameters and "run_id" in case.path_parameters:
             case.path_parameters["run_id"] = run_id

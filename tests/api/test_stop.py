@@ -13,13 +13,17 @@ pytestmark = pytest.mark.django_db
 
 def test_stop_is_202_and_a_repeat_answers_the_same_stop_request(api, team, reviewer_token):
     run, _ = make_running(team)
-    first = api.post(url(run, "cancel/"), {"reason": "user_stop", "note": "looks wrong"}, reviewer_token)
+    first = api.post(
+        url(run, "cancel/"), {"reason": "user_stop", "note": "looks wrong"}, reviewer_token
+    )
     again = api.post(url(run, "cancel/"), {"reason": "user_stop"}, reviewer_token)
     assert first.status_code == again.status_code == 202
     body = first.json()
     assert (body["status"], body["stop_epoch"], body["created"]) == ("cancel_requested", 2, True)
     assert {key: body["stop_request"][key] for key in ("reason", "requested_by")} == {
-        "reason": "user_stop", "requested_by": "reviewer-bot"}
+        "reason": "user_stop",
+        "requested_by": "reviewer-bot",
+    }
     assert body["stop_request"]["requested_at"]
     assert again.json()["stop_request"]["id"] == body["stop_request"]["id"]
     assert again.json()["created"] is False
@@ -28,7 +32,10 @@ def test_stop_is_202_and_a_repeat_answers_the_same_stop_request(api, team, revie
 
 def test_reason_defaults_to_user_stop(api, team, reviewer_token):
     run = make_run(team)
-    assert api.post(url(run, "cancel/"), {}, reviewer_token).json()["stop_request"]["reason"] == "user_stop"
+    assert (
+        api.post(url(run, "cancel/"), {}, reviewer_token).json()["stop_request"]["reason"]
+        == "user_stop"
+    )
 
 
 @pytest.mark.parametrize("reason", ["budget_exhausted", "timeout", "dependency_failure"])
@@ -58,7 +65,9 @@ def test_server_only_and_unknown_reasons_are_400(api, team, reviewer_token, reas
 
 def test_admin_kill_needs_an_admin(api, client, team, reviewer_token, alice):
     run = make_run(team)
-    assert api.post(url(run, "cancel/"), {"reason": "admin_kill"}, reviewer_token).status_code == 403
+    assert (
+        api.post(url(run, "cancel/"), {"reason": "admin_kill"}, reviewer_token).status_code == 403
+    )
     client.force_login(alice)
     response = api.post(url(run, "cancel/"), {"reason": "admin_kill"})
     assert response.status_code == 202
@@ -84,19 +93,30 @@ def test_session_stops_need_the_csrf_token(team, bob):
     assert reload(run).status == "pending"
     secret = "s3cr3tCsrfValue0123456789abcdef"[:32].ljust(32, "x")
     browser.cookies["csrftoken"] = secret
-    accepted = browser.post(url(run, "cancel/"), data={"reason": "user_stop"}, content_type="application/json",
-                            HTTP_X_CSRFTOKEN=secret)
+    accepted = browser.post(
+        url(run, "cancel/"),
+        data={"reason": "user_stop"},
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=secret,
+    )
     assert accepted.status_code == 202
     assert accepted.json()["stop_request"]["requested_by"] == "bob"
 
 
 def test_stopping_a_finished_run_is_409_already_finished(api, team, agent_token, reviewer_token):
     run, _ = make_running(team)
-    api.post(url(run, "events/"), {"epoch": 1, "events": [{"event_id": "done", "type": "run.completed"}]}, agent_token)
+    api.post(
+        url(run, "events/"),
+        {"epoch": 1, "events": [{"event_id": "done", "type": "run.completed"}]},
+        agent_token,
+    )
     response = api.post(url(run, "cancel/"), {"reason": "user_stop"}, reviewer_token)
     assert response.status_code == 409
     assert (response.json()["error"], response.json()["status"], response.json()["stop_epoch"]) == (
-        "already_finished", "completed", 1)
+        "already_finished",
+        "completed",
+        1,
+    )
 
 
 def test_another_teams_run_cannot_be_stopped(api, other_team, reviewer_token):
@@ -116,21 +136,44 @@ def test_drained_settles_the_stop_and_a_retry_is_harmless(api, team, agent_token
 
 def test_drained_with_observations_records_them(api, team, agent_token, reviewer_token):
     run, lease = make_running(team)
-    api.post(url(run, "permits/"), {"epoch": 1, "tool_call_id": "c1", "tool": "deploy", "side_effect": "write"},
-             agent_token)
+    api.post(
+        url(run, "permits/"),
+        {"epoch": 1, "tool_call_id": "c1", "tool": "deploy", "side_effect": "write"},
+        agent_token,
+    )
     api.post(url(run, "cancel/"), {"reason": "user_stop"}, reviewer_token)
-    response = api.post(url(run, "drained/"), lease_body(lease, observations=[
-        {"tool_call_id": "c1", "execution_state": "failed", "observation": "rolled back"}]), agent_token)
+    response = api.post(
+        url(run, "drained/"),
+        lease_body(
+            lease,
+            observations=[
+                {"tool_call_id": "c1", "execution_state": "failed", "observation": "rolled back"}
+            ],
+        ),
+        agent_token,
+    )
     assert response.json()["status"] == "stopped_cleanly"
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"observations": [{"tool_call_id": "c1", "execution_state": "exploded"}]}, "observations[0].execution_state"),
-    ({"observations": [{"tool_call_id": "c1", "execution_state": "failed", "operation_id": "o" * 201}]},
-     "observations[0].operation_id"),
-    ({"observations": {"not": "a list"}}, "observations"),
-    ({"lease_id": None}, "lease_id"),
-])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            {"observations": [{"tool_call_id": "c1", "execution_state": "exploded"}]},
+            "observations[0].execution_state",
+        ),
+        (
+            {
+                "observations": [
+                    {"tool_call_id": "c1", "execution_state": "failed", "operation_id": "o" * 201}
+                ]
+            },
+            "observations[0].operation_id",
+        ),
+        ({"observations": {"not": "a list"}}, "observations"),
+        ({"lease_id": None}, "lease_id"),
+    ],
+)
 def test_drained_bad_input(api, team, agent_token, change, field):
     run, lease = make_running(team)
     stop(run)
@@ -144,7 +187,10 @@ def test_drained_at_a_wrong_epoch_is_409(api, team, agent_token):
     stop(run)
     response = api.post(url(run, "drained/"), lease_body(lease, epoch=2), agent_token)
     assert response.status_code == 409
-    assert (response.json()["error"], response.json()["status"]) == ("stale_epoch", "cancel_requested")
+    assert (response.json()["error"], response.json()["status"]) == (
+        "stale_epoch",
+        "cancel_requested",
+    )
 
 
 def test_takeover_hands_a_quiet_run_to_a_human(api, team, reviewer_token):
@@ -168,7 +214,9 @@ def test_takeover_needs_a_reviewer(api, client, team, agent_token, charlie):
 def test_resume_starts_a_new_epoch_and_close_ends_the_run(api, team, reviewer_token):
     run = make_run(team)
     stop(run)
-    resumed = api.post(url(run, "resume/"), {"note": "try again", "carry_over_steering": True}, reviewer_token)
+    resumed = api.post(
+        url(run, "resume/"), {"note": "try again", "carry_over_steering": True}, reviewer_token
+    )
     assert resumed.status_code == 200
     assert (resumed.json()["status"], resumed.json()["stop_epoch"]) == ("pending", 3)
     stop(run)
@@ -182,8 +230,11 @@ def test_resume_and_close_of_a_running_run_are_409_illegal_transition(api, team,
     for action in ("resume/", "close/"):
         response = api.post(url(run, action), {}, reviewer_token)
         assert response.status_code == 409
-        assert (response.json()["error"], response.json()["status"], response.json()["stop_epoch"]) == (
-            "illegal_transition", "running", 1)
+        assert (
+            response.json()["error"],
+            response.json()["status"],
+            response.json()["stop_epoch"],
+        ) == ("illegal_transition", "running", 1)
 
 
 def test_resume_from_an_unknown_checkpoint_is_400(api, team, reviewer_token):

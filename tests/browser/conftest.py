@@ -33,12 +33,21 @@ T = TypeVar("T")
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `bash scripts/ensure-chromium.sh` (make test does)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: run `bash scripts/ensure-chromium.sh` (make test does)"
+        )
     return {
         **browser_type_launch_args,
         "executable_path": CHROMIUM,
-        "args": ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
+        "args": [
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+        ],
     }
 
 
@@ -76,6 +85,7 @@ def screenshot_dir() -> Path:
 @pytest.fixture
 def agent_api(live_stack, agent_token) -> Iterator[httpx.Client]:  # noqa: F811
     """The agent's side of the wire contract, against the live server."""
-    with httpx.Client(base_url=live_stack.url, headers={"Authorization": f"Bearer {agent_token.raw}"},
-                      timeout=10) as client:
+    with httpx.Client(
+        base_url=live_stack.url, headers={"Authorization": f"Bearer {agent_token.raw}"}, timeout=10
+    ) as client:
         yield client

@@ -35,7 +35,9 @@ def login(page: Page, url: str, username: str) -> None:
 
 
 def wait_live(page: Page) -> None:
-    expect(page.locator("[data-live-indicator]").first).to_have_attribute("data-state", "live", timeout=LIVE_TIMEOUT)
+    expect(page.locator("[data-live-indicator]").first).to_have_attribute(
+        "data-state", "live", timeout=LIVE_TIMEOUT
+    )
 
 
 def mark_no_reload(page: Page) -> None:
@@ -62,8 +64,14 @@ def record_statuses(page: Page) -> None:
 
 
 def create_run(api: httpx.Client, title: str) -> str:
-    response = api.post("/api/v1/runs/", json={"title": title, "agent": "report-bot",
-                                               "steps": [{"key": "plan"}, {"key": "act"}, {"key": "notify"}]})
+    response = api.post(
+        "/api/v1/runs/",
+        json={
+            "title": title,
+            "agent": "report-bot",
+            "steps": [{"key": "plan"}, {"key": "act"}, {"key": "notify"}],
+        },
+    )
     assert response.status_code == 201, response.text
     return response.json()["id"]
 
@@ -71,12 +79,18 @@ def create_run(api: httpx.Client, title: str) -> str:
 def collect_errors(page: Page) -> list[str]:
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(f"pageerror: {error}"))
-    page.on("console", lambda message: errors.append(f"console: {message.text}") if message.type == "error" else None)
+    page.on(
+        "console",
+        lambda message: (
+            errors.append(f"console: {message.text}") if message.type == "error" else None
+        ),
+    )
     return errors
 
 
-def test_reviewer_logs_in_and_a_new_run_appears_without_reload(page: Page, live_stack, agent_api, bob,
-                                                               screenshot_dir: Path) -> None:
+def test_reviewer_logs_in_and_a_new_run_appears_without_reload(
+    page: Page, live_stack, agent_api, bob, screenshot_dir: Path
+) -> None:
     errors = collect_errors(page)
     login(page, live_stack.url, "bob")
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
@@ -91,7 +105,9 @@ def test_reviewer_logs_in_and_a_new_run_appears_without_reload(page: Page, live_
     expect(row.locator(".chip")).to_have_text("Pending")
     expect(page.locator(".state-pill--pending b")).to_have_text("1")
 
-    lease = agent_api.post(f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "worker-7", "ttl_seconds": 60})
+    lease = agent_api.post(
+        f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "worker-7", "ttl_seconds": 60}
+    )
     assert lease.status_code in (200, 201), lease.text
     expect(row.locator(".chip")).to_have_text("Running", timeout=LIVE_TIMEOUT)
     assert_not_reloaded(page)
@@ -99,10 +115,13 @@ def test_reviewer_logs_in_and_a_new_run_appears_without_reload(page: Page, live_
     assert not errors, errors
 
 
-def test_stop_in_one_browser_is_seen_live_in_another(browser: Browser, page: Page, live_stack, agent_api, bob,
-                                                     alice, screenshot_dir: Path) -> None:
+def test_stop_in_one_browser_is_seen_live_in_another(
+    browser: Browser, page: Page, live_stack, agent_api, bob, alice, screenshot_dir: Path
+) -> None:
     run_id = create_run(agent_api, "Stop me, watched by two")
-    lease = agent_api.post(f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "worker-7", "ttl_seconds": 60}).json()
+    lease = agent_api.post(
+        f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "worker-7", "ttl_seconds": 60}
+    ).json()
 
     watcher_context = browser.new_context(viewport={"width": 1280, "height": 800})
     watcher = watcher_context.new_page()
@@ -122,22 +141,34 @@ def test_stop_in_one_browser_is_seen_live_in_another(browser: Browser, page: Pag
         page.get_by_label("Reason").select_option("user_stop")
         page.get_by_label("Note").first.fill("Numbers look wrong")
         page.get_by_test_id("stop-confirm").dblclick()  # a double click must stop once
-        expect(page.locator("#run-actions")).to_contain_text("Stop recorded (user_stop)", timeout=LIVE_TIMEOUT)
+        expect(page.locator("#run-actions")).to_contain_text(
+            "Stop recorded (user_stop)", timeout=LIVE_TIMEOUT
+        )
 
-        expect(watcher.locator("#run-summary .chip")).to_have_text("Cancel requested", timeout=LIVE_TIMEOUT)
+        expect(watcher.locator("#run-summary .chip")).to_have_text(
+            "Cancel requested", timeout=LIVE_TIMEOUT
+        )
         expect(watcher.locator(".progression")).to_contain_text("waiting for the worker")
-        expect(watcher.get_by_test_id("stop-open")).to_have_count(0)  # the actions followed the status
+        expect(watcher.get_by_test_id("stop-open")).to_have_count(
+            0
+        )  # the actions followed the status
         watcher.screenshot(path=screenshot_dir / "run-cancel-requested.png", full_page=True)
 
         # The worker notices on its heartbeat (the ack), then says it has drained.
-        beat = agent_api.post(f"/api/v1/runs/{run_id}/lease/heartbeat/",
-                              json={"lease_id": lease["lease_id"], "epoch": lease["epoch"]})
+        beat = agent_api.post(
+            f"/api/v1/runs/{run_id}/lease/heartbeat/",
+            json={"lease_id": lease["lease_id"], "epoch": lease["epoch"]},
+        )
         assert beat.status_code == 200 and beat.json()["signal"]["reason"] == "user_stop", beat.text
         expect(watcher.locator("#run-summary .chip")).to_have_text("Draining", timeout=LIVE_TIMEOUT)
-        drained = agent_api.post(f"/api/v1/runs/{run_id}/drained/",
-                                 json={"lease_id": lease["lease_id"], "epoch": lease["epoch"], "observations": []})
+        drained = agent_api.post(
+            f"/api/v1/runs/{run_id}/drained/",
+            json={"lease_id": lease["lease_id"], "epoch": lease["epoch"], "observations": []},
+        )
         assert drained.status_code == 200, drained.text
-        expect(watcher.locator("#run-summary .chip")).to_have_text("Stopped cleanly", timeout=LIVE_TIMEOUT)
+        expect(watcher.locator("#run-summary .chip")).to_have_text(
+            "Stopped cleanly", timeout=LIVE_TIMEOUT
+        )
 
         expect(watcher.locator("#run-actions")).to_have_attribute("data-status", "stopped_cleanly")
         seen = watcher.evaluate("window.__seen")
@@ -146,7 +177,9 @@ def test_stop_in_one_browser_is_seen_live_in_another(browser: Browser, page: Pag
         assert_not_reloaded(watcher)
         watcher.screenshot(path=screenshot_dir / "run-stopped.png", full_page=True)
         # the stopping browser followed too, and shows what can be done now
-        expect(page.locator("#run-summary .chip")).to_have_text("Stopped cleanly", timeout=LIVE_TIMEOUT)
+        expect(page.locator("#run-summary .chip")).to_have_text(
+            "Stopped cleanly", timeout=LIVE_TIMEOUT
+        )
         expect(page.locator("#run-actions")).to_contain_text("Resume")
         assert not watcher_errors, watcher_errors
     finally:
@@ -154,12 +187,19 @@ def test_stop_in_one_browser_is_seen_live_in_another(browser: Browser, page: Pag
 
     assert StopRequest.objects.filter(run_id=run_id).count() == 1
     run = Run.objects.get(pk=run_id)
-    assert run.status == RunStatus.STOPPED_CLEANLY and run.stop_epoch == 2 and run.stop_requested_by == "bob"
+    assert (
+        run.status == RunStatus.STOPPED_CLEANLY
+        and run.stop_epoch == 2
+        and run.stop_requested_by == "bob"
+    )
 
 
-def test_a_stopped_dirty_run_is_resolved_from_its_stop_packet(page: Page, live_stack, team, bob,
-                                                              screenshot_dir: Path) -> None:
-    run = in_thread(scenarios.stopped_dirty, team, by=Actor.for_user(bob), title="Deploy docs site (prod)")
+def test_a_stopped_dirty_run_is_resolved_from_its_stop_packet(
+    page: Page, live_stack, team, bob, screenshot_dir: Path
+) -> None:
+    run = in_thread(
+        scenarios.stopped_dirty, team, by=Actor.for_user(bob), title="Deploy docs site (prod)"
+    )
     call = run.execution_records.get(side_effect="write")
     errors = collect_errors(page)
     login(page, live_stack.url, "bob")
@@ -179,8 +219,11 @@ def test_a_stopped_dirty_run_is_resolved_from_its_stop_packet(page: Page, live_s
     card.get_by_role("button", name="Record resolution").click()
 
     expect(page.locator(f'.unknown-card[data-target-id="{call.tool_call_id}"]')).to_contain_text(
-        "Resolved as not applied by bob", timeout=LIVE_TIMEOUT)
-    expect(page.locator("#packet-status .chip")).to_have_text("Stopped cleanly", timeout=LIVE_TIMEOUT)
+        "Resolved as not applied by bob", timeout=LIVE_TIMEOUT
+    )
+    expect(page.locator("#packet-status .chip")).to_have_text(
+        "Stopped cleanly", timeout=LIVE_TIMEOUT
+    )
     expect(page.locator("#packet-status")).to_contain_text("Every unknown is resolved")
 
     frozen = page.locator("#packet-frozen")
@@ -196,9 +239,13 @@ def test_a_stopped_dirty_run_is_resolved_from_its_stop_packet(page: Page, live_s
     assert OutboxItem.objects.get(run=run).status == "discarded"
 
 
-def test_a_viewer_sees_no_stop_button_and_a_forged_post_is_403(page: Page, live_stack, agent_api, charlie) -> None:
+def test_a_viewer_sees_no_stop_button_and_a_forged_post_is_403(
+    page: Page, live_stack, agent_api, charlie
+) -> None:
     run_id = create_run(agent_api, "Only watch this one")
-    agent_api.post(f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "worker-7", "ttl_seconds": 60})
+    agent_api.post(
+        f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "worker-7", "ttl_seconds": 60}
+    )
     login(page, live_stack.url, "charlie")
     expect(page.locator(".role-badge")).to_have_text("viewer")
     page.goto(f"{live_stack.url}/runs/{run_id}/")
@@ -208,13 +255,16 @@ def test_a_viewer_sees_no_stop_button_and_a_forged_post_is_403(page: Page, live_
     expect(page.locator("#run-actions")).to_contain_text("need the reviewer role")
 
     # A forged POST from the viewer's own session, with a valid CSRF token: refused by role.
-    status = page.evaluate("""async (runId) => {
+    status = page.evaluate(
+        """async (runId) => {
         const token = JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRFToken'];
         const response = await fetch(`/runs/${runId}/stop/`, {
             method: 'POST', headers: {'X-CSRFToken': token, 'Content-Type': 'application/x-www-form-urlencoded'},
             body: 'reason=user_stop&note=forged'});
         return response.status;
-    }""", run_id)
+    }""",
+        run_id,
+    )
     assert status == 403
     assert Run.objects.get(pk=run_id).status == RunStatus.RUNNING
     assert not StopRequest.objects.filter(run_id=run_id).exists()
@@ -224,20 +274,30 @@ def _seed_everything(team: Any, bob: Any, alice: Any) -> dict[str, Run]:
     reviewer = Actor.for_user(bob)
     runs: dict[str, Run] = {}
     for index in range(6):
-        runs["running"], _lease = scenarios.running(team, title=f"Refresh CRM contacts #{index}", agent="crm-sync")
-    runs["dirty"] = scenarios.stopped_dirty(team, by=reviewer, title="Deploy docs site (prod)", agent="deployer")
-    runs["clean"] = scenarios.stopped_cleanly(team, by=reviewer, title="Reconcile invoices", agent="report-bot")
-    runs["handed_off"] = scenarios.handed_off(team, by=reviewer, title="Rotate API keys", agent="crm-sync")
-    scenarios.handed_off(team, by=Actor.for_user(alice), title="Summarise incident 4411", agent="triage-bot")
+        runs["running"], _lease = scenarios.running(
+            team, title=f"Refresh CRM contacts #{index}", agent="crm-sync"
+        )
+    runs["dirty"] = scenarios.stopped_dirty(
+        team, by=reviewer, title="Deploy docs site (prod)", agent="deployer"
+    )
+    runs["clean"] = scenarios.stopped_cleanly(
+        team, by=reviewer, title="Reconcile invoices", agent="report-bot"
+    )
+    runs["handed_off"] = scenarios.handed_off(
+        team, by=reviewer, title="Rotate API keys", agent="crm-sync"
+    )
+    scenarios.handed_off(
+        team, by=Actor.for_user(alice), title="Summarise incident 4411", agent="triage-bot"
+    )
     runs["completed"] = scenarios.completed(team, title="Nightly digest", agent="report-bot")
     runs["failed"] = scenarios.failed(team, title="Scrape vendor portal", agent="crm-sync")
     runs["pending"] = scenarios.new_run(team, title="Waiting for a worker")
     return runs
 
 
-def test_main_pages_render_cleanly_and_are_saved_as_screenshots(browser: Browser, page: Page, live_stack, team,
-                                                                bob, alice, agent_token,
-                                                                screenshot_dir: Path) -> None:
+def test_main_pages_render_cleanly_and_are_saved_as_screenshots(
+    browser: Browser, page: Page, live_stack, team, bob, alice, agent_token, screenshot_dir: Path
+) -> None:
     runs = in_thread(_seed_everything, team, bob, alice)
     errors = collect_errors(page)
     login(page, live_stack.url, "alice")
@@ -256,7 +316,9 @@ def test_main_pages_render_cleanly_and_are_saved_as_screenshots(browser: Browser
         response = page.goto(f"{live_stack.url}{path}")
         assert response is not None and response.status == 200, (name, response and response.status)
         if name == "audit":
-            expect(page.locator("#ledger-verify")).to_contain_text("Ledger verified", timeout=LIVE_TIMEOUT)
+            expect(page.locator("#ledger-verify")).to_contain_text(
+                "Ledger verified", timeout=LIVE_TIMEOUT
+            )
         if name.startswith("run") or name in ("handoffs", "stop-packet-dirty"):
             wait_live(page)
         page.screenshot(path=screenshot_dir / f"{name}.png", full_page=True)
@@ -276,7 +338,9 @@ def test_main_pages_render_cleanly_and_are_saved_as_screenshots(browser: Browser
         small.screenshot(path=screenshot_dir / "runs-narrow.png", full_page=True)
         small.goto(f"{live_stack.url}/runs/{runs['dirty'].pk}/")
         # usable narrow: nothing wider than the screen except inside the scrolling table wrappers
-        overflow = small.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        overflow = small.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
         assert overflow <= 1, overflow
         small.screenshot(path=screenshot_dir / "run-narrow.png", full_page=True)
     finally:
@@ -284,7 +348,9 @@ def test_main_pages_render_cleanly_and_are_saved_as_screenshots(browser: Browser
     assert not errors, errors
 
 
-def test_signing_out_in_another_tab_takes_the_live_page_back_to_the_login(page: Page, live_stack, bob) -> None:
+def test_signing_out_in_another_tab_takes_the_live_page_back_to_the_login(
+    page: Page, live_stack, bob
+) -> None:
     """The session ended elsewhere: the server closes the open socket with 4401 and the page
     reloads itself onto the login form instead of streaming to a signed-out browser."""
     login(page, live_stack.url, "bob")

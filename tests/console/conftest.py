@@ -42,8 +42,9 @@ def as_outsider(outsider) -> Client:
 
 @pytest.fixture
 def staff(db):
-    return get_user_model().objects.create_user(username="root", password="pw-root", is_staff=True,
-                                                is_superuser=True)
+    return get_user_model().objects.create_user(
+        username="root", password="pw-root", is_staff=True, is_superuser=True
+    )
 
 
 @pytest.fixture

@@ -22,7 +22,9 @@ def fresh_channel_layer() -> Iterator[None]:
     channel_layers.backends = {}
 
 
-async def close_code(communicator: WebsocketCommunicator, timeout: float = 3) -> tuple[int, list[Any]]:
+async def close_code(
+    communicator: WebsocketCommunicator, timeout: float = 3
+) -> tuple[int, list[Any]]:
     """Wait for the server to close the socket: its close code, and any frames sent before."""
     frames: list[Any] = []
     while True:

@@ -21,18 +21,38 @@ def _next() -> int:
     return next(_counter)
 
 
-def new_run(team: Team, *, title: str = "Quarterly report", agent: str = "report-bot",
-            steps: tuple[str, ...] = ("plan", "search", "draft", "notify"), **budget: Any) -> Run:
-    return services.run_create(team=team, title=title, agent=agent, actor=AGENT,
-                               steps=[services.PlannedStep(key, name=key.capitalize()) for key in steps], **budget)
+def new_run(
+    team: Team,
+    *,
+    title: str = "Quarterly report",
+    agent: str = "report-bot",
+    steps: tuple[str, ...] = ("plan", "search", "draft", "notify"),
+    **budget: Any,
+) -> Run:
+    return services.run_create(
+        team=team,
+        title=title,
+        agent=agent,
+        actor=AGENT,
+        steps=[services.PlannedStep(key, name=key.capitalize()) for key in steps],
+        **budget,
+    )
 
 
 def start(run: Run, *, worker: str = "worker-1", ttl: float = 60) -> Lease:
     return services.lease_acquire(run_id=run.pk, worker_id=worker, ttl_seconds=ttl, actor=AGENT)
 
 
-def work(run: Run, lease: Lease, *, steps: int = 2, calls_per_step: int = 1, write_open: bool = False,
-         outbox: int = 1, artifacts: int = 1) -> None:
+def work(
+    run: Run,
+    lease: Lease,
+    *,
+    steps: int = 2,
+    calls_per_step: int = 1,
+    write_open: bool = False,
+    outbox: int = 1,
+    artifacts: int = 1,
+) -> None:
     """Report steps, tool calls (finished), artifacts, a checkpoint and outbox items.
 
     With `write_open`, the last call is a write that is permitted but never reported: if the
@@ -42,32 +62,90 @@ def work(run: Run, lease: Lease, *, steps: int = 2, calls_per_step: int = 1, wri
     keys = [step.key for step in run.steps.order_by("seq")][:steps]
     n = _next()
     for index, key in enumerate(keys, start=1):
-        services.events_ingest(run_id=run.pk, epoch=epoch, actor=AGENT, events=[
-            {"event_id": f"{key}-start-{n}", "type": "step.started", "key": key, "kind": "tool_read"},
-        ])
+        services.events_ingest(
+            run_id=run.pk,
+            epoch=epoch,
+            actor=AGENT,
+            events=[
+                {
+                    "event_id": f"{key}-start-{n}",
+                    "type": "step.started",
+                    "key": key,
+                    "kind": "tool_read",
+                },
+            ],
+        )
         for call in range(calls_per_step):
             call_id = f"call_{n}_{index}_{call}"
-            services.permit_request(run_id=run.pk, epoch=epoch, tool_call_id=call_id, tool="web.search",
-                                    actor=AGENT, arguments={"q": key}, step_key=key)
-            services.tool_result_report(run_id=run.pk, tool_call_id=call_id, execution_state="succeeded",
-                                        actor=AGENT, observation=f"{key}: 12 results")
-        services.events_ingest(run_id=run.pk, epoch=epoch, actor=AGENT, events=[
-            {"event_id": f"{key}-done-{n}", "type": "step.completed", "key": key},
-            {"event_id": f"{key}-cp-{n}", "type": "checkpoint.saved", "label": f"checkpoint_{index:02d}",
-             "state": {"after": key}, "step_seq": index},
-        ])
+            services.permit_request(
+                run_id=run.pk,
+                epoch=epoch,
+                tool_call_id=call_id,
+                tool="web.search",
+                actor=AGENT,
+                arguments={"q": key},
+                step_key=key,
+            )
+            services.tool_result_report(
+                run_id=run.pk,
+                tool_call_id=call_id,
+                execution_state="succeeded",
+                actor=AGENT,
+                observation=f"{key}: 12 results",
+            )
+        services.events_ingest(
+            run_id=run.pk,
+            epoch=epoch,
+            actor=AGENT,
+            events=[
+                {"event_id": f"{key}-done-{n}", "type": "step.completed", "key": key},
+                {
+                    "event_id": f"{key}-cp-{n}",
+                    "type": "checkpoint.saved",
+                    "label": f"checkpoint_{index:02d}",
+                    "state": {"after": key},
+                    "step_seq": index,
+                },
+            ],
+        )
     for index in range(artifacts):
-        services.events_ingest(run_id=run.pk, epoch=epoch, actor=AGENT, events=[
-            {"event_id": f"artifact-{n}-{index}", "type": "artifact.added", "name": f"draft-{index}.md",
-             "kind": "markdown", "content": "# Draft", "reusable": True},
-        ])
+        services.events_ingest(
+            run_id=run.pk,
+            epoch=epoch,
+            actor=AGENT,
+            events=[
+                {
+                    "event_id": f"artifact-{n}-{index}",
+                    "type": "artifact.added",
+                    "name": f"draft-{index}.md",
+                    "kind": "markdown",
+                    "content": "# Draft",
+                    "reusable": True,
+                },
+            ],
+        )
     for index in range(outbox):
-        services.outbox_enqueue(run_id=run.pk, epoch=epoch, transport="email", destination="cfo@example.com",
-                                payload={"subject": "Report"}, idempotency_key=f"mail-{n}-{index}", actor=AGENT)
+        services.outbox_enqueue(
+            run_id=run.pk,
+            epoch=epoch,
+            transport="email",
+            destination="cfo@example.com",
+            payload={"subject": "Report"},
+            idempotency_key=f"mail-{n}-{index}",
+            actor=AGENT,
+        )
     if write_open:
-        services.permit_request(run_id=run.pk, epoch=epoch, tool_call_id=f"deploy_{n}", tool="deploy.push",
-                                actor=AGENT, side_effect="write", operation_id=f"deploy-{n}",
-                                idempotency_key=f"deploy-key-{n}", recovery_policy="query_original")
+        services.permit_request(
+            run_id=run.pk,
+            epoch=epoch,
+            tool_call_id=f"deploy_{n}",
+            tool="deploy.push",
+            actor=AGENT,
+            side_effect="write",
+            operation_id=f"deploy-{n}",
+            idempotency_key=f"deploy-key-{n}",
+            recovery_policy="query_original",
+        )
 
 
 def running(team: Team, **kwargs: Any) -> tuple[Run, Lease]:
@@ -82,7 +160,9 @@ def stopped_dirty(team: Team, *, by: Actor | None = None, **kwargs: Any) -> Run:
     """Running with a write in flight; stopped; the worker drains without saying what happened."""
     run, lease = running(team, write_open=True, **kwargs)
     services.run_stop(run_id=run.pk, reason="user_stop", actor=by or SYSTEM, note="looks wrong")
-    services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT, observations=[])
+    services.run_drained(
+        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT, observations=[]
+    )
     run.refresh_from_db()
     return run
 
@@ -90,7 +170,9 @@ def stopped_dirty(team: Team, *, by: Actor | None = None, **kwargs: Any) -> Run:
 def stopped_cleanly(team: Team, *, by: Actor | None = None, **kwargs: Any) -> Run:
     run, lease = running(team, **kwargs)
     services.run_stop(run_id=run.pk, reason="user_stop", actor=by or SYSTEM, note="pause")
-    services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT, observations=[])
+    services.run_drained(
+        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT, observations=[]
+    )
     run.refresh_from_db()
     return run
 
@@ -99,7 +181,9 @@ def handed_off(team: Team, *, by: Actor, **kwargs: Any) -> Run:
     run, lease = running(team, **kwargs)
     services.steering_queue(run_id=run.pk, text="Use the Q3 numbers, not Q2.", actor=by)
     services.run_takeover(run_id=run.pk, actor=by, note="I will finish this by hand")
-    services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT, observations=[])
+    services.run_drained(
+        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT, observations=[]
+    )
     run.refresh_from_db()
     return run
 
@@ -113,6 +197,8 @@ def completed(team: Team, **kwargs: Any) -> Run:
 
 def failed(team: Team, **kwargs: Any) -> Run:
     run, lease = running(team, **kwargs)
-    services.run_fail(run_id=run.pk, epoch=lease.epoch, actor=AGENT, error={"message": "model refused"})
+    services.run_fail(
+        run_id=run.pk, epoch=lease.epoch, actor=AGENT, error={"message": "model refused"}
+    )
     run.refresh_from_db()
     return run

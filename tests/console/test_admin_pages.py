@@ -71,8 +71,10 @@ def test_ledger_verification_status(as_admin, team, monkeypatch):
     ok = as_admin.get("/audit/verify/", **htmx()).content.decode()
     assert "Ledger verified" in ok and str(LedgerEntry.objects.count()) in ok
     entry = LedgerEntry.objects.filter(run=run).first()
-    monkeypatch.setattr("console.views.audit.ledger_verify",
-                        lambda: (3, ChainBreak(entry.pk, run.pk, 1, "content does not match its hash")))
+    monkeypatch.setattr(
+        "console.views.audit.ledger_verify",
+        lambda: (3, ChainBreak(entry.pk, run.pk, 1, "content does not match its hash")),
+    )
     broken = as_admin.get("/audit/verify/").content.decode()
     assert "FAILED" in broken and run.pk in broken and "does not match its hash" in broken
 
@@ -84,8 +86,13 @@ def test_stop_quality_shows_the_five_figures(as_viewer, team, bob):
     stopped_cleanly(team, by=Actor.for_user(bob))
     stopped_dirty(team, by=Actor.for_user(bob))
     body = as_viewer.get("/quality/").content.decode()
-    for title in ("Cancel → safe stop latency", "Side-effect leakage", "Late writes after stop",
-                  "Interruptions recovered cleanly", "Handoff completion"):
+    for title in (
+        "Cancel → safe stop latency",
+        "Side-effect leakage",
+        "Late writes after stop",
+        "Interruptions recovered cleanly",
+        "Handoff completion",
+    ):
         assert title in body
     assert "2 stops (1 clean, 1 dirty)" in body
     assert body.count("<svg") >= 3 and 'role="img"' in body
@@ -93,12 +100,17 @@ def test_stop_quality_shows_the_five_figures(as_viewer, team, bob):
 
 
 def test_stop_quality_custom_period_and_team(as_viewer, team):
-    response = as_viewer.get("/quality/", {"period": "custom", "since": "2020-01-01", "until": "2020-01-31",
-                                            "team": "acme"}, **htmx("quality-region"))
+    response = as_viewer.get(
+        "/quality/",
+        {"period": "custom", "since": "2020-01-01", "until": "2020-01-31", "team": "acme"},
+        **htmx("quality-region"),
+    )
     body = response.content.decode()
     assert response.status_code == 200 and body.lstrip().startswith('<section id="quality-region"')
     assert "2020-01-01 – 2020-01-31" in body and "0 stops" in body
-    bad = as_viewer.get("/quality/", {"period": "custom", "since": "2020-02-01", "until": "2020-01-01"})
+    bad = as_viewer.get(
+        "/quality/", {"period": "custom", "since": "2020-02-01", "until": "2020-01-01"}
+    )
     assert bad.status_code == 200 and "start date is after the end date" in bad.content.decode()
 
 
@@ -125,7 +137,10 @@ def test_tokens_page_creates_a_token_shown_once_and_revokes(as_admin, as_reviewe
 
 
 def test_every_model_has_an_admin(as_staff):
-    for model in [*apps.get_app_config("runs").get_models(), *apps.get_app_config("handoff").get_models()]:
+    for model in [
+        *apps.get_app_config("runs").get_models(),
+        *apps.get_app_config("handoff").get_models(),
+    ]:
         assert model in admin.site._registry, model.__name__
         url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
         assert as_staff.get(url).status_code == 200, url
@@ -140,17 +155,24 @@ def test_the_ledger_is_read_only_in_the_admin(as_staff, team):
     assert not model_admin.has_change_permission(request, entry)
     assert not model_admin.has_delete_permission(request, entry)
     assert as_staff.get("/admin/runs/ledgerentry/add/").status_code == 403
-    assert as_staff.post(f"/admin/runs/ledgerentry/{entry.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert (
+        as_staff.post(f"/admin/runs/ledgerentry/{entry.pk}/delete/", {"post": "yes"}).status_code
+        == 403
+    )
     change = as_staff.post(f"/admin/runs/ledgerentry/{entry.pk}/change/", {"action": "tampered"})
     assert change.status_code in (302, 403)
     entry.refresh_from_db()
     assert entry.action == "run.created"
-    assert as_staff.get(f"/admin/runs/ledgerentry/{entry.pk}/change/").status_code == 200  # viewable
+    assert (
+        as_staff.get(f"/admin/runs/ledgerentry/{entry.pk}/change/").status_code == 200
+    )  # viewable
 
 
 def test_admin_kill_action_uses_the_stop_service(as_staff, team):
     run, _lease = running(team)
-    response = as_staff.post("/admin/runs/run/", {"action": "admin_kill", "_selected_action": [run.pk]})
+    response = as_staff.post(
+        "/admin/runs/run/", {"action": "admin_kill", "_selected_action": [run.pk]}
+    )
     assert response.status_code == 302
     run = Run.objects.get(pk=run.pk)
     assert run.status == "cancel_requested" and run.stop_reason == "admin_kill"

@@ -17,13 +17,16 @@ from tests.console.scenarios import AGENT, new_run, start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 def _session_cookie(user) -> str:
     client = Client()
     client.force_login(user)
     return client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
-async def _connect(path: str, *, user=None, origin: str | None = ORIGIN) -> tuple[WebsocketCommunicator, bool, int]:
+async def _connect(
+    path: str, *, user=None, origin: str | None = ORIGIN
+) -> tuple[WebsocketCommunicator, bool, int]:
     headers = []
     if origin:
         headers.append((b"origin", origin.encode()))
@@ -46,7 +49,9 @@ async def test_no_session_is_refused(team):
 async def test_foreign_origin_is_refused(team, bob):
     run = await database_sync_to_async(new_run)(team)
     for origin in ("https://evil.example", None):
-        communicator, connected, _code = await _connect(f"/ws/runs/{run.pk}/", user=bob, origin=origin)
+        communicator, connected, _code = await _connect(
+            f"/ws/runs/{run.pk}/", user=bob, origin=origin
+        )
         assert not connected, origin
         await communicator.disconnect()
 
@@ -64,18 +69,25 @@ async def test_another_teams_run_is_refused(team, other_team, outsider):
 async def test_a_change_after_connect_arrives(team, charlie, bob):
     run = await database_sync_to_async(new_run)(team)
     lease = await database_sync_to_async(start)(run)
-    communicator, connected, _code = await _connect(f"/ws/runs/{run.pk}/", user=charlie)  # a viewer may watch
+    communicator, connected, _code = await _connect(
+        f"/ws/runs/{run.pk}/", user=charlie
+    )  # a viewer may watch
     assert connected
     assert await communicator.receive_nothing(timeout=0.1)
-    await database_sync_to_async(services.run_stop)(run_id=run.pk, reason="user_stop", actor=Actor.for_user(bob))
+    await database_sync_to_async(services.run_stop)(
+        run_id=run.pk, reason="user_stop", actor=Actor.for_user(bob)
+    )
     frame = await communicator.receive_json_from(timeout=3)
     assert frame["type"] == "run.updated" and frame["run_id"] == run.pk
     assert frame["status"] == "cancel_requested" and frame["stop_epoch"] == 2
     assert frame["kind"] == "run.stop_requested" and frame["team"] == team.pk
     await database_sync_to_async(services.lease_heartbeat)(
-        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT)
+        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT
+    )
     frames = [await communicator.receive_json_from(timeout=3)]
-    while frames[-1]["status"] != "draining" and len(frames) < 5:  # the stop also announces its signal
+    while (
+        frames[-1]["status"] != "draining" and len(frames) < 5
+    ):  # the stop also announces its signal
         frames.append(await communicator.receive_json_from(timeout=3))
     assert frames[-1]["status"] == "draining" and frames[-1]["seq"] > frame["seq"]
     await communicator.disconnect()
@@ -88,12 +100,18 @@ async def test_runs_page_socket_sees_its_teams_only(team, other_team, bob):
     assert await communicator.receive_nothing(timeout=0.3)
     mine = await database_sync_to_async(new_run)(team, title="for bob")
     frame = await communicator.receive_json_from(timeout=3)
-    assert frame["run_id"] == mine.pk and frame["kind"] == "run.created" and frame["status"] == "pending"
+    assert (
+        frame["run_id"] == mine.pk
+        and frame["kind"] == "run.created"
+        and frame["status"] == "pending"
+    )
     await communicator.disconnect()
 
 
 async def test_a_user_with_no_team_is_refused_the_runs_socket(db, django_user_model):
-    lonely = await database_sync_to_async(django_user_model.objects.create_user)(username="lonely", password="x")
+    lonely = await database_sync_to_async(django_user_model.objects.create_user)(
+        username="lonely", password="x"
+    )
     communicator, connected, code = await _connect("/ws/runs/", user=lonely)
     assert not connected and code == 4403
     await communicator.disconnect()

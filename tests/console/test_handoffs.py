@@ -49,9 +49,15 @@ def test_accept_then_complete(as_reviewer, handoff):
 
 
 def test_return_to_automation_from_a_checkpoint_carrying_steering(as_reviewer, handoff):
-    response = as_reviewer.post(f"/handoffs/{handoff.pk}/return/", {
-        "checkpoint": "checkpoint_01", "carry_over_steering": "on", "note": "try again",
-    }, **htmx())
+    response = as_reviewer.post(
+        f"/handoffs/{handoff.pk}/return/",
+        {
+            "checkpoint": "checkpoint_01",
+            "carry_over_steering": "on",
+            "note": "try again",
+        },
+        **htmx(),
+    )
     assert "Returned to automation" in response.content.decode()
     run = _run(handoff)
     assert run.status == RunStatus.PENDING and run.resume_from == "checkpoint_01"
@@ -67,8 +73,11 @@ def test_close_discards(as_reviewer, handoff):
 
 def test_steering_decided_from_the_inbox(as_reviewer, handoff):
     message = _run(handoff).steering_messages.get()
-    response = as_reviewer.post(f"/runs/{handoff.run_id}/steering/{message.pk}/decide/",
-                                {"decision": "discard", "from": "handoffs"}, **htmx())
+    response = as_reviewer.post(
+        f"/runs/{handoff.run_id}/steering/{message.pk}/decide/",
+        {"decision": "discard", "from": "handoffs"},
+        **htmx(),
+    )
     body = response.content.decode()
     assert body.lstrip().startswith(f'<article id="handoff-{handoff.pk}"') and "Discarded." in body
     message.refresh_from_db()

@@ -41,7 +41,6 @@ from tests.livestack import live_stack_redis  # noqa: F401  (fixture)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 def _session_cookie(user) -> str:
     client = Client()
     client.force_login(user)
@@ -50,8 +49,14 @@ def _session_cookie(user) -> str:
 
 async def _open(path: str, user) -> WebsocketCommunicator:
     cookie = await database_sync_to_async(_session_cookie)(user)
-    communicator = WebsocketCommunicator(application, path, headers=[
-        (b"origin", ORIGIN.encode()), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())])
+    communicator = WebsocketCommunicator(
+        application,
+        path,
+        headers=[
+            (b"origin", ORIGIN.encode()),
+            (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()),
+        ],
+    )
     connected, code = await communicator.connect()
     assert connected, code
     return communicator
@@ -70,7 +75,8 @@ async def _remove(user, team) -> None:
 
 
 async def test_a_user_removed_from_a_team_stops_receiving_it_and_its_run_socket_closes(
-        no_timer, team, other_team, bob):
+    no_timer, team, other_team, bob
+):
     await _join(bob, other_team)
     theirs = await _new_run(other_team, title="other team's")
     runs_page = await _open("/ws/runs/", bob)
@@ -98,7 +104,9 @@ async def test_a_user_removed_from_a_team_stops_receiving_it_and_its_run_socket_
     await runs_page.disconnect()
 
 
-async def test_a_user_added_to_a_team_receives_its_frames_without_reconnecting(no_timer, team, other_team, charlie):
+async def test_a_user_added_to_a_team_receives_its_frames_without_reconnecting(
+    no_timer, team, other_team, charlie
+):
     runs_page = await _open("/ws/runs/", charlie)
     await database_sync_to_async(new_run)(other_team, title="before charlie joined")
     assert await runs_page.receive_nothing(timeout=0.3)
@@ -151,11 +159,15 @@ async def test_staff_losing_staff_keeps_only_their_own_teams(no_timer, team, oth
     await database_sync_to_async(demote)()
     leaked = await _new_run(other_team)
     mine = await _new_run(team)
-    assert (await runs_page.receive_json_from(timeout=3))["run_id"] == mine.pk, f"{leaked.pk} leaked"
+    assert (await runs_page.receive_json_from(timeout=3))["run_id"] == mine.pk, (
+        f"{leaked.pk} leaked"
+    )
     await runs_page.disconnect()
 
 
-def test_only_access_changes_of_a_user_are_announced(transactional_db, team, other_team, bob, monkeypatch):
+def test_only_access_changes_of_a_user_are_announced(
+    transactional_db, team, other_team, bob, monkeypatch
+):
     sent: list[int] = []
     monkeypatch.setattr(realtime, "_send_access_changed", sent.append)
     Client().force_login(bob)  # a login saves last_login only: no access change
@@ -170,8 +182,9 @@ def test_only_access_changes_of_a_user_are_announced(transactional_db, team, oth
     assert sent == [bob.pk] * 4
 
 
-async def test_the_timer_closes_sockets_when_the_message_is_lost(fast_timer, monkeypatch, team, other_team, bob,
-                                                                  charlie):
+async def test_the_timer_closes_sockets_when_the_message_is_lost(
+    fast_timer, monkeypatch, team, other_team, bob, charlie
+):
     # Every access.changed is lost (as a Pub/Sub message can be).
     monkeypatch.setattr(realtime, "membership_changed", lambda user_id: None)
     run = await _new_run(team)
@@ -181,7 +194,9 @@ async def test_the_timer_closes_sockets_when_the_message_is_lost(fast_timer, mon
     started = time.monotonic()
     await _remove(bob, team)
     # A queryset update sends no signal at all.
-    await database_sync_to_async(get_user_model().objects.filter(pk=charlie.pk).update)(is_active=False)
+    await database_sync_to_async(get_user_model().objects.filter(pk=charlie.pk).update)(
+        is_active=False
+    )
     for socket in (runs_page, run_page):
         code, _frames = await close_code(socket, timeout=5)
         assert code == 4403
@@ -189,7 +204,9 @@ async def test_the_timer_closes_sockets_when_the_message_is_lost(fast_timer, mon
     assert time.monotonic() - started < 3 * fast_timer + 1
 
 
-async def test_the_timer_also_picks_up_a_lost_join(fast_timer, monkeypatch, team, other_team, charlie):
+async def test_the_timer_also_picks_up_a_lost_join(
+    fast_timer, monkeypatch, team, other_team, charlie
+):
     monkeypatch.setattr(realtime, "membership_changed", lambda user_id: None)
     runs_page = await _open("/ws/runs/", charlie)
     await _join(charlie, other_team)
@@ -218,17 +235,28 @@ async def test_run_frames_take_no_database_hop(no_timer, team, bob, monkeypatch)
     monkeypatch.setattr(SyncToAsync, "__call__", counting)
     layer = get_channel_layer(realtime.VIEWER_LAYER)
     for seq in range(1, 31):
-        event = {"type": "run.updated", "kind": "run.step_started", "run_id": run.pk, "team": team.pk,
-                 "status": "running", "stop_epoch": 1, "seq": seq}
+        event = {
+            "type": "run.updated",
+            "kind": "run.step_started",
+            "run_id": run.pk,
+            "team": team.pk,
+            "status": "running",
+            "stop_epoch": 1,
+            "seq": seq,
+        }
         message = {**event, "frame": realtime.browser_frame(event)}
         await layer.group_send(realtime.run_group(run.pk), message)
         await layer.group_send(realtime.team_group(team.pk), message)
     for socket in sockets:
-        assert [(await socket.receive_json_from(timeout=3))["seq"] for _ in range(30)] == list(range(1, 31))
+        assert [(await socket.receive_json_from(timeout=3))["seq"] for _ in range(30)] == list(
+            range(1, 31)
+        )
     assert hops == []
     # The counter works: an access message does hop (close_old_connections, the access read).
     hops.clear()
-    await layer.group_send(realtime.user_group(bob.pk), {"type": realtime.ACCESS_CHANGED, "user_id": bob.pk})
+    await layer.group_send(
+        realtime.user_group(bob.pk), {"type": realtime.ACCESS_CHANGED, "user_id": bob.pk}
+    )
     assert await sockets[0].receive_nothing(timeout=0.3)
     assert hops
     for socket in sockets:
@@ -243,12 +271,24 @@ def test_removal_over_redis_pubsub_reaches_another_process(live_stack_redis, tea
     theirs = new_run(other_team)
     client = Client()
     client.force_login(bob)
-    headers = {"Cookie": f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"}
+    headers = {
+        "Cookie": f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    }
     origin = f"http://127.0.0.1:{stack.port}"
-    with connect(f"{stack.ws_url}/ws/runs/", origin=origin, additional_headers=headers, open_timeout=5) as runs_page, \
-            connect(f"{stack.ws_url}/ws/runs/{theirs.pk}/", origin=origin, additional_headers=headers,
-                    open_timeout=5) as run_page:
-        time.sleep(0.3)  # the subscriptions are made before accept(); give Redis a moment all the same
+    with (
+        connect(
+            f"{stack.ws_url}/ws/runs/", origin=origin, additional_headers=headers, open_timeout=5
+        ) as runs_page,
+        connect(
+            f"{stack.ws_url}/ws/runs/{theirs.pk}/",
+            origin=origin,
+            additional_headers=headers,
+            open_timeout=5,
+        ) as run_page,
+    ):
+        time.sleep(
+            0.3
+        )  # the subscriptions are made before accept(); give Redis a moment all the same
         Membership.objects.filter(user=bob, team=other_team).delete()
         with pytest.raises(ConnectionClosed) as closed:
             run_page.recv(timeout=5)

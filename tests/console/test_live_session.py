@@ -34,8 +34,6 @@ from tests.console.scenarios import new_run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
-
 def _logged_in(user) -> Client:
     client = Client()
     client.force_login(user)
@@ -45,8 +43,14 @@ def _logged_in(user) -> Client:
 async def _open(path: str, client: Client) -> WebsocketCommunicator:
     """A socket on `client`'s session (the browser's cookie)."""
     cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
-    communicator = WebsocketCommunicator(application, path, headers=[
-        (b"origin", ORIGIN.encode()), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())])
+    communicator = WebsocketCommunicator(
+        application,
+        path,
+        headers=[
+            (b"origin", ORIGIN.encode()),
+            (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()),
+        ],
+    )
     connected, code = await communicator.connect()
     assert connected, code
     return communicator
@@ -63,7 +67,8 @@ async def _new_run(team, **kwargs):
 async def _access_changed(user) -> None:
     """The message as the publisher sends it, with nothing in it about any session."""
     await get_channel_layer(realtime.VIEWER_LAYER).group_send(
-        realtime.user_group(user.pk), {"type": realtime.ACCESS_CHANGED, "user_id": user.pk})
+        realtime.user_group(user.pk), {"type": realtime.ACCESS_CHANGED, "user_id": user.pk}
+    )
 
 
 async def test_logging_out_closes_the_sockets_of_that_session(no_timer, team, bob):
@@ -78,7 +83,9 @@ async def test_logging_out_closes_the_sockets_of_that_session(no_timer, team, bo
         await socket.disconnect()
 
 
-async def test_a_session_deleted_from_the_store_closes_its_sockets_at_the_next_recheck(no_timer, team, bob):
+async def test_a_session_deleted_from_the_store_closes_its_sockets_at_the_next_recheck(
+    no_timer, team, bob
+):
     """An admin deleting sessions sends nothing; the re-check finds the session gone."""
     run = await _new_run(team)
     browser = await _client(bob)
@@ -101,8 +108,14 @@ async def test_a_logout_message_closes_its_session_even_before_the_flush(no_time
     leaving, staying = await _open("/ws/runs/", laptop), await _open("/ws/runs/", phone)
     key = laptop.cookies[settings.SESSION_COOKIE_NAME].value
     layer = get_channel_layer(realtime.VIEWER_LAYER)
-    await layer.group_send(realtime.user_group(bob.pk), {  # the session itself is still in the store
-        "type": realtime.ACCESS_CHANGED, "user_id": bob.pk, "ended_session": realtime.session_digest(key)})
+    await layer.group_send(
+        realtime.user_group(bob.pk),
+        {  # the session itself is still in the store
+            "type": realtime.ACCESS_CHANGED,
+            "user_id": bob.pk,
+            "ended_session": realtime.session_digest(key),
+        },
+    )
     assert (await close_code(leaving))[0] == 4401
     mine = await _new_run(team)
     assert (await staying.receive_json_from(timeout=3))["run_id"] == mine.pk
@@ -145,7 +158,8 @@ async def test_another_session_of_the_user_stays_open_when_one_logs_out(no_timer
 
 
 async def test_the_timer_closes_sockets_of_ended_sessions_when_the_message_is_lost(
-        fast_timer, monkeypatch, team, bob, charlie):
+    fast_timer, monkeypatch, team, bob, charlie
+):
     # Every access.changed is lost (as a Pub/Sub message can be).
     monkeypatch.setattr(realtime, "membership_changed", lambda *args, **kwargs: None)
     run = await _new_run(team)
@@ -157,7 +171,8 @@ async def test_the_timer_closes_sockets_of_ended_sessions_when_the_message_is_lo
     await database_sync_to_async(bobs.logout)()
     # A queryset update sends no signal at all.
     await database_sync_to_async(get_user_model().objects.filter(pk=charlie.pk).update)(
-        password=make_password("a-new-password"))
+        password=make_password("a-new-password")
+    )
     for socket in (logged_out, new_password):
         code, _frames = await close_code(socket, timeout=5)
         assert code == 4401
@@ -167,7 +182,9 @@ async def test_the_timer_closes_sockets_of_ended_sessions_when_the_message_is_lo
 
 def test_logout_and_password_changes_are_announced(transactional_db, bob, monkeypatch):
     sent: list[tuple[int, str | None]] = []
-    monkeypatch.setattr(realtime, "_send_access_changed", lambda user_id, ended=None: sent.append((user_id, ended)))
+    monkeypatch.setattr(
+        realtime, "_send_access_changed", lambda user_id, ended=None: sent.append((user_id, ended))
+    )
     browser = _logged_in(bob)
     key = browser.cookies[settings.SESSION_COOKIE_NAME].value
     assert sent == []

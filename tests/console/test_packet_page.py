@@ -52,23 +52,44 @@ def test_json_download_is_the_snapshot(as_viewer, dirty):
     response = as_viewer.get(f"/runs/{dirty.pk}/packets/2.json")
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
-    assert f'stop-packet-{dirty.pk}-epoch2.json' in response["Content-Disposition"]
+    assert f"stop-packet-{dirty.pk}-epoch2.json" in response["Content-Disposition"]
     data = json.loads(response.content)
     assert data == dirty.stop_packets.get().snapshot
-    for key in ("run_id", "stop_epoch", "stop_reason", "requested_by", "requested_at", "stopped_at", "state",
-                "lease_released", "resume_from", "frozen_outbox_ids", "in_flight_outbox_ids", "completed_steps",
-                "pending_steps", "artifacts", "unconfirmed_side_effects", "unapplied_steering",
-                "late_writes_rejected"):
+    for key in (
+        "run_id",
+        "stop_epoch",
+        "stop_reason",
+        "requested_by",
+        "requested_at",
+        "stopped_at",
+        "state",
+        "lease_released",
+        "resume_from",
+        "frozen_outbox_ids",
+        "in_flight_outbox_ids",
+        "completed_steps",
+        "pending_steps",
+        "artifacts",
+        "unconfirmed_side_effects",
+        "unapplied_steering",
+        "late_writes_rejected",
+    ):
         assert key in data, key
     assert data["state"] == "stopped_dirty"
 
 
 def test_resolving_the_last_unknown_makes_the_run_stopped_cleanly(as_reviewer, dirty):
     call = dirty.execution_records.get(side_effect="write")
-    response = as_reviewer.post(f"/runs/{dirty.pk}/resolve/", {
-        "target": "tool_call", "target_id": call.tool_call_id, "decision": "not_applied",
-        "evidence": "deploy API shows no deployment with that id",
-    }, **htmx())
+    response = as_reviewer.post(
+        f"/runs/{dirty.pk}/resolve/",
+        {
+            "target": "tool_call",
+            "target_id": call.tool_call_id,
+            "decision": "not_applied",
+            "evidence": "deploy API shows no deployment with that id",
+        },
+        **htmx(),
+    )
     body = response.content.decode()
     assert response.status_code == 200
     assert body.lstrip().startswith('<article class="unknown-card is-resolved"')
@@ -84,18 +105,31 @@ def test_resolving_the_last_unknown_makes_the_run_stopped_cleanly(as_reviewer, d
 
 def test_resolving_without_htmx_redirects_back_to_the_packet(as_reviewer, dirty):
     call = dirty.execution_records.get(side_effect="write")
-    response = as_reviewer.post(f"/runs/{dirty.pk}/resolve/", {
-        "target": "tool_call", "target_id": call.tool_call_id, "decision": "applied", "evidence": "seen in prod",
-    })
+    response = as_reviewer.post(
+        f"/runs/{dirty.pk}/resolve/",
+        {
+            "target": "tool_call",
+            "target_id": call.tool_call_id,
+            "decision": "applied",
+            "evidence": "seen in prod",
+        },
+    )
     assert response.status_code == 302 and response["Location"] == f"/runs/{dirty.pk}/packet/"
     assert _reload(dirty).status == RunStatus.STOPPED_CLEANLY
 
 
 def test_missing_evidence_is_an_error_on_the_card(as_reviewer, dirty):
     call = dirty.execution_records.get(side_effect="write")
-    response = as_reviewer.post(f"/runs/{dirty.pk}/resolve/", {
-        "target": "tool_call", "target_id": call.tool_call_id, "decision": "applied", "evidence": "",
-    }, **htmx())
+    response = as_reviewer.post(
+        f"/runs/{dirty.pk}/resolve/",
+        {
+            "target": "tool_call",
+            "target_id": call.tool_call_id,
+            "decision": "applied",
+            "evidence": "",
+        },
+        **htmx(),
+    )
     assert response.status_code == 200
     assert "evidence" in response.content.decode() and 'role="alert"' in response.content.decode()
     assert _reload(dirty).status == RunStatus.STOPPED_DIRTY
@@ -105,17 +139,24 @@ def test_a_viewer_cannot_resolve(as_viewer, dirty):
     call = dirty.execution_records.get(side_effect="write")
     page = as_viewer.get(f"/runs/{dirty.pk}/packets/2/").content.decode()
     assert "Record resolution" not in page
-    response = as_viewer.post(f"/runs/{dirty.pk}/resolve/", {
-        "target": "tool_call", "target_id": call.tool_call_id, "decision": "applied", "evidence": "x",
-    })
+    response = as_viewer.post(
+        f"/runs/{dirty.pk}/resolve/",
+        {
+            "target": "tool_call",
+            "target_id": call.tool_call_id,
+            "decision": "applied",
+            "evidence": "x",
+        },
+    )
     assert response.status_code == 403
     assert _reload(dirty).status == RunStatus.STOPPED_DIRTY
 
 
 def test_release_a_frozen_item_from_the_packet(as_reviewer, dirty):
     item = dirty.outbox_items.get()
-    response = as_reviewer.post(f"/runs/{dirty.pk}/outbox/{item.pk}/release/", {"from": "packet"},
-                                **htmx("packet-frozen"))
+    response = as_reviewer.post(
+        f"/runs/{dirty.pk}/outbox/{item.pk}/release/", {"from": "packet"}, **htmx("packet-frozen")
+    )
     body = response.content.decode()
     assert response.status_code == 200 and body.lstrip().startswith('<section id="packet-frozen"')
     assert "released: it will be dispatched" in body

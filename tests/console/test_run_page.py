@@ -50,8 +50,13 @@ def test_viewer_sees_no_stop_button_and_a_forged_post_is_403(as_viewer, team):
     body = as_viewer.get(f"/runs/{run.pk}/").content.decode()
     assert "Confirm stop" not in body and "Take over" not in body
     assert "need the reviewer role" in body
-    for path, data in [("stop", {"reason": "user_stop"}), ("takeover", {}), ("steering", {"text": "x"}),
-                       ("resume", {}), ("close", {})]:
+    for path, data in [
+        ("stop", {"reason": "user_stop"}),
+        ("takeover", {}),
+        ("steering", {"text": "x"}),
+        ("resume", {}),
+        ("close", {}),
+    ]:
         response = as_viewer.post(f"/runs/{run.pk}/{path}/", data)
         assert response.status_code == 403, path
     assert _reload(run).status == RunStatus.RUNNING
@@ -67,7 +72,9 @@ def test_another_teams_run_is_not_found(as_outsider, team):
 
 def test_stop_without_htmx_redirects_and_records_one_stop(as_reviewer, team, bob):
     run, _lease = running(team)
-    response = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop", "note": "wrong data"})
+    response = as_reviewer.post(
+        f"/runs/{run.pk}/stop/", {"reason": "user_stop", "note": "wrong data"}
+    )
     assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
     run = _reload(run)
     assert run.status == RunStatus.CANCEL_REQUESTED  # a live lease: waiting for the worker
@@ -79,8 +86,12 @@ def test_stop_without_htmx_redirects_and_records_one_stop(as_reviewer, team, bob
 
 def test_double_submitted_stop_stops_once(as_reviewer, team):
     run, _lease = running(team)
-    first = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions"))
-    second = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions"))
+    first = as_reviewer.post(
+        f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions")
+    )
+    second = as_reviewer.post(
+        f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions")
+    )
     assert first.status_code == second.status_code == 200
     assert StopRequest.objects.filter(run=run).count() == 1
     assert _reload(run).stop_epoch == 2
@@ -89,7 +100,9 @@ def test_double_submitted_stop_stops_once(as_reviewer, team):
 
 def test_htmx_stop_answers_with_fragments_not_a_redirect(as_reviewer, team):
     run = new_run(team)  # no worker: cancel_requested → draining → stopped_cleanly at once
-    response = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions"))
+    response = as_reviewer.post(
+        f"/runs/{run.pk}/stop/", {"reason": "user_stop"}, **htmx("run-actions")
+    )
     body = response.content.decode()
     assert response.status_code == 200
     assert body.lstrip().startswith('<section id="run-actions"')
@@ -103,7 +116,9 @@ def test_admin_kill_is_only_offered_to_admins(as_reviewer, as_admin, team):
     run, _lease = running(team)
     assert "admin_kill" not in as_reviewer.get(f"/runs/{run.pk}/").content.decode()
     assert "admin_kill" in as_admin.get(f"/runs/{run.pk}/").content.decode()
-    refused = as_reviewer.post(f"/runs/{run.pk}/stop/", {"reason": "admin_kill"}, **htmx("run-actions"))
+    refused = as_reviewer.post(
+        f"/runs/{run.pk}/stop/", {"reason": "admin_kill"}, **htmx("run-actions")
+    )
     assert refused.status_code == 200 and "Select a valid choice" in refused.content.decode()
     assert _reload(run).status == RunStatus.RUNNING
     as_admin.post(f"/runs/{run.pk}/stop/", {"reason": "admin_kill"})
@@ -114,7 +129,10 @@ def test_domain_errors_are_messages_not_500(as_reviewer, team):
     run, _lease = running(team)
     closing = as_reviewer.post(f"/runs/{run.pk}/close/", {"note": "x"}, **htmx("run-actions"))
     assert closing.status_code == 200
-    assert "cannot be closed" in closing.content.decode() and 'role="alert"' in closing.content.decode()
+    assert (
+        "cannot be closed" in closing.content.decode()
+        and 'role="alert"' in closing.content.decode()
+    )
     plain = as_reviewer.post(f"/runs/{run.pk}/resume/", {})
     assert plain.status_code == 302
     assert "cannot be resumed" in as_reviewer.get(plain["Location"]).content.decode()
@@ -123,7 +141,9 @@ def test_domain_errors_are_messages_not_500(as_reviewer, team):
 
 def test_take_over_a_running_run_ends_handed_off_after_the_drain(as_reviewer, team, bob):
     run, lease = running(team)
-    response = as_reviewer.post(f"/runs/{run.pk}/takeover/", {"note": "mine now"}, **htmx("run-actions"))
+    response = as_reviewer.post(
+        f"/runs/{run.pk}/takeover/", {"note": "mine now"}, **htmx("run-actions")
+    )
     assert "handed off as soon as it is stopped cleanly" in response.content.decode()
     assert _reload(run).status == RunStatus.CANCEL_REQUESTED
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT)
@@ -134,10 +154,16 @@ def test_take_over_a_running_run_ends_handed_off_after_the_drain(as_reviewer, te
 
 def test_resume_from_a_checkpoint_and_close(as_reviewer, team):
     run = stopped_cleanly(team)
-    response = as_reviewer.post(f"/runs/{run.pk}/resume/", {"checkpoint": "checkpoint_01"}, **htmx("run-actions"))
+    response = as_reviewer.post(
+        f"/runs/{run.pk}/resume/", {"checkpoint": "checkpoint_01"}, **htmx("run-actions")
+    )
     assert "Resumed from checkpoint_01" in response.content.decode()
     run = _reload(run)
-    assert run.status == RunStatus.PENDING and run.resume_from == "checkpoint_01" and run.stop_epoch == 3
+    assert (
+        run.status == RunStatus.PENDING
+        and run.resume_from == "checkpoint_01"
+        and run.stop_epoch == 3
+    )
     other = stopped_cleanly(team)
     as_reviewer.post(f"/runs/{other.pk}/close/", {"note": "not needed"})
     assert _reload(other).status == RunStatus.CANCELLED
@@ -145,14 +171,17 @@ def test_resume_from_a_checkpoint_and_close(as_reviewer, team):
 
 def test_steering_is_queued_and_shown(as_reviewer, team):
     run, _lease = running(team)
-    response = as_reviewer.post(f"/runs/{run.pk}/steering/", {"text": "Prefer the EU region"},
-                                **htmx("steering-form-box"))
+    response = as_reviewer.post(
+        f"/runs/{run.pk}/steering/", {"text": "Prefer the EU region"}, **htmx("steering-form-box")
+    )
     body = response.content.decode()
     assert response.status_code == 200
     assert body.lstrip().startswith('<section id="steering-form-box"')
     assert "Queued for the agent." in body
     assert "Prefer the EU region" in body  # in the out-of-band detail region
-    empty = as_reviewer.post(f"/runs/{run.pk}/steering/", {"text": "  "}, **htmx("steering-form-box"))
+    empty = as_reviewer.post(
+        f"/runs/{run.pk}/steering/", {"text": "  "}, **htmx("steering-form-box")
+    )
     assert "required" in empty.content.decode().lower()
 
 
@@ -160,8 +189,11 @@ def test_unapplied_steering_is_carried_over_or_discarded(as_reviewer, team, bob)
     run = handed_off(team, by=Actor.for_user(bob))
     message = run.steering_messages.get()
     assert message.status == "unapplied_at_stop"
-    response = as_reviewer.post(f"/runs/{run.pk}/steering/{message.pk}/decide/", {"decision": "carry_over"},
-                                **htmx("run-detail"))
+    response = as_reviewer.post(
+        f"/runs/{run.pk}/steering/{message.pk}/decide/",
+        {"decision": "carry_over"},
+        **htmx("run-detail"),
+    )
     assert response.status_code == 200 and "Carried over" in response.content.decode()
     message.refresh_from_db()
     assert message.status == "carried_over"
@@ -173,7 +205,9 @@ def test_frozen_outbox_item_is_released_or_discarded(as_reviewer, team):
     assert item.status == "frozen"
     page = as_reviewer.get(f"/runs/{run.pk}/").content.decode()
     assert f"/runs/{run.pk}/outbox/{item.pk}/release/" in page
-    response = as_reviewer.post(f"/runs/{run.pk}/outbox/{item.pk}/discard/", {}, **htmx("run-detail"))
+    response = as_reviewer.post(
+        f"/runs/{run.pk}/outbox/{item.pk}/discard/", {}, **htmx("run-detail")
+    )
     assert response.status_code == 200 and "discarded" in response.content.decode()
     item.refresh_from_db()
     assert item.status == "discarded"
@@ -187,8 +221,13 @@ def test_live_fragments_by_target(as_viewer, team):
     assert f'data-seq="{_reload(run).change_seq}"' in summary
     assert 'id="run-detail" class="run-detail" hx-swap-oob="true"' in summary
     assert 'id="run-actions"' not in summary
-    with_actions = as_viewer.get(f"/runs/{run.pk}/", {"with": "actions"}, **htmx("run-summary")).content.decode()
-    assert '<section id="run-actions"' in with_actions and with_actions.count('hx-swap-oob="true"') == 2
+    with_actions = as_viewer.get(
+        f"/runs/{run.pk}/", {"with": "actions"}, **htmx("run-summary")
+    ).content.decode()
+    assert (
+        '<section id="run-actions"' in with_actions
+        and with_actions.count('hx-swap-oob="true"') == 2
+    )
     actions = as_viewer.get(f"/runs/{run.pk}/", **htmx("run-actions")).content.decode()
     assert actions.lstrip().startswith('<section id="run-actions"') and "<html" not in actions
 
@@ -210,31 +249,54 @@ def test_run_page_queries_do_not_grow_with_rows(as_reviewer, team, django_assert
         assert as_reviewer.get(f"/runs/{small.pk}/").status_code == 200
     with CaptureQueriesContext(connection) as many:
         response = as_reviewer.get(f"/runs/{big.pk}/")
-    assert response.status_code == 200 and response.content.decode().count('class="timeline__item') == 50
+    assert (
+        response.status_code == 200
+        and response.content.decode().count('class="timeline__item') == 50
+    )
     assert len(many) == len(few)
     with django_assert_max_num_queries(RUN_PAGE_MAX_QUERIES):
         as_reviewer.get(f"/runs/{big.pk}/", **htmx("run-summary"))
 
 
-def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(as_viewer, team, settings):
+def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(
+    as_viewer, team, settings
+):
     import console.selectors as console_selectors
 
     window = 5
     original = console_selectors.RUN_STEP_WINDOW
     console_selectors.RUN_STEP_WINDOW = window
     try:
-        run = services.run_create(team=team, title="long", agent="bot", actor=AGENT,
-                                  steps=[services.PlannedStep(f"step_{n:02d}") for n in range(12)])
+        run = services.run_create(
+            team=team,
+            title="long",
+            agent="bot",
+            actor=AGENT,
+            steps=[services.PlannedStep(f"step_{n:02d}") for n in range(12)],
+        )
         lease = services.lease_acquire(run_id=run.pk, worker_id="w", ttl_seconds=60, actor=AGENT)
-        services.permit_request(run_id=run.pk, epoch=lease.epoch, tool_call_id="call_old_write", tool="deploy",
-                                side_effect="write", actor=AGENT)
-        services.tool_result_report(run_id=run.pk, tool_call_id="call_old_write", execution_state="unknown",
-                                    actor=AGENT)
+        services.permit_request(
+            run_id=run.pk,
+            epoch=lease.epoch,
+            tool_call_id="call_old_write",
+            tool="deploy",
+            side_effect="write",
+            actor=AGENT,
+        )
+        services.tool_result_report(
+            run_id=run.pk, tool_call_id="call_old_write", execution_state="unknown", actor=AGENT
+        )
         for n in range(8):
-            services.permit_request(run_id=run.pk, epoch=lease.epoch, tool_call_id=f"call_read_{n}", tool="search",
-                                    actor=AGENT)
-        short = services.run_create(team=team, title="short", agent="bot", actor=AGENT,
-                                    steps=[services.PlannedStep("only")])
+            services.permit_request(
+                run_id=run.pk,
+                epoch=lease.epoch,
+                tool_call_id=f"call_read_{n}",
+                tool="search",
+                actor=AGENT,
+            )
+        short = services.run_create(
+            team=team, title="short", agent="bot", actor=AGENT, steps=[services.PlannedStep("only")]
+        )
         with CaptureQueriesContext(connection) as short_queries:
             as_viewer.get(f"/runs/{short.pk}/")
         with CaptureQueriesContext(connection) as long_queries:
@@ -257,4 +319,4 @@ def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(a
 
 def _section(body: str, section_id: str) -> str:
     start = body.index(f'<section id="{section_id}"')
-    return body[start:body.index("</section>", start)]
+    return body[start : body.index("</section>", start)]

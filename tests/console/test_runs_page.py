@@ -62,7 +62,7 @@ def test_counts_per_state_and_dirty_runs_stand_out(as_reviewer, team, bob):
     assert 'class="row--attention"' in body
     assert f'href="/runs/{dirty.pk}/packet/">needs resolution' in body
     # the state strip counts two pending runs and one dirty run
-    assert 'state-pill--pending' in body and "Pending <b>2</b>" in body
+    assert "state-pill--pending" in body and "Pending <b>2</b>" in body
     assert "Stopped dirty <b>1</b>" in body
 
 

@@ -42,16 +42,25 @@ def _viewer(stack: LiveStack, path: str, user: Any) -> ClientConnection:
     client = Client()
     client.force_login(user)
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
-    return connect(f"{stack.ws_url}{path}", origin=f"http://127.0.0.1:{stack.port}",
-                   additional_headers={"Cookie": cookie}, open_timeout=5)
+    return connect(
+        f"{stack.ws_url}{path}",
+        origin=f"http://127.0.0.1:{stack.port}",
+        additional_headers={"Cookie": cookie},
+        open_timeout=5,
+    )
 
 
 def _worker(stack: LiveStack, run_id: str, raw_token: str) -> ClientConnection:
-    return connect(stack.agent_ws_url(run_id), additional_headers={"Authorization": f"Bearer {raw_token}"},
-                   open_timeout=5)
+    return connect(
+        stack.agent_ws_url(run_id),
+        additional_headers={"Authorization": f"Bearer {raw_token}"},
+        open_timeout=5,
+    )
 
 
-def _frames_until(socket: ClientConnection, run_id: str, last_seq: int, timeout: float = 10) -> list[dict]:
+def _frames_until(
+    socket: ClientConnection, run_id: str, last_seq: int, timeout: float = 10
+) -> list[dict]:
     """This run's frames until one says `last_seq` (or the timeout)."""
     frames: list[dict] = []
     deadline = time.monotonic() + timeout
@@ -68,8 +77,12 @@ def _frames_until(socket: ClientConnection, run_id: str, last_seq: int, timeout:
 
 
 def _ingest_one(run_id: str, epoch: int, key: str) -> None:
-    services.events_ingest(run_id=run_id, epoch=epoch, actor=AGENT,
-                           events=[{"event_id": key, "type": "step.started", "key": key}])
+    services.events_ingest(
+        run_id=run_id,
+        epoch=epoch,
+        actor=AGENT,
+        events=[{"event_id": key, "type": "step.started", "key": key}],
+    )
 
 
 def _assert_in_order_without_gaps(frames: list[dict], first: int, last: int) -> None:
@@ -81,31 +94,60 @@ def _assert_in_order_without_gaps(frames: list[dict], first: int, last: int) -> 
 
 
 def test_the_aliases_the_consumers_and_the_publisher_agree_on():
-    assert RunConsumer.channel_layer_alias == TeamRunsConsumer.channel_layer_alias == realtime.VIEWER_LAYER
+    assert (
+        RunConsumer.channel_layer_alias
+        == TeamRunsConsumer.channel_layer_alias
+        == realtime.VIEWER_LAYER
+    )
     assert AgentRunConsumer.channel_layer_alias == "default" != realtime.VIEWER_LAYER
     assert set(settings.CHANNEL_LAYERS) >= {"default", realtime.VIEWER_LAYER}
-    probe = ("import django; django.setup(); from django.conf import settings;"
-             "print(' '.join(settings.CHANNEL_LAYERS[a]['BACKEND'] for a in ('default', 'viewers')))")
-    with_redis = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
-                                env={**os.environ, "REDIS_URL": REDIS_URL, "DJANGO_SETTINGS_MODULE": "console.settings"})
+    probe = (
+        "import django; django.setup(); from django.conf import settings;"
+        "print(' '.join(settings.CHANNEL_LAYERS[a]['BACKEND'] for a in ('default', 'viewers')))"
+    )
+    with_redis = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "REDIS_URL": REDIS_URL, "DJANGO_SETTINGS_MODULE": "console.settings"},
+    )
     # The stop signal stays on the reliable core layer; only browsers move to Pub/Sub.
-    assert with_redis.stdout.split() == ["channels_redis.core.RedisChannelLayer",
-                                         "channels_redis.pubsub.RedisPubSubChannelLayer"]
-    embedded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
-                              env={**{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
-                                   "DJANGO_SETTINGS_MODULE": "console.settings"})
+    assert with_redis.stdout.split() == [
+        "channels_redis.core.RedisChannelLayer",
+        "channels_redis.pubsub.RedisPubSubChannelLayer",
+    ]
+    embedded = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+        },
+    )
     assert embedded.stdout.split() == ["channels.layers.InMemoryChannelLayer"] * 2
 
 
 def test_a_burst_reaches_browser_viewers_in_order_and_the_stop_reaches_the_worker(
-        live_stack_redis, team, charlie, agent_token):  # noqa: F811
+    live_stack_redis,  # noqa: F811
+    team,
+    charlie,
+    agent_token,  # noqa: F811
+):
     stack = live_stack_redis
     run = new_run(team)
     lease = start(run)
     run.refresh_from_db()
     first = run.change_seq + 1
-    with _viewer(stack, f"/ws/runs/{run.pk}/", charlie) as viewer, _viewer(stack, "/ws/runs/", charlie) as runs_page, \
-            _worker(stack, run.pk, agent_token.raw) as worker:
+    with (
+        _viewer(stack, f"/ws/runs/{run.pk}/", charlie) as viewer,
+        _viewer(stack, "/ws/runs/", charlie) as runs_page,
+        _worker(stack, run.pk, agent_token.raw) as worker,
+    ):
         time.sleep(0.3)  # subscriptions are made before accept(); give Redis a moment all the same
         for n in range(40):  # as fast as the test process commits: one frame per change
             _ingest_one(run.pk, lease.epoch, f"burst-{n}")
@@ -114,24 +156,37 @@ def test_a_burst_reaches_browser_viewers_in_order_and_the_stop_reaches_the_worke
         last = run.change_seq
 
         signal = json.loads(worker.recv(timeout=10))
-        assert (signal["type"], signal["stop_epoch"], signal["run_id"]) == ("cancel_requested", 2, run.pk)
+        assert (signal["type"], signal["stop_epoch"], signal["run_id"]) == (
+            "cancel_requested",
+            2,
+            run.pk,
+        )
         for socket in (viewer, runs_page):
             frames = _frames_until(socket, run.pk, last)
             _assert_in_order_without_gaps(frames, first, last)
             assert frames[-1]["status"] == "cancel_requested"
             # encoded once by the publisher (realtime.browser_frame): the whitelisted fields only
-            assert {tuple(sorted(frame)) for frame in frames} == {tuple(sorted(realtime.BROWSER_FRAME_FIELDS))}
+            assert {tuple(sorted(frame)) for frame in frames} == {
+                tuple(sorted(realtime.BROWSER_FRAME_FIELDS))
+            }
         # the worker's socket carries the stop signal only, never browser frames
         with pytest.raises(TimeoutError):
             worker.recv(timeout=0.5)
 
 
 def test_sockets_idle_past_the_redis_default_socket_timeout_still_get_the_next_change(
-        live_stack_redis, team, charlie, agent_token):  # noqa: F811
+    live_stack_redis,  # noqa: F811
+    team,
+    charlie,
+    agent_token,  # noqa: F811
+):
     stack = live_stack_redis
     run = new_run(team)
     start(run)
-    with _viewer(stack, f"/ws/runs/{run.pk}/", charlie) as viewer, _worker(stack, run.pk, agent_token.raw) as worker:
+    with (
+        _viewer(stack, f"/ws/runs/{run.pk}/", charlie) as viewer,
+        _worker(stack, run.pk, agent_token.raw) as worker,
+    ):
         time.sleep(7)  # redis-py 8's default socket timeout is 5 s
         services.run_stop(run_id=run.pk, reason="user_stop", actor=SYSTEM)
         run.refresh_from_db()
@@ -141,7 +196,11 @@ def test_sockets_idle_past_the_redis_default_socket_timeout_still_get_the_next_c
         except ConnectionClosed as closed:  # 1011 was the symptom of #422
             pytest.fail(f"an idle socket was closed: {closed}")
     assert signal["type"] == "cancel_requested"
-    assert frames and frames[-1]["seq"] == run.change_seq and frames[-1]["status"] == "cancel_requested"
+    assert (
+        frames
+        and frames[-1]["seq"] == run.change_seq
+        and frames[-1]["status"] == "cancel_requested"
+    )
 
 
 def test_the_pubsub_layer_resubscribes_after_its_redis_connection_drops():
@@ -149,8 +208,10 @@ def test_the_pubsub_layer_resubscribes_after_its_redis_connection_drops():
     layer's reader reconnects and resubscribes; frames published meanwhile may be lost."""
     from channels_redis.pubsub import RedisPubSubChannelLayer
 
-    layer = RedisPubSubChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": 15}],
-                                    prefix=f"viewertest-{uuid.uuid4().hex[:12]}")
+    layer = RedisPubSubChannelLayer(
+        hosts=[{"address": REDIS_URL, "socket_timeout": 15}],
+        prefix=f"viewertest-{uuid.uuid4().hex[:12]}",
+    )
     group = "run_" + uuid.uuid4().hex[:12]
 
     async def scenario() -> tuple[dict, int]:
@@ -186,16 +247,33 @@ def test_the_pubsub_layer_resubscribes_after_its_redis_connection_drops():
 def test_the_publisher_encodes_a_browser_frame_once_and_consumers_forward_it_verbatim():
     """200 viewers of one run used to mean 200 json.dumps per change (docs/BENCHMARKS.md)."""
 
-    event = {"type": "run.updated", "kind": "stop_signal", "run_id": "run_abc", "team": 3, "status": "cancel_requested",
-             "stop_epoch": 2, "seq": 9, "signal": {"requested_by": "alice"}}
+    event = {
+        "type": "run.updated",
+        "kind": "stop_signal",
+        "run_id": "run_abc",
+        "team": 3,
+        "status": "cancel_requested",
+        "stop_epoch": 2,
+        "seq": 9,
+        "signal": {"requested_by": "alice"},
+    }
     frame = json.loads(realtime.browser_frame(event))
-    assert frame == {"type": "run.updated", "kind": "stop_signal", "run_id": "run_abc", "team": 3,
-                     "status": "cancel_requested", "stop_epoch": 2, "seq": 9}  # no signal payload for browsers
+    assert frame == {
+        "type": "run.updated",
+        "kind": "stop_signal",
+        "run_id": "run_abc",
+        "team": 3,
+        "status": "cancel_requested",
+        "stop_epoch": 2,
+        "seq": 9,
+    }  # no signal payload for browsers
 
     sent: list[str] = []
 
     class Probe(RunConsumer):
-        async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        async def send(
+            self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+        ) -> None:
             sent.append(text_data or "")
 
     probe = Probe()
@@ -207,17 +285,36 @@ def test_the_publisher_encodes_a_browser_frame_once_and_consumers_forward_it_ver
 def test_browser_frames_of_deployments_on_different_redis_databases_stay_apart():
     """Pub/Sub ignores the Redis database number: the prefix must carry it, or two deployments
     on one Redis server (the suite and the bench, say) would see each other's team_1 frames."""
-    probe = ("import django; django.setup(); from django.conf import settings;"
-             "print(settings.CHANNEL_LAYERS['viewers']['CONFIG']['prefix'])")
+    probe = (
+        "import django; django.setup(); from django.conf import settings;"
+        "print(settings.CHANNEL_LAYERS['viewers']['CONFIG']['prefix'])"
+    )
 
     def prefix(**env: str) -> str:
-        base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SAFESTOP_VIEWER_CHANNEL_PREFIX")}
-        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
-                              env={**base, "DJANGO_SETTINGS_MODULE": "console.settings", **env}).stdout.strip()
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("REDIS_URL", "SAFESTOP_VIEWER_CHANNEL_PREFIX")
+        }
+        return subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env={**base, "DJANGO_SETTINGS_MODULE": "console.settings", **env},
+        ).stdout.strip()
 
-    assert prefix(REDIS_URL="redis://127.0.0.1:6379/0") != prefix(REDIS_URL="redis://127.0.0.1:6379/9")
-    assert prefix(REDIS_URL="redis://127.0.0.1:6379") == prefix(REDIS_URL="redis://127.0.0.1:6379/0")
-    assert prefix(REDIS_URL="redis://127.0.0.1:6379/0", SAFESTOP_VIEWER_CHANNEL_PREFIX="acme-prod") == "acme-prod"
+    assert prefix(REDIS_URL="redis://127.0.0.1:6379/0") != prefix(
+        REDIS_URL="redis://127.0.0.1:6379/9"
+    )
+    assert prefix(REDIS_URL="redis://127.0.0.1:6379") == prefix(
+        REDIS_URL="redis://127.0.0.1:6379/0"
+    )
+    assert (
+        prefix(REDIS_URL="redis://127.0.0.1:6379/0", SAFESTOP_VIEWER_CHANNEL_PREFIX="acme-prod")
+        == "acme-prod"
+    )
 
     async def crossing() -> list[dict]:
         from channels_redis.pubsub import RedisPubSubChannelLayer

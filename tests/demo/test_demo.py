@@ -54,12 +54,20 @@ def test_demo_setup_is_idempotent_and_creates_the_three_roles():
     call_command("demo_setup", stdout=second)
 
     assert User.objects.filter(username__in=names).count() == 3
-    assert dict(User.objects.filter(username__in=names).values_list("username", "password")) == hashes
+    assert (
+        dict(User.objects.filter(username__in=names).values_list("username", "password")) == hashes
+    )
     assert set(Team.objects.values_list("slug", flat=True)) >= {"payments", "platform"}
-    roles = {(m.user.username, m.team.slug): m.role for m in Membership.objects.select_related("user", "team")}
+    roles = {
+        (m.user.username, m.team.slug): m.role
+        for m in Membership.objects.select_related("user", "team")
+    }
     for team in ("payments", "platform"):
         assert (roles[("admin", team)], roles[("reviewer", team)], roles[("viewer", team)]) == (
-            Role.ADMIN, Role.REVIEWER, Role.VIEWER)
+            Role.ADMIN,
+            Role.REVIEWER,
+            Role.VIEWER,
+        )
     assert Membership.objects.count() == 6
     admin = User.objects.get(username="admin")
     assert admin.is_superuser and admin.is_staff
@@ -72,9 +80,14 @@ def test_demo_setup_is_idempotent_and_creates_the_three_roles():
 
 def _team_credentials() -> list[TeamCredentials]:
     stamp = str(time.monotonic_ns())
-    return [TeamCredentials(slug, api_token_create(team_slug=slug, name=f"sim-{stamp}", role="agent")[1],
-                            api_token_create(team_slug=slug, name=f"sim-rev-{stamp}", role="reviewer")[1])
-            for slug in ("payments", "platform")]
+    return [
+        TeamCredentials(
+            slug,
+            api_token_create(team_slug=slug, name=f"sim-{stamp}", role="agent")[1],
+            api_token_create(team_slug=slug, name=f"sim-rev-{stamp}", role="reviewer")[1],
+        )
+        for slug in ("payments", "platform")
+    ]
 
 
 def _statuses(run_ids: list[str]) -> dict[str, str]:
@@ -83,23 +96,36 @@ def _statuses(run_ids: list[str]) -> dict[str, str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, receiver):
-    simulator = Simulator(SimulatorConfig(
-        url=stack.url, teams=_team_credentials(), receiver_url=receiver.url(""), concurrency=len(SCENARIOS),
-        pace=0.25, reviewer_interval=0.8, bot_share=1.0, seed=7,
-    ))
+    simulator = Simulator(
+        SimulatorConfig(
+            url=stack.url,
+            teams=_team_credentials(),
+            receiver_url=receiver.url(""),
+            concurrency=len(SCENARIOS),
+            pace=0.25,
+            reviewer_interval=0.8,
+            bot_share=1.0,
+            seed=7,
+        )
+    )
     assert simulator.wait_until_ready(10)
     started = time.monotonic()
     simulator.start()
     try:
         # busy within seconds: every worker has a run going
-        wait_until(lambda: sum(s in LIVE for s in _statuses(simulator.run_ids).values()) >= 4, timeout=5,
-                   what="four live runs")
+        wait_until(
+            lambda: sum(s in LIVE for s in _statuses(simulator.run_ids).values()) >= 4,
+            timeout=5,
+            what="four live runs",
+        )
         busy_after = time.monotonic() - started
         simulator.run_for(9)
     finally:
         simulator.stop(timeout=15)
     statuses = _statuses(simulator.run_ids)
-    print(f"\nbusy after {busy_after:.1f}s; {len(statuses)} runs; outcomes {dict(simulator.outcomes)}")
+    print(
+        f"\nbusy after {busy_after:.1f}s; {len(statuses)} runs; outcomes {dict(simulator.outcomes)}"
+    )
 
     assert simulator.errors == 0, dict(simulator.outcomes)
     assert len(statuses) >= len(SCENARIOS)
@@ -107,10 +133,23 @@ def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, recei
     assert kinds >= {"research", "notify", "deploy", "crash", "budget", "steering"}
     reached = set(statuses.values())
     assert {RunStatus.COMPLETED} <= reached
-    assert len(reached & {RunStatus.COMPLETED, RunStatus.STOPPED_CLEANLY, RunStatus.STOPPED_DIRTY,
-                          RunStatus.HANDED_OFF, RunStatus.INTERRUPTED}) >= 3, reached
-    assert Run.objects.filter(pk__in=simulator.run_ids, stop_reason="budget_exhausted").exists() or \
-        Run.objects.filter(pk__in=simulator.run_ids, stop_reason="timeout").exists()
+    assert (
+        len(
+            reached
+            & {
+                RunStatus.COMPLETED,
+                RunStatus.STOPPED_CLEANLY,
+                RunStatus.STOPPED_DIRTY,
+                RunStatus.HANDED_OFF,
+                RunStatus.INTERRUPTED,
+            }
+        )
+        >= 3
+    ), reached
+    assert (
+        Run.objects.filter(pk__in=simulator.run_ids, stop_reason="budget_exhausted").exists()
+        or Run.objects.filter(pk__in=simulator.run_ids, stop_reason="timeout").exists()
+    )
     # webhooks went out through the server's dispatcher, each once
     assert receiver.count() > 0 and receiver.duplicates() == {}
     sent = OutboxItem.objects.filter(run_id__in=simulator.run_ids, status=OutboxStatus.SENT)
@@ -118,8 +157,11 @@ def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, recei
     dispatched = {r.run_id for r in receiver.receipts if r.run_id}
     assert dispatched and dispatched <= set(simulator.run_ids)
     # after stop(): nothing of the simulator is left running
-    wait_until(lambda: not [s for s in _statuses(simulator.run_ids).values() if s in LIVE], timeout=10,
-               what="the simulator's runs to settle")
+    wait_until(
+        lambda: not [s for s in _statuses(simulator.run_ids).values() if s in LIVE],
+        timeout=10,
+        what="the simulator's runs to settle",
+    )
     assert all(ledger_verify(run_id=run_id)[1] is None for run_id in simulator.run_ids)
     # across the whole busy session, nothing started after a stop (DESIGN §7: must be 0)
     now = timezone.now()
@@ -136,24 +178,56 @@ def _database_url() -> str:
 def stack_for_command(transactional_db: None, django_db_blocker: Any, receiver: Any):
     """A live server that also allows the port the `simulate` command's receiver will use."""
     port = pick_port(0)
-    for stack in _stack(django_db_blocker, receiver, "", "",
-                        SAFESTOP_WEBHOOK_ALLOWED_HOSTS=[receiver.host, f"127.0.0.1:{port}"]):
+    for stack in _stack(
+        django_db_blocker,
+        receiver,
+        "",
+        "",
+        SAFESTOP_WEBHOOK_ALLOWED_HOSTS=[receiver.host, f"127.0.0.1:{port}"],
+    ):
         yield stack, port
 
 
 def test_simulate_command_runs_and_ends_cleanly_on_sigterm(stack_for_command):
     stack, port = stack_for_command
     assert isinstance(stack, Stack)
-    env = {**os.environ, "DATABASE_URL": _database_url(), "SAFESTOP_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "SAFESTOP_LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("REDIS_URL", None)
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "simulate", "--url", stack.url, "--runs", "5", "--pace", "0.25",
-         "--receiver-port", str(port), "--reviewer-interval", "1", "--seed", "3"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "manage.py",
+            "simulate",
+            "--url",
+            stack.url,
+            "--runs",
+            "5",
+            "--pace",
+            "0.25",
+            "--receiver-port",
+            str(port),
+            "--reviewer-interval",
+            "1",
+            "--seed",
+            "3",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        wait_until(lambda: Run.objects.filter(created_by__startswith="simulator-").count() >= 5, timeout=20,
-                   what="the simulator's first runs")
+        wait_until(
+            lambda: Run.objects.filter(created_by__startswith="simulator-").count() >= 5,
+            timeout=20,
+            what="the simulator's first runs",
+        )
         time.sleep(5)
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
@@ -171,8 +245,11 @@ def test_simulate_command_runs_and_ends_cleanly_on_sigterm(stack_for_command):
     # SIGTERM stopped the live runs through the API: they settle instead of hanging
     wait_until(lambda: not runs.filter(status__in=LIVE).exists(), timeout=10, what="runs to settle")
     # and no shell-tool supervisor outlived the simulator (they die with their parent)
-    wait_until(lambda: not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_reaper(pid)], timeout=5,
-               what="shell-tool supervisors to exit")
+    wait_until(
+        lambda: not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_reaper(pid)],
+        timeout=5,
+        what="shell-tool supervisors to exit",
+    )
 
 
 def _is_reaper(pid: str) -> bool:

@@ -44,13 +44,15 @@ def database_url_for_children() -> str:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in ("REDIS_URL",)}
-    env.update({
-        "DATABASE_URL": database_url_for_children(),
-        "DJANGO_SETTINGS_MODULE": "console.settings",
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "SAFESTOP_LOG_LEVEL": "WARNING",
-    })
+    env.update(
+        {
+            "DATABASE_URL": database_url_for_children(),
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "SAFESTOP_LOG_LEVEL": "WARNING",
+        }
+    )
     env.update(extra)
     return env
 
@@ -62,8 +64,13 @@ class DispatcherProcess:
         self.stderr = tempfile.NamedTemporaryFile(prefix="dispatcher-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.dispatch.dispatcher_proc"],
-            cwd=ROOT, env=child_env(SAFESTOP_WEBHOOK_ALLOWED_HOSTS=allowed_hosts),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1,
+            cwd=ROOT,
+            env=child_env(SAFESTOP_WEBHOOK_ALLOWED_HOSTS=allowed_hosts),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            bufsize=1,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -81,7 +88,9 @@ class DispatcherProcess:
         try:
             line = self.lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"dispatcher {self.proc.pid} did not answer in {timeout}s; log: {self.log()}") from None
+            raise AssertionError(
+                f"dispatcher {self.proc.pid} did not answer in {timeout}s; log: {self.log()}"
+            ) from None
         return self._checked(line)
 
     def poll(self) -> str | None:

@@ -63,8 +63,12 @@ def main() -> None:
                     run, _lease = make_running(team, ttl=900)
                     for seq in range(int(args[2])):
                         services.outbox_enqueue(
-                            run_id=run.pk, epoch=run.stop_epoch, transport="webhook", destination=args[3],
-                            payload={"run": run.pk, "seq": seq}, idempotency_key=f"{run.pk}-{seq:02d}",
+                            run_id=run.pk,
+                            epoch=run.stop_epoch,
+                            transport="webhook",
+                            destination=args[3],
+                            payload={"run": run.pk, "seq": seq},
+                            idempotency_key=f"{run.pk}-{seq:02d}",
                             actor=Actor.system("agent"),
                         )
                     run_ids.append(run.pk)
@@ -72,14 +76,23 @@ def main() -> None:
             elif command == "scan":
                 scanned = list(
                     OutboxItem.objects.filter(run_id=args[0], status=OutboxStatus.PENDING)
-                    .order_by("created_at").values_list("pk", flat=True)
+                    .order_by("created_at")
+                    .values_list("pk", flat=True)
                 )
                 if len(args) == 3:
                     slot, slots = int(args[1]), int(args[2])
-                    scanned = [pk for n, pk in enumerate(scanned) if n % slots in (slot, (slot + 1) % slots)]
+                    scanned = [
+                        pk
+                        for n, pk in enumerate(scanned)
+                        if n % slots in (slot, (slot + 1) % slots)
+                    ]
                 answer(f"ready {len(scanned)}")
             elif command == "go":
-                claimed = sum(1 for item_id in scanned if dispatch.dispatch_one(item_id, dispatcher=name) is not None)
+                claimed = sum(
+                    1
+                    for item_id in scanned
+                    if dispatch.dispatch_one(item_id, dispatcher=name) is not None
+                )
                 scanned = []
                 answer(f"done {claimed}")
             elif command == "dispatch":

@@ -51,15 +51,26 @@ class WebhookReceiver:
                     body = json.loads(raw or b"null")
                 except ValueError:
                     body = raw.decode(errors="replace")
-                receiver._record(Receipt(self.path, self.headers.get("Idempotency-Key", ""), body,
-                                         dict(self.headers.items()), time.time()))
+                receiver._record(
+                    Receipt(
+                        self.path,
+                        self.headers.get("Idempotency-Key", ""),
+                        body,
+                        dict(self.headers.items()),
+                        time.time(),
+                    )
+                )
                 receiver._respond(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="webhook-receiver", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="webhook-receiver",
+            daemon=True,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

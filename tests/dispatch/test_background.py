@@ -26,9 +26,15 @@ def _wait(predicate, timeout: float = 5.0) -> bool:
 
 
 def _enqueue(run, receiver, key: str) -> OutboxItem:
-    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=run.stop_epoch, transport="webhook",
-                                      destination=receiver.url(), payload={"key": key}, idempotency_key=key,
-                                      actor=AGENT)
+    item, _ = services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        transport="webhook",
+        destination=receiver.url(),
+        payload={"key": key},
+        idempotency_key=key,
+        actor=AGENT,
+    )
     return item
 
 
@@ -76,7 +82,9 @@ def test_an_enqueue_wakes_the_loop_before_its_interval(team, receiver) -> None:
         assert loop.stop(timeout=5) is True
 
 
-def test_an_exception_in_a_tick_is_logged_and_the_loop_carries_on(team, receiver, monkeypatch, caplog) -> None:
+def test_an_exception_in_a_tick_is_logged_and_the_loop_carries_on(
+    team, receiver, monkeypatch, caplog
+) -> None:
     calls = {"n": 0}
     real = dispatch.reap_expired_leases
 

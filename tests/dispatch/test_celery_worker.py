@@ -38,12 +38,21 @@ def _wait(predicate, timeout: float = 20.0) -> bool:
 
 
 class CeleryProcess:
-    def __init__(self, args: list[str], *, env: dict[str, str], log: Path, ready_marker: str) -> None:
+    def __init__(
+        self, args: list[str], *, env: dict[str, str], log: Path, ready_marker: str
+    ) -> None:
         self.log_path = log
         self._log = log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "console", *args], cwd=ROOT, env=env,
-                                     stdout=self._log, stderr=subprocess.STDOUT)
-        if not _wait(lambda: ready_marker in self.log() or self.proc.poll() is not None, timeout=60):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "console", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        if not _wait(
+            lambda: ready_marker in self.log() or self.proc.poll() is not None, timeout=60
+        ):
             raise AssertionError(f"celery {args[0]} did not start: {self.log()[-3000:]}")
         assert self.proc.poll() is None, self.log()[-3000:]
 
@@ -81,17 +90,30 @@ def redis_db(queue_name: str) -> Iterator[str]:
 
 @pytest.fixture
 def celery_env(receiver, redis_db, queue_name) -> dict[str, str]:
-    return child_env(REDIS_URL=redis_db, SAFESTOP_CELERY_QUEUE=queue_name,
-                     SAFESTOP_WEBHOOK_ALLOWED_HOSTS=receiver.host, SAFESTOP_BACKGROUND_INTERVAL="0.5",
-                     SAFESTOP_LOG_LEVEL="INFO")
+    return child_env(
+        REDIS_URL=redis_db,
+        SAFESTOP_CELERY_QUEUE=queue_name,
+        SAFESTOP_WEBHOOK_ALLOWED_HOSTS=receiver.host,
+        SAFESTOP_BACKGROUND_INTERVAL="0.5",
+        SAFESTOP_LOG_LEVEL="INFO",
+    )
 
 
 @pytest.fixture
 def worker(celery_env, queue_name, tmp_path) -> Iterator[CeleryProcess]:
     process = CeleryProcess(
-        ["worker", "--pool=solo", "--loglevel=INFO", "--without-mingle", "--without-gossip", "--without-heartbeat",
-         f"--hostname={queue_name}@%h"],
-        env=celery_env, log=tmp_path / "worker.log", ready_marker="ready.",
+        [
+            "worker",
+            "--pool=solo",
+            "--loglevel=INFO",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+            f"--hostname={queue_name}@%h",
+        ],
+        env=celery_env,
+        log=tmp_path / "worker.log",
+        ready_marker="ready.",
     )
     try:
         yield process
@@ -111,9 +133,15 @@ def client_app(redis_db, queue_name) -> Iterator[Celery]:
 
 
 def _enqueue(run, receiver, key: str, payload: dict) -> OutboxItem:
-    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=run.stop_epoch, transport="webhook",
-                                      destination=receiver.url("/hook"), payload=payload, idempotency_key=key,
-                                      actor=AGENT)
+    item, _ = services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        transport="webhook",
+        destination=receiver.url("/hook"),
+        payload=payload,
+        idempotency_key=key,
+        actor=AGENT,
+    )
     return item
 
 
@@ -123,7 +151,9 @@ def _status(item: OutboxItem) -> str:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_celery_worker_dispatches_to_the_webhook_and_refuses_frozen_items(team, receiver, worker, client_app) -> None:
+def test_a_celery_worker_dispatches_to_the_webhook_and_refuses_frozen_items(
+    team, receiver, worker, client_app
+) -> None:
     live, _lease = make_running(team)
     stopped, _lease2 = make_running(team)
     first = _enqueue(live, receiver, "pay-1", {"amount": 12, "to": "acct-9"})
@@ -155,20 +185,32 @@ def test_a_celery_worker_dispatches_to_the_webhook_and_refuses_frozen_items(team
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_celery_beat_drives_dispatch_and_the_lease_reaper(team, receiver, worker, celery_env, tmp_path) -> None:
-    beat = CeleryProcess(["beat", "--loglevel=INFO", f"--schedule={tmp_path / 'beat-schedule'}"],
-                         env=celery_env, log=tmp_path / "beat.log", ready_marker="beat: Starting")
+def test_celery_beat_drives_dispatch_and_the_lease_reaper(
+    team, receiver, worker, celery_env, tmp_path
+) -> None:
+    beat = CeleryProcess(
+        ["beat", "--loglevel=INFO", f"--schedule={tmp_path / 'beat-schedule'}"],
+        env=celery_env,
+        log=tmp_path / "beat.log",
+        ready_marker="beat: Starting",
+    )
     try:
         run, _lease = make_running(team)
         doomed, _ = make_running(team, ttl=1)
         item = _enqueue(run, receiver, "beat-1", {"hello": "beat"})
 
         assert _wait(lambda: _status(item) == OutboxStatus.SENT, timeout=30), worker.log()[-3000:]
-        assert _wait(lambda: reload(doomed).status == RunStatus.INTERRUPTED, timeout=30), worker.log()[-3000:]
+        assert _wait(lambda: reload(doomed).status == RunStatus.INTERRUPTED, timeout=30), (
+            worker.log()[-3000:]
+        )
         assert reload(doomed).interruption["reason"] == "lease_expired"
         assert receiver.keys() == ["beat-1"]
         beat_log = beat.log()
-        for task in ("runs.tasks.dispatch_pending", "runs.tasks.reap_expired_leases", "runs.tasks.fence_overdue_stops"):
+        for task in (
+            "runs.tasks.dispatch_pending",
+            "runs.tasks.reap_expired_leases",
+            "runs.tasks.fence_overdue_stops",
+        ):
             assert "Sending due task" in beat_log and f"({task})" in beat_log, task
     finally:
         beat.stop()
@@ -179,7 +221,15 @@ def test_the_beat_schedule_names_only_registered_tasks() -> None:
 
     schedule = beat_schedule(0.5)
     assert {entry["task"] for entry in schedule.values()} <= set(safestop_app.tasks)
-    assert {"runs.tasks.dispatch_pending", "runs.tasks.reap_stuck_dispatches", "runs.tasks.reap_expired_leases",
-            "runs.tasks.fence_overdue_stops", "runs.tasks.enforce_budgets"} == {e["task"] for e in schedule.values()}
-    for name in ("runs.tasks.dispatch_outbox_item", *(entry["task"] for entry in schedule.values())):
+    assert {
+        "runs.tasks.dispatch_pending",
+        "runs.tasks.reap_stuck_dispatches",
+        "runs.tasks.reap_expired_leases",
+        "runs.tasks.fence_overdue_stops",
+        "runs.tasks.enforce_budgets",
+    } == {e["task"] for e in schedule.values()}
+    for name in (
+        "runs.tasks.dispatch_outbox_item",
+        *(entry["task"] for entry in schedule.values()),
+    ):
         assert safestop_app.tasks[name].acks_late is True

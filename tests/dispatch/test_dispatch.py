@@ -24,15 +24,22 @@ def _enqueue_many(run, receiver, count: int, path: str = "/ok") -> list[OutboxIt
     items = []
     for seq in range(count):
         item, _created = services.outbox_enqueue(
-            run_id=run.pk, epoch=run.stop_epoch, transport="webhook", destination=receiver.url(path),
-            payload={"seq": seq}, idempotency_key=f"{run.pk}-{seq}", actor=AGENT,
+            run_id=run.pk,
+            epoch=run.stop_epoch,
+            transport="webhook",
+            destination=receiver.url(path),
+            payload={"seq": seq},
+            idempotency_key=f"{run.pk}-{seq}",
+            actor=AGENT,
         )
         items.append(item)
     return items
 
 
 def _actions(run) -> list[str]:
-    return list(LedgerEntry.objects.filter(run=run).order_by("run_seq").values_list("action", flat=True))
+    return list(
+        LedgerEntry.objects.filter(run=run).order_by("run_seq").values_list("action", flat=True)
+    )
 
 
 def test_dispatch_one_sends_and_records_the_outcome_with_a_ledger_trail(team, receiver) -> None:
@@ -70,7 +77,9 @@ def test_a_scan_read_before_the_stop_cannot_send_after_it(team, receiver) -> Non
     pressed Stop, and the dispatcher went on to send them. Here its claim re-reads the run."""
     run, _lease = make_running(team)
     _enqueue_many(run, receiver, 4)
-    stale_scan = list(OutboxItem.objects.filter(run=run, status="pending").values_list("pk", flat=True))
+    stale_scan = list(
+        OutboxItem.objects.filter(run=run, status="pending").values_list("pk", flat=True)
+    )
     assert len(stale_scan) == 4
 
     services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
@@ -108,7 +117,9 @@ def test_a_released_item_goes_out_once_and_a_discarded_one_never(team, receiver)
     assert reload(run).status == RunStatus.STOPPED_CLEANLY
     assert dispatch.dispatch_pending() == 0
 
-    services.outbox_release(run_id=run.pk, item_id=kept.pk, actor=REVIEWER, note="customer asked for it")
+    services.outbox_release(
+        run_id=run.pk, item_id=kept.pk, actor=REVIEWER, note="customer asked for it"
+    )
     services.outbox_discard(run_id=run.pk, item_id=dropped.pk, actor=REVIEWER)
 
     assert dispatch.dispatch_pending() == 1
@@ -120,7 +131,9 @@ def test_a_released_item_goes_out_once_and_a_discarded_one_never(team, receiver)
     assert {"outbox.released", "outbox.discarded"} <= set(_actions(run))
 
 
-def test_a_transport_timeout_leaves_the_item_unknown_never_resent_and_the_stop_dirty(team, receiver, settings) -> None:
+def test_a_transport_timeout_leaves_the_item_unknown_never_resent_and_the_stop_dirty(
+    team, receiver, settings
+) -> None:
     settings.SAFESTOP_WEBHOOK_READ_TIMEOUT = 0.2
     run, lease = make_running(team)
     [item] = _enqueue_many(run, receiver, 1, path="/slow/0.6")
@@ -141,7 +154,9 @@ def test_a_transport_timeout_leaves_the_item_unknown_never_resent_and_the_stop_d
 
 
 def test_an_enqueue_kicks_a_celery_dispatch_after_commit_without_waiting_for_the_broker(
-    team, receiver, monkeypatch,
+    team,
+    receiver,
+    monkeypatch,
 ) -> None:
     queued: list[dict] = []
     sent = threading.Event()
@@ -197,5 +212,9 @@ def test_items_stranded_by_an_interruption_do_not_starve_the_dispatcher(team, re
 
     assert dispatch.dispatch_pending() == 1
     assert receiver.keys() == [fresh.idempotency_key]
-    assert all(_status == OutboxStatus.FROZEN for _status in
-               OutboxItem.objects.filter(pk__in=[i.pk for i in stranded]).values_list("status", flat=True))
+    assert all(
+        _status == OutboxStatus.FROZEN
+        for _status in OutboxItem.objects.filter(pk__in=[i.pk for i in stranded]).values_list(
+            "status", flat=True
+        )
+    )

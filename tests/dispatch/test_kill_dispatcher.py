@@ -18,13 +18,22 @@ AGENT = Actor.system("agent")
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_dispatcher_killed_mid_send_leaves_dispatching_then_unknown_and_never_resends(
-    team, receiver, spawn_dispatcher, settings,
+    team,
+    receiver,
+    spawn_dispatcher,
+    settings,
 ) -> None:
     settings.SAFESTOP_DISPATCH_DEADLINE_SECONDS = 1.0
     run, lease = make_running(team)
-    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=run.stop_epoch, transport="webhook",
-                                      destination=receiver.url("/block"), payload={"deploy": 77},
-                                      idempotency_key="deploy-77", actor=AGENT)
+    item, _ = services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        transport="webhook",
+        destination=receiver.url("/block"),
+        payload={"deploy": 77},
+        idempotency_key="deploy-77",
+        actor=AGENT,
+    )
     victim = spawn_dispatcher()
 
     # 1. The other process claims the item and is mid-send: the receiver has the request and

@@ -120,7 +120,9 @@ def _race_one(dispatchers, run_id: str, delay: float | None) -> tuple[services.S
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_no_item_is_ever_sent_after_the_stop_that_froze_it(team, receiver, spawn_dispatcher, fast_commits) -> None:
+def test_no_item_is_ever_sent_after_the_stop_that_froze_it(
+    team, receiver, spawn_dispatcher, fast_commits
+) -> None:
     began, t0 = timezone.now(), time.perf_counter()
     dispatchers = [spawn_dispatcher() for _ in range(DISPATCHERS)]
     agents = [spawn_dispatcher() for _ in range(AGENTS)]
@@ -151,7 +153,13 @@ def test_no_item_is_ever_sent_after_the_stop_that_froze_it(team, receiver, spawn
     items = {
         row["idempotency_key"]: row
         for row in OutboxItem.objects.filter(run_id__in=list(stops)).values(
-            "idempotency_key", "run_id", "status", "claimed_at", "claim_epoch", "frozen_at", "frozen_by_epoch",
+            "idempotency_key",
+            "run_id",
+            "status",
+            "claimed_at",
+            "claim_epoch",
+            "frozen_at",
+            "frozen_by_epoch",
             "sent_at",
         )
     }
@@ -186,11 +194,17 @@ def test_no_item_is_ever_sent_after_the_stop_that_froze_it(team, receiver, spawn
     for key in receipts:
         row = items[key]
         stop = stops[row["run_id"]].stop_request
-        assert row["status"] != OutboxStatus.FROZEN and row["frozen_at"] is None, f"frozen item {key} was received"
+        assert row["status"] != OutboxStatus.FROZEN and row["frozen_at"] is None, (
+            f"frozen item {key} was received"
+        )
         assert row["claimed_at"] < stop.requested_at, f"{key} was claimed after its run's stop"
-        assert row["claim_epoch"] == stop.epoch_before, f"{key} was claimed at epoch {row['claim_epoch']}"
+        assert row["claim_epoch"] == stop.epoch_before, (
+            f"{key} was claimed at epoch {row['claim_epoch']}"
+        )
     assert len(receipts) == sent, "every sent item was received once, and nothing else"
-    leakage = selectors.side_effect_leakage(since=began, until=timezone.now() + timedelta(seconds=1))
+    leakage = selectors.side_effect_leakage(
+        since=began, until=timezone.now() + timedelta(seconds=1)
+    )
     assert leakage["dispatches_after_stop"] == 0
 
     print(

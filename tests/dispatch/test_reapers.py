@@ -33,10 +33,20 @@ def _last(run: Run, action: str) -> LedgerEntry:
 
 def test_an_expired_lease_interrupts_the_run_and_records_where_it_stopped(team) -> None:
     run, lease = make_running(team, ttl=0.4)
-    services.events_ingest(run_id=run.pk, epoch=run.stop_epoch, actor=AGENT,
-                           events=[{"event_id": "e1", "type": "step.started", "key": "act"}])
-    services.permit_request(run_id=run.pk, epoch=run.stop_epoch, tool_call_id="call_7", tool="deploy",
-                            side_effect="write", actor=AGENT)
+    services.events_ingest(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        actor=AGENT,
+        events=[{"event_id": "e1", "type": "step.started", "key": "act"}],
+    )
+    services.permit_request(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        tool_call_id="call_7",
+        tool="deploy",
+        side_effect="write",
+        actor=AGENT,
+    )
     assert dispatch.reap_expired_leases() == 0
     assert reload(run).status == RunStatus.RUNNING
 
@@ -59,11 +69,20 @@ def test_an_expired_lease_interrupts_the_run_and_records_where_it_stopped(team) 
     assert dispatch.reap_expired_leases() == 0  # once
 
 
-def test_a_stop_never_drained_is_fenced_at_the_deadline_and_ends_dirty(team, receiver, settings) -> None:
+def test_a_stop_never_drained_is_fenced_at_the_deadline_and_ends_dirty(
+    team, receiver, settings
+) -> None:
     settings.SAFESTOP_DRAIN_DEADLINE_SECONDS = 0.4
     run, lease = make_running(team)
-    services.outbox_enqueue(run_id=run.pk, epoch=run.stop_epoch, transport="webhook", destination=receiver.url(),
-                            payload={}, idempotency_key="k1", actor=AGENT)
+    services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        transport="webhook",
+        destination=receiver.url(),
+        payload={},
+        idempotency_key="k1",
+        actor=AGENT,
+    )
     services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
     assert reload(run).status == RunStatus.CANCEL_REQUESTED
     assert dispatch.fence_overdue_stops() == 0
@@ -90,22 +109,33 @@ def test_a_stop_never_drained_is_fenced_at_the_deadline_and_ends_dirty(team, rec
     assert entry.actor == "drain-watchdog"
     # The fenced worker's heartbeat is refused from now on.
     with pytest.raises(Exception) as refused:
-        services.lease_heartbeat(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT)
+        services.lease_heartbeat(
+            run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT
+        )
     assert getattr(refused.value, "code", "") == "lease_revoked"
     assert receiver.count() == 0
 
 
 def test_the_enforcer_stops_a_run_past_max_seconds_with_reason_timeout(team, receiver) -> None:
     run, lease = make_running(team, max_seconds=1)
-    services.outbox_enqueue(run_id=run.pk, epoch=run.stop_epoch, transport="webhook", destination=receiver.url(),
-                            payload={}, idempotency_key="k1", actor=AGENT)
+    services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        transport="webhook",
+        destination=receiver.url(),
+        payload={},
+        idempotency_key="k1",
+        actor=AGENT,
+    )
     assert dispatch.enforce_budgets() == 0
 
     time.sleep(1.15)
     assert dispatch.enforce_budgets() == 1
 
     run = reload(run)
-    assert run.status == RunStatus.CANCEL_REQUESTED  # the same stop a human makes: the worker is told
+    assert (
+        run.status == RunStatus.CANCEL_REQUESTED
+    )  # the same stop a human makes: the worker is told
     assert run.stop_reason == "timeout"
     assert run.stop_epoch == lease.epoch + 1
     stop_request = StopRequest.objects.get(run=run)
@@ -121,8 +151,13 @@ def test_the_enforcer_stops_a_run_past_max_seconds_with_reason_timeout(team, rec
 def test_the_enforcer_stops_a_run_past_max_tool_calls_with_budget_exhausted(team) -> None:
     run, lease = make_running(team, max_tool_calls=3)
     for n in range(2):
-        services.permit_request(run_id=run.pk, epoch=run.stop_epoch, tool_call_id=f"call_{n}", tool="search",
-                                actor=AGENT)
+        services.permit_request(
+            run_id=run.pk,
+            epoch=run.stop_epoch,
+            tool_call_id=f"call_{n}",
+            tool="search",
+            actor=AGENT,
+        )
     assert dispatch.enforce_budgets() == 0
     # An operator lowers the budget below what the run already used (there is no service for
     # editing a budget yet; this stands in for the admin).
@@ -140,9 +175,13 @@ def test_the_enforcer_stops_a_run_past_max_tool_calls_with_budget_exhausted(team
 
 def test_a_tool_call_over_budget_stops_the_run_through_the_same_stop(team) -> None:
     run, _lease = make_running(team, max_tool_calls=1)
-    services.permit_request(run_id=run.pk, epoch=run.stop_epoch, tool_call_id="call_0", tool="search", actor=AGENT)
+    services.permit_request(
+        run_id=run.pk, epoch=run.stop_epoch, tool_call_id="call_0", tool="search", actor=AGENT
+    )
     with pytest.raises(Exception) as refused:
-        services.permit_request(run_id=run.pk, epoch=run.stop_epoch, tool_call_id="call_1", tool="search", actor=AGENT)
+        services.permit_request(
+            run_id=run.pk, epoch=run.stop_epoch, tool_call_id="call_1", tool="search", actor=AGENT
+        )
     assert getattr(refused.value, "code", "") == "run_not_running"
     run = reload(run)
     assert (run.status, run.stop_reason) == (RunStatus.CANCEL_REQUESTED, "budget_exhausted")
@@ -150,11 +189,20 @@ def test_a_tool_call_over_budget_stops_the_run_through_the_same_stop(team) -> No
     assert dispatch.enforce_budgets() == 0  # already stopped: nothing for the enforcer
 
 
-def test_a_stuck_dispatch_is_reaped_to_unknown_only_after_the_deadline(team, receiver, settings) -> None:
+def test_a_stuck_dispatch_is_reaped_to_unknown_only_after_the_deadline(
+    team, receiver, settings
+) -> None:
     settings.SAFESTOP_DISPATCH_DEADLINE_SECONDS = 0.4
     run, _lease = make_running(team)
-    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=run.stop_epoch, transport="webhook",
-                                      destination=receiver.url(), payload={}, idempotency_key="k1", actor=AGENT)
+    item, _ = services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=run.stop_epoch,
+        transport="webhook",
+        destination=receiver.url(),
+        payload={},
+        idempotency_key="k1",
+        actor=AGENT,
+    )
     # A dispatcher claimed it and died before sending (the kill -9 test does this for real).
     assert services.outbox_claim(item_id=item.pk, dispatcher="ghost") is not None
     assert dispatch.reap_stuck_dispatches() == 0
@@ -185,4 +233,7 @@ def test_one_failing_candidate_does_not_stop_the_others(team, monkeypatch) -> No
 
     monkeypatch.setattr(services, "lease_expire", flaky)
     assert dispatch.reap_expired_leases() == 1
-    assert (reload(first).status, reload(second).status) == (RunStatus.RUNNING, RunStatus.INTERRUPTED)
+    assert (reload(first).status, reload(second).status) == (
+        RunStatus.RUNNING,
+        RunStatus.INTERRUPTED,
+    )

@@ -22,10 +22,19 @@ def main(url: str, token: str, run_id: str, hook: str, key: str) -> None:
     client = SafestopClient(url, token)
     with client.lease(run_id, "worker-that-crashes", ttl_seconds=2) as run:
         with run.step("export", "Export the batch to finance", kind="tool_write"):
-            with run.tool_call("finance_export", {"batch": 7}, side_effect="write", tool_call_id="call_export",
-                               idempotency_key=key, operation_id="export-7", recovery_policy="query_original"):
+            with run.tool_call(
+                "finance_export",
+                {"batch": 7},
+                side_effect="write",
+                tool_call_id="call_export",
+                idempotency_key=key,
+                operation_id="export-7",
+                recovery_policy="query_original",
+            ):
                 with httpx.Client(trust_env=False, timeout=5) as http:
-                    http.post(hook, json={"batch": 7}, headers={"Idempotency-Key": key}).raise_for_status()
+                    http.post(
+                        hook, json={"batch": 7}, headers={"Idempotency-Key": key}
+                    ).raise_for_status()
                 print("applied", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)  # dies before the result is saved
 

@@ -51,17 +51,32 @@ def receiver(settings: Any) -> Iterator[WebhookReceiver]:
         yield server
 
 
-def _stack(django_db_blocker: Any, receiver: WebhookReceiver, agent_raw: str, reviewer_raw: str,
-           **overrides: Any) -> Iterator[Stack]:
-    settings_overrides = {"SAFESTOP_WEBHOOK_ALLOWED_HOSTS": [receiver.host], "SAFESTOP_BACKGROUND_INTERVAL": 0.1,
-                          **overrides}
-    with start_live_stack(django_db_blocker, background=True, settings_overrides=settings_overrides) as live:
+def _stack(
+    django_db_blocker: Any,
+    receiver: WebhookReceiver,
+    agent_raw: str,
+    reviewer_raw: str,
+    **overrides: Any,
+) -> Iterator[Stack]:
+    settings_overrides = {
+        "SAFESTOP_WEBHOOK_ALLOWED_HOSTS": [receiver.host],
+        "SAFESTOP_BACKGROUND_INTERVAL": 0.1,
+        **overrides,
+    }
+    with start_live_stack(
+        django_db_blocker, background=True, settings_overrides=settings_overrides
+    ) as live:
         yield Stack(live, receiver, agent_raw, reviewer_raw)
 
 
 @pytest.fixture
-def stack(transactional_db: None, django_db_blocker: Any, receiver: WebhookReceiver, agent_token: Any,
-          reviewer_token: Any) -> Iterator[Stack]:
+def stack(
+    transactional_db: None,
+    django_db_blocker: Any,
+    receiver: WebhookReceiver,
+    agent_token: Any,
+    reviewer_token: Any,
+) -> Iterator[Stack]:
     """A live server with its background loop (dispatcher, reapers, drain watchdog) running."""
     yield from _stack(django_db_blocker, receiver, agent_token.raw, reviewer_token.raw)
 
@@ -70,7 +85,9 @@ def stack(transactional_db: None, django_db_blocker: Any, receiver: WebhookRecei
 # probes
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
+def wait_until(
+    predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -107,6 +124,7 @@ def alive(pid: int) -> bool:
 
 def read_pids(path: str, count: int, timeout: float = 10.0) -> list[int]:
     """Pids a shell tool wrote to `path`, one per line, once `count` of them are there."""
+
     def ready() -> list[int] | None:
         try:
             with open(path) as handle:
@@ -119,7 +137,11 @@ def read_pids(path: str, count: int, timeout: float = 10.0) -> list[int]:
 
 
 def actions(run_id: str) -> list[str]:
-    return list(LedgerEntry.objects.filter(run_id=run_id).order_by("run_seq").values_list("action", flat=True))
+    return list(
+        LedgerEntry.objects.filter(run_id=run_id)
+        .order_by("run_seq")
+        .values_list("action", flat=True)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,8 +173,13 @@ class WorkerThread(threading.Thread):
 
 
 @contextmanager
-def leased(client: SafestopClient, run_id: str, worker_id: str = "worker-1", ttl: float = 10.0,
-           into: list[AgentRun] | None = None) -> Iterator[AgentRun]:
+def leased(
+    client: SafestopClient,
+    run_id: str,
+    worker_id: str = "worker-1",
+    ttl: float = 10.0,
+    into: list[AgentRun] | None = None,
+) -> Iterator[AgentRun]:
     """`client.lease(...)`, entered only once the push channel is connected (so a stop made
     right after reaches the worker by push, not at its next heartbeat). `into` keeps the run
     for the test: a stopped block exits quietly, so nothing after it returns."""
@@ -168,8 +195,13 @@ def planned(*steps: tuple[str, str]) -> list[dict[str, str]]:
     return [{"key": key, "name": key.replace("_", " "), "kind": kind} for key, kind in steps]
 
 
-def racer(barrier: threading.Barrier, fn: Callable[[], Any], results: dict[str, Any], name: str,
-          head_start: float = 0.0) -> threading.Thread:
+def racer(
+    barrier: threading.Barrier,
+    fn: Callable[[], Any],
+    results: dict[str, Any],
+    name: str,
+    head_start: float = 0.0,
+) -> threading.Thread:
     """A thread that waits at `barrier`, sleeps `head_start`, calls `fn` and stores its answer (or
     exception) in `results[name]`; its own PostgreSQL session is closed when it ends."""
     from django.db import connection

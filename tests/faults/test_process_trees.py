@@ -47,7 +47,12 @@ def processes_with(mark: str) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (
+                Path(f"/proc/{entry}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
         except OSError:
             continue
         if mark in cmdline and alive(int(entry)):
@@ -92,17 +97,30 @@ class ShellTool:
 
     def start(self) -> ShellTool:
         client = self.stack.agent()
-        self.run_id = client.create_run("Shell tool", "fault-bot", steps=planned(("shell", "tool_read")))["id"]
+        self.run_id = client.create_run(
+            "Shell tool", "fault-bot", steps=planned(("shell", "tool_read"))
+        )["id"]
 
         def work() -> None:
             with leased(client, self.run_id, into=self.runs) as run:
                 with run.step("shell", "Run the shell tool", kind="tool_read"):
-                    with run.tool_call("shell", {"cmd": self.command}, side_effect=self.side_effect,  # type: ignore[arg-type]
-                                       tool_call_id="call_shell", operation_id="shell-op-1",
-                                       recovery_policy="query_original") as call:
-                        result = run_process(self.command, shell=True, token=run.token, timeout=60,
-                                             grace_seconds=self.grace, kill_descendants=self.kill_descendants,
-                                             drain_timeout=self.drain_timeout)
+                    with run.tool_call(
+                        "shell",
+                        {"cmd": self.command},
+                        side_effect=self.side_effect,  # type: ignore[arg-type]
+                        tool_call_id="call_shell",
+                        operation_id="shell-op-1",
+                        recovery_policy="query_original",
+                    ) as call:
+                        result = run_process(
+                            self.command,
+                            shell=True,
+                            token=run.token,
+                            timeout=60,
+                            grace_seconds=self.grace,
+                            kill_descendants=self.kill_descendants,
+                            drain_timeout=self.drain_timeout,
+                        )
                         self.returned_at = time.monotonic()
                         self.results.append(result)
                         call.observe_process(result)
@@ -131,10 +149,12 @@ class ShellTool:
 def test_shell_spawning_long_running_children_leaves_no_process_behind(stack, tmp_path):
     """Row 4 (shell 派生长时间运行的子进程): all work within the managed scope has exited."""
     mark, pids = marker(), tmp_path / "pids"
-    command = (f"sleep {mark} & echo $! >> {pids}; "
-               f"sleep {mark} & echo $! >> {pids}; "
-               f"(sleep {mark}; echo never) & echo $! >> {pids}; "  # a subshell with its own child
-               f"echo $$ >> {pids}; wait")
+    command = (
+        f"sleep {mark} & echo $! >> {pids}; "
+        f"sleep {mark} & echo $! >> {pids}; "
+        f"(sleep {mark}; echo never) & echo $! >> {pids}; "  # a subshell with its own child
+        f"echo $$ >> {pids}; wait"
+    )
     tool = ShellTool(stack, command).start()
     listed = read_pids(str(pids), 4)
     wait_until(lambda: len(sleepers(mark)) >= 3, what="three sleepers")
@@ -159,7 +179,8 @@ def test_descendant_in_its_own_session_is_found_and_killed(stack, tmp_path):
     """Row 5 (后代建立独立会话): found and killed, or the boundary is reported."""
     mark, pids = marker(), tmp_path / "pids"
     escape = tmp_path / "escape.py"
-    escape.write_text(textwrap.dedent(f"""
+    escape.write_text(
+        textwrap.dedent(f"""
         import os, time
         if os.fork() == 0:
             os.setsid()  # its own session and process group: outside the tool's group
@@ -168,12 +189,15 @@ def test_descendant_in_its_own_session_is_found_and_killed(stack, tmp_path):
             time.sleep({mark})
             os._exit(0)
         os._exit(0)  # the parent exits at once: the grandchild is an orphan
-    """))
+    """)
+    )
     shell_pid = tmp_path / "shell_pid"
     command = f"{sys.executable} {escape}; echo $$ >> {shell_pid}; sleep {mark}"
     tool = ShellTool(stack, command).start()
     escaped, shell = read_pids(str(pids), 1)[0], read_pids(str(shell_pid), 1)[0]
-    wait_until(lambda: alive(escaped) and session_of(escaped) == escaped, what="the setsid descendant")
+    wait_until(
+        lambda: alive(escaped) and session_of(escaped) == escaped, what="the setsid descendant"
+    )
     assert session_of(escaped) != session_of(shell)  # it really left the tool's session
 
     tool.stop()
@@ -188,7 +212,9 @@ def test_descendant_in_its_own_session_is_found_and_killed(stack, tmp_path):
     assert "killed" in tool.record().last_observation
 
 
-def test_descendant_holding_the_output_pipe_does_not_block_reading_and_truncation_is_recorded(stack, tmp_path):
+def test_descendant_holding_the_output_pipe_does_not_block_reading_and_truncation_is_recorded(
+    stack, tmp_path
+):
     """Row 6 (主进程退出，后代保持输出管道): reading never waits forever; truncation is kept."""
     mark, pids = marker(), tmp_path / "pids"
     # The command exits at once; a background descendant keeps stdout open for a long time.
@@ -218,7 +244,9 @@ def test_descendant_holding_the_output_pipe_does_not_block_reading_and_truncatio
     wait_until(lambda: not processes_with(mark), what="the leftover to die")
 
 
-def test_tool_ignoring_sigterm_is_killed_after_the_grace_period_and_its_state_confirmed(stack, tmp_path):
+def test_tool_ignoring_sigterm_is_killed_after_the_grace_period_and_its_state_confirmed(
+    stack, tmp_path
+):
     """Row 7 (工具忽略优雅退出请求): escalate after the grace period; confirm the real state."""
     mark, pids = marker(), tmp_path / "pids"
     # `trap '' TERM` is inherited by sleep: the whole tool ignores SIGTERM.
@@ -247,11 +275,18 @@ def test_tool_ignoring_sigterm_is_killed_after_the_grace_period_and_its_state_co
     assert "SIGKILL after grace" in record.last_observation
     packet = StopPacket.objects.get(run_id=tool.run_id, stop_epoch=run.stop_epoch).snapshot
     assert [u["tool_call_id"] for u in packet["unconfirmed_side_effects"]] == ["call_shell"]
-    assert packet["unconfirmed_side_effects"][0]["recovery_action"] == "query shell-op-1; do not re-run shell"
+    assert (
+        packet["unconfirmed_side_effects"][0]["recovery_action"]
+        == "query shell-op-1; do not re-run shell"
+    )
     assert packet["dirty_reasons"] == ["unconfirmed_side_effects"]
 
     # a reviewer checks and resolves it: the stop becomes clean
-    stack.reviewer().resolve(tool.run_id, target="tool_call", id="call_shell", decision="not_applied",
-                             evidence="migration table shows 0042 not applied")
+    stack.reviewer().resolve(
+        tool.run_id,
+        target="tool_call",
+        id="call_shell",
+        decision="not_applied",
+        evidence="migration table shows 0042 not applied",
+    )
     wait_status(tool.run_id, RunStatus.STOPPED_CLEANLY)
-

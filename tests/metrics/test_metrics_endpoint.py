@@ -21,7 +21,7 @@ from tests.runs.factories import SYSTEM, make_run, make_running
 pytestmark = pytest.mark.django_db
 
 URL = "/metrics"
-SAMPLE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
+SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
 
 def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -110,12 +110,21 @@ def scenario(team, other_team, bob, settings):
     services.run_stop(run_id=running.pk, reason=StopReason.USER_STOP, actor=reviewer)
     services.stop_signal_delivered(run_id=running.pk, stop_epoch=lease.epoch + 1)
     with pytest.raises(StaleEpoch):
-        services.permit_request(run_id=running.pk, epoch=lease.epoch, tool_call_id="call_late", tool="search",
-                                actor=SYSTEM)
-    services.run_drained(run_id=running.pk, lease_token=lease.token, epoch=lease.epoch, actor=SYSTEM)
+        services.permit_request(
+            run_id=running.pk,
+            epoch=lease.epoch,
+            tool_call_id="call_late",
+            tool="search",
+            actor=SYSTEM,
+        )
+    services.run_drained(
+        run_id=running.pk, lease_token=lease.token, epoch=lease.epoch, actor=SYSTEM
+    )
 
     interrupted, _ = make_running(team)
-    services.run_interrupt(run_id=interrupted.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
+    services.run_interrupt(
+        run_id=interrupted.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM
+    )
     services.run_resume(run_id=interrupted.pk, actor=reviewer)
 
     taken = make_run(team)
@@ -123,9 +132,15 @@ def scenario(team, other_team, bob, settings):
 
     busy, busy_lease = make_running(team)
     for key in ("mail-1", "mail-2"):
-        services.outbox_enqueue(run_id=busy.pk, epoch=busy_lease.epoch, transport="webhook",
-                                destination="https://hooks.example.test/notify", payload={"key": key},
-                                idempotency_key=key, actor=SYSTEM)
+        services.outbox_enqueue(
+            run_id=busy.pk,
+            epoch=busy_lease.epoch,
+            transport="webhook",
+            destination="https://hooks.example.test/notify",
+            payload={"key": key},
+            idempotency_key=key,
+            actor=SYSTEM,
+        )
 
     foreign = make_run(other_team)
     services.run_stop(run_id=foreign.pk, reason=StopReason.USER_STOP, actor=SYSTEM)
@@ -134,14 +149,18 @@ def scenario(team, other_team, bob, settings):
 
 def test_the_scenario_is_what_the_figures_claim(scenario):
     """Guard the scenario itself, so the endpoint tests below compare with known truths."""
-    assert StopRequest.objects.filter(run__team__slug="acme").count() == 3  # pending, running, takeover
+    assert (
+        StopRequest.objects.filter(run__team__slug="acme").count() == 3
+    )  # pending, running, takeover
     assert RejectedWrite.objects.count() == 1
     assert Handoff.objects.get(run=scenario["taken"]).status == "open"
     assert Run.objects.get(pk=scenario["taken"].pk).status == RunStatus.HANDED_OFF
     assert queue_depths(team_ids=None)["outbox_pending"] == 2
 
 
-def test_reviewer_token_sees_its_teams_five_figures_and_queue_depths(client, reviewer_token, scenario):
+def test_reviewer_token_sees_its_teams_five_figures_and_queue_depths(
+    client, reviewer_token, scenario
+):
     samples = parse(client.get(URL, **reviewer_token.header).content.decode())
 
     assert value(samples, "safestop_stops", outcome="all") == 3
@@ -152,11 +171,16 @@ def test_reviewer_token_sees_its_teams_five_figures_and_queue_depths(client, rev
     assert value(samples, "safestop_stop_latency_samples", to="worker_signal") == 1
     stop = StopRequest.objects.get(run=scenario["running"])
     drained_ms = (stop.stopped_at - stop.requested_at).total_seconds()
-    assert value(samples, "safestop_stop_latency_seconds", to="stopped", quantile="0.99") == pytest.approx(drained_ms)
-    assert value(samples, "safestop_stop_latency_seconds", to="stopped", quantile="0.5") == 0.0  # settled at once
+    assert value(
+        samples, "safestop_stop_latency_seconds", to="stopped", quantile="0.99"
+    ) == pytest.approx(drained_ms)
+    assert (
+        value(samples, "safestop_stop_latency_seconds", to="stopped", quantile="0.5") == 0.0
+    )  # settled at once
     signal_seconds = (stop.signal_delivered_at - stop.requested_at).total_seconds()
-    assert value(samples, "safestop_stop_latency_seconds", to="worker_signal", quantile="0.95") == pytest.approx(
-        signal_seconds)
+    assert value(
+        samples, "safestop_stop_latency_seconds", to="worker_signal", quantile="0.95"
+    ) == pytest.approx(signal_seconds)
     # 2. leakage
     assert value(samples, "safestop_side_effect_leakage", kind="permit") == 0
     assert value(samples, "safestop_side_effect_leakage", kind="dispatch") == 0
@@ -177,7 +201,9 @@ def test_reviewer_token_sees_its_teams_five_figures_and_queue_depths(client, rev
     assert value(samples, "safestop_metrics_window_seconds") == 86400
 
 
-def test_staff_see_every_team_and_a_token_only_its_own(client, reviewer_token, outsider_token, scenario, db):
+def test_staff_see_every_team_and_a_token_only_its_own(
+    client, reviewer_token, outsider_token, scenario, db
+):
     staff = get_user_model().objects.create_user(username="ops", password="pw", is_staff=True)
     client.force_login(staff)
     everyone = parse(client.get(URL).content.decode())
@@ -186,22 +212,31 @@ def test_staff_see_every_team_and_a_token_only_its_own(client, reviewer_token, o
     _token, raw = api_token_create(team_slug="globex", name="globex-reviewer", role="reviewer")
     globex = parse(client.get(URL, HTTP_AUTHORIZATION=f"Bearer {raw}").content.decode())
     assert value(globex, "safestop_stops", outcome="all") == 1
-    assert value(globex, "safestop_queue_depth", queue="outbox_pending") == 0  # acme's items are not globex's
+    assert (
+        value(globex, "safestop_queue_depth", queue="outbox_pending") == 0
+    )  # acme's items are not globex's
 
 
 def test_figures_equal_the_stop_quality_api_for_the_same_scope(client, reviewer_token, scenario):
     """The endpoint renders `runs.selectors.stop_quality`; nothing is computed twice."""
     samples = parse(client.get(URL, **reviewer_token.header).content.decode())
     now = timezone.now()
-    figures = stop_quality(since=now - timezone.timedelta(hours=24), until=now, team_ids=[reviewer_token.token.team_id])
+    figures = stop_quality(
+        since=now - timezone.timedelta(hours=24), until=now, team_ids=[reviewer_token.token.team_id]
+    )
     assert value(samples, "safestop_stops", outcome="all") == figures["stops"]
     assert value(samples, "safestop_late_writes_rejected") == figures["late_writes_rejected"]
-    assert value(samples, "safestop_side_effect_leakage", kind="permit") == figures["side_effect_leakage"]["permits_after_stop"]
+    assert (
+        value(samples, "safestop_side_effect_leakage", kind="permit")
+        == figures["side_effect_leakage"]["permits_after_stop"]
+    )
 
 
 def test_no_samples_is_nan_not_zero(client, reviewer_token):
     samples = parse(client.get(URL, **reviewer_token.header).content.decode())
-    assert math.isnan(value(samples, "safestop_stop_latency_seconds", to="stopped", quantile="0.99"))
+    assert math.isnan(
+        value(samples, "safestop_stop_latency_seconds", to="stopped", quantile="0.99")
+    )
     assert math.isnan(value(samples, "safestop_handoff_completion_ratio"))
     assert value(samples, "safestop_stops", outcome="all") == 0
 
@@ -219,13 +254,25 @@ def test_queue_depths_count_each_state_once(team, settings):
     settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS = ["hooks.example.test"]
     run, lease = make_running(team)
     for key in ("a", "b", "c"):
-        services.outbox_enqueue(run_id=run.pk, epoch=lease.epoch, transport="webhook",
-                                destination="https://hooks.example.test/x", payload={}, idempotency_key=key,
-                                actor=SYSTEM)
+        services.outbox_enqueue(
+            run_id=run.pk,
+            epoch=lease.epoch,
+            transport="webhook",
+            destination="https://hooks.example.test/x",
+            payload={},
+            idempotency_key=key,
+            actor=SYSTEM,
+        )
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=SYSTEM)
     depths = queue_depths(team_ids=[team.pk])
-    assert depths == {"outbox_pending": 0, "outbox_dispatching": 0, "outbox_frozen": 3, "outbox_unknown": 0,
-                      "runs_stopping": 1, "runs_stopped_dirty": 0}
+    assert depths == {
+        "outbox_pending": 0,
+        "outbox_dispatching": 0,
+        "outbox_frozen": 3,
+        "outbox_unknown": 0,
+        "runs_stopping": 1,
+        "runs_stopped_dirty": 0,
+    }
     assert queue_depths(team_ids=[team.pk + 999]) == dict.fromkeys(depths, 0)
 
 
@@ -237,9 +284,19 @@ def test_metrics_and_the_stop_quality_api_agree(client, reviewer_token, scenario
     figures = api.json()
     assert value(samples, "safestop_stops", outcome="all") == figures["stops"] == 3
     assert value(samples, "safestop_late_writes_rejected") == figures["late_writes_rejected"] == 1
-    assert value(samples, "safestop_side_effect_leakage", kind="dispatch") == (
-        figures["side_effect_leakage"]["dispatches_after_stop"])
-    assert value(samples, "safestop_interruptions", state="recovered_cleanly") == (
-        figures["interruptions_recovered_cleanly"]["recovered_cleanly"])
-    assert value(samples, "safestop_handoffs", state="created") == figures["handoff_completion"]["handoffs"]
-    assert value(samples, "safestop_stop_latency_samples", to="stopped") == figures["stop_latency"]["to_stopped"]["count"]
+    assert (
+        value(samples, "safestop_side_effect_leakage", kind="dispatch")
+        == (figures["side_effect_leakage"]["dispatches_after_stop"])
+    )
+    assert (
+        value(samples, "safestop_interruptions", state="recovered_cleanly")
+        == (figures["interruptions_recovered_cleanly"]["recovered_cleanly"])
+    )
+    assert (
+        value(samples, "safestop_handoffs", state="created")
+        == figures["handoff_completion"]["handoffs"]
+    )
+    assert (
+        value(samples, "safestop_stop_latency_samples", to="stopped")
+        == figures["stop_latency"]["to_stopped"]["count"]
+    )

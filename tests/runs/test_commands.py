@@ -23,15 +23,35 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.django_db
 def test_create_api_token_creates_the_team_and_prints_the_raw_token_last_once():
     out, err = StringIO(), StringIO()
-    call_command("create_api_token", "--team", "newteam", "--name", "ci-bot", "--role", "reviewer", stdout=out, stderr=err)
+    call_command(
+        "create_api_token",
+        "--team",
+        "newteam",
+        "--name",
+        "ci-bot",
+        "--role",
+        "reviewer",
+        stdout=out,
+        stderr=err,
+    )
     raw = out.getvalue().strip().splitlines()[-1]
     token = ApiToken.objects.get(name="ci-bot")
     assert Team.objects.filter(slug="newteam").exists()
     assert token.role == "reviewer"
-    assert token.token_hash == hash_token(raw) and raw not in token.token_hash  # only the hash is stored
+    assert (
+        token.token_hash == hash_token(raw) and raw not in token.token_hash
+    )  # only the hash is stored
     assert api_token_authenticate(raw) == token
     with pytest.raises(CommandError, match="already has a token"):
-        call_command("create_api_token", "--team", "newteam", "--name", "ci-bot", stdout=StringIO(), stderr=StringIO())
+        call_command(
+            "create_api_token",
+            "--team",
+            "newteam",
+            "--name",
+            "ci-bot",
+            stdout=StringIO(),
+            stderr=StringIO(),
+        )
 
 
 def _free_port() -> int:
@@ -55,8 +75,13 @@ def test_serve_migrates_and_serves_http_and_websockets_on_sqlite(tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env["SAFESTOP_SQLITE_PATH"] = str(tmp_path / "serve.sqlite3")
-    process = subprocess.Popen([sys.executable, "manage.py", "serve", "--no-demo", "--port", str(port)], cwd=ROOT,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--no-demo", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         assert _wait_for(f"http://127.0.0.1:{port}/api/schema/", time.monotonic() + 60) == 200
         # A websocket upgrade reaches the ASGI router (agents authenticate by token: none here → refused).

@@ -28,19 +28,44 @@ def _postgresql_only() -> None:
 
 def test_a_frozen_outbox_item_writes_two_index_entries_not_five() -> None:
     indexes = _indexes("runs_outboxitem")
-    assert set(indexes) == {"runs_outboxitem_pkey", "outbox_unique_run_key", "outbox_pending_idx",
-                            "outbox_dispatching_idx", "outbox_exec_record_idx"}
+    assert set(indexes) == {
+        "runs_outboxitem_pkey",
+        "outbox_unique_run_key",
+        "outbox_pending_idx",
+        "outbox_dispatching_idx",
+        "outbox_exec_record_idx",
+    }
     # The three partial indexes take no entry for a frozen item without an execution record.
-    assert "WHERE" in indexes["outbox_exec_record_idx"] and "IS NOT NULL" in indexes["outbox_exec_record_idx"]
+    assert (
+        "WHERE" in indexes["outbox_exec_record_idx"]
+        and "IS NOT NULL" in indexes["outbox_exec_record_idx"]
+    )
 
 
-@pytest.mark.parametrize("table", ["runs_step", "runs_eventreceipt", "runs_executionrecord", "runs_artifact",
-                                   "runs_checkpoint", "runs_outboxitem"])
+@pytest.mark.parametrize(
+    "table",
+    [
+        "runs_step",
+        "runs_eventreceipt",
+        "runs_executionrecord",
+        "runs_artifact",
+        "runs_checkpoint",
+        "runs_outboxitem",
+    ],
+)
 def test_no_child_table_keeps_a_pattern_ops_twin_of_run_id(table: str) -> None:
-    assert [name for name, definition in _indexes(table).items() if "varchar_pattern_ops" in definition] == []
+    assert [
+        name for name, definition in _indexes(table).items() if "varchar_pattern_ops" in definition
+    ] == []
 
 
 def test_every_run_id_lookup_still_has_an_index_that_leads_with_run_id() -> None:
-    for table in ("runs_step", "runs_eventreceipt", "runs_executionrecord", "runs_artifact", "runs_checkpoint",
-                  "runs_outboxitem"):
+    for table in (
+        "runs_step",
+        "runs_eventreceipt",
+        "runs_executionrecord",
+        "runs_artifact",
+        "runs_checkpoint",
+        "runs_outboxitem",
+    ):
         assert any("(run_id" in definition for definition in _indexes(table).values()), table

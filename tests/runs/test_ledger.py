@@ -55,7 +55,9 @@ def test_verify_ledger_names_the_first_row_changed_behind_the_triggers_back(team
     with connection.cursor() as cursor:
         # What a superuser could do: switch user triggers off for the session, edit, switch back.
         cursor.execute("SET session_replication_role = replica")
-        cursor.execute("UPDATE runs_ledgerentry SET reason = 'budget_exhausted' WHERE id = %s", [target.pk])
+        cursor.execute(
+            "UPDATE runs_ledgerentry SET reason = 'budget_exhausted' WHERE id = %s", [target.pk]
+        )
         cursor.execute("SET session_replication_role = DEFAULT")
     with pytest.raises(SystemExit) as exited:
         call_command("verify_ledger")
@@ -101,10 +103,19 @@ print("journal", connection.cursor().execute("PRAGMA journal_mode").fetchone()[0
 
 def test_sqlite_refuses_update_and_delete_of_a_ledger_entry(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    env.update(SAFESTOP_SQLITE_PATH=str(tmp_path / "ledger.sqlite3"), DJANGO_SETTINGS_MODULE="console.settings")
+    env.update(
+        SAFESTOP_SQLITE_PATH=str(tmp_path / "ledger.sqlite3"),
+        DJANGO_SETTINGS_MODULE="console.settings",
+    )
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    result = subprocess.run([sys.executable, "-c", SQLITE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", SQLITE_SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = result.stdout.splitlines()
     assert lines[0].startswith("update REFUSED") and "append-only" in lines[0]
     assert lines[1].startswith("delete REFUSED") and "append-only" in lines[1]

@@ -62,9 +62,17 @@ def test_permit_vs_stop_never_grants_a_permit_after_the_stop(team, pool):
         run, lease = make_running(team)
         permit, _stop = _race(
             pool,
-            lambda run=run, n=n: services.permit_request(run_id=run.pk, epoch=1, tool_call_id=f"call_{n}",
-                                                         tool="send_email", side_effect="write", actor=AGENT),
-            lambda run=run: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE),
+            lambda run=run, n=n: services.permit_request(
+                run_id=run.pk,
+                epoch=1,
+                tool_call_id=f"call_{n}",
+                tool="send_email",
+                side_effect="write",
+                actor=AGENT,
+            ),
+            lambda run=run: services.run_stop(
+                run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE
+            ),
         )
         stop_request = StopRequest.objects.get(run=run)
         record = ExecutionRecord.objects.filter(run=run).first()
@@ -74,11 +82,19 @@ def test_permit_vs_stop_never_grants_a_permit_after_the_stop(team, pool):
                 violations.append((n, "refused but a record exists"))
         else:
             granted += 1
-            if record is None or record.permitted_at >= stop_request.requested_at or not record.cancel_requested:
+            if (
+                record is None
+                or record.permitted_at >= stop_request.requested_at
+                or not record.cancel_requested
+            ):
                 violations.append((n, "permit not ordered before the stop"))
-    leakage = side_effect_leakage(since=Run.objects.earliest("created_at").created_at, until=_far_future())
-    print(f"\npermit vs stop: {ITERATIONS} iterations, {granted} permits before the stop, "
-          f"{refused} refused after it, {len(violations)} violations, leakage {leakage['total']}")
+    leakage = side_effect_leakage(
+        since=Run.objects.earliest("created_at").created_at, until=_far_future()
+    )
+    print(
+        f"\npermit vs stop: {ITERATIONS} iterations, {granted} permits before the stop, "
+        f"{refused} refused after it, {len(violations)} violations, leakage {leakage['total']}"
+    )
     assert violations == []
     assert leakage["total"] == 0
     assert granted + refused == ITERATIONS
@@ -88,10 +104,17 @@ def test_twenty_concurrent_stops_make_one_epoch_bump_one_request_one_entry(team,
     violations = []
     for n in range(ITERATIONS):
         run, _lease = make_running(team)
-        outcomes = _race(pool, *[
-            (lambda run=run: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE, note="stop!"))
-            for _ in range(20)
-        ])
+        outcomes = _race(
+            pool,
+            *[
+                (
+                    lambda run=run: services.run_stop(
+                        run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE, note="stop!"
+                    )
+                )
+                for _ in range(20)
+            ],
+        )
         errors = [o for o in outcomes if isinstance(o, Exception)]
         run.refresh_from_db()
         created = sum(1 for o in outcomes if not isinstance(o, Exception) and o.created)
@@ -101,7 +124,9 @@ def test_twenty_concurrent_stops_make_one_epoch_bump_one_request_one_entry(team,
             violations.append((n, errors, created, ids, run.stop_epoch, entries))
         if StopRequest.objects.filter(run=run).count() != 1:
             violations.append((n, "stop requests"))
-    print(f"\n20 concurrent stops: {ITERATIONS} iterations x 20 threads, {len(violations)} violations")
+    print(
+        f"\n20 concurrent stops: {ITERATIONS} iterations x 20 threads, {len(violations)} violations"
+    )
     assert violations == []
 
 
@@ -112,23 +137,38 @@ def test_completion_vs_stop_has_exactly_one_winner(team, pool):
         run, _lease = make_running(team)
         complete, stop = _race(
             pool,
-            lambda run=run, n=n: services.run_complete(run_id=run.pk, epoch=1, actor=AGENT, result={"rows": n}),
-            lambda run=run: services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE),
+            lambda run=run, n=n: services.run_complete(
+                run_id=run.pk, epoch=1, actor=AGENT, result={"rows": n}
+            ),
+            lambda run=run: services.run_stop(
+                run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE
+            ),
         )
         run.refresh_from_db()
         if run.status == RunStatus.COMPLETED:
             completed_first += 1
-            ok = (not isinstance(stop, Exception) and stop.already_finished and run.result == {"rows": n}
-                  and not StopRequest.objects.filter(run=run).exists())
+            ok = (
+                not isinstance(stop, Exception)
+                and stop.already_finished
+                and run.result == {"rows": n}
+                and not StopRequest.objects.filter(run=run).exists()
+            )
         else:
             stopped_first += 1
             # The completion arrived after the stop: a stale-epoch fact, kept, never applied.
-            ok = (isinstance(complete, StaleEpoch) and run.status == RunStatus.CANCEL_REQUESTED
-                  and run.result is None and run.late_reports and run.late_reports[0]["result"] == {"rows": n})
+            ok = (
+                isinstance(complete, StaleEpoch)
+                and run.status == RunStatus.CANCEL_REQUESTED
+                and run.result is None
+                and run.late_reports
+                and run.late_reports[0]["result"] == {"rows": n}
+            )
         if not ok:
             violations.append((n, run.status, complete, stop))
-    print(f"\ncompletion vs stop: {ITERATIONS} iterations, completion won {completed_first}, "
-          f"stop won {stopped_first}, {len(violations)} violations")
+    print(
+        f"\ncompletion vs stop: {ITERATIONS} iterations, completion won {completed_first}, "
+        f"stop won {stopped_first}, {len(violations)} violations"
+    )
     assert violations == []
 
 

@@ -30,7 +30,9 @@ def test_create_starts_pending_at_epoch_one_with_planned_steps(team):
     run = make_run(team)
     assert (run.status, run.stop_epoch) == (RunStatus.PENDING, 1)
     assert list(run.steps.values_list("key", "status")) == [
-        ("plan", StepStatus.PLANNED), ("act", StepStatus.PLANNED), ("notify", StepStatus.PLANNED)
+        ("plan", StepStatus.PLANNED),
+        ("act", StepStatus.PLANNED),
+        ("notify", StepStatus.PLANNED),
     ]
     assert LedgerEntry.objects.filter(run=run, action="run.created").count() == 1
 
@@ -55,11 +57,18 @@ def test_complete_fail_and_suspend_are_distinct_states(team):
     failed, lease2 = make_running(team)
     services.run_fail(run_id=failed.pk, epoch=lease2.epoch, actor=SYSTEM, error="tool broke")
     suspended, lease3 = make_running(team)
-    services.run_suspend(run_id=suspended.pk, epoch=lease3.epoch, actor=SYSTEM, reason="awaiting approval")
+    services.run_suspend(
+        run_id=suspended.pk, epoch=lease3.epoch, actor=SYSTEM, reason="awaiting approval"
+    )
     stopped = make_run(team)
     services.run_stop(run_id=stopped.pk, reason=StopReason.USER_STOP, actor=ALICE)
     statuses = {reload(r).status for r in (completed, failed, suspended, stopped)}
-    assert statuses == {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.SUSPENDED, RunStatus.STOPPED_CLEANLY}
+    assert statuses == {
+        RunStatus.COMPLETED,
+        RunStatus.FAILED,
+        RunStatus.SUSPENDED,
+        RunStatus.STOPPED_CLEANLY,
+    }
     assert reload(completed).result == {"ok": True}
     assert reload(failed).failure == {"error": "tool broke"}
 
@@ -75,10 +84,16 @@ def test_suspended_run_releases_its_lease_and_resumes_to_pending_at_a_new_epoch(
 
 def test_a_pending_run_stops_cleanly_at_once(team):
     run = make_run(team)
-    outcome = services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE, note="wrong input")
+    outcome = services.run_stop(
+        run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE, note="wrong input"
+    )
     run = reload(run)
     assert outcome.created
-    assert (run.status, run.stop_epoch, run.stop_reason) == (RunStatus.STOPPED_CLEANLY, 2, StopReason.USER_STOP)
+    assert (run.status, run.stop_epoch, run.stop_reason) == (
+        RunStatus.STOPPED_CLEANLY,
+        2,
+        StopReason.USER_STOP,
+    )
     actions = list(LedgerEntry.objects.filter(run=run).values_list("action", flat=True))
     assert actions == ["run.created", "run.stop_requested", "run.draining", "run.stopped_cleanly"]
     packet = StopPacket.objects.get(run=run)
@@ -100,7 +115,9 @@ def test_stop_with_a_live_lease_waits_for_the_worker_then_drains(team):
     run, lease = make_running(team)
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     assert reload(run).status == RunStatus.CANCEL_REQUESTED
-    answer = services.lease_heartbeat(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=SYSTEM)
+    answer = services.lease_heartbeat(
+        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=SYSTEM
+    )
     assert answer.signal is not None
     assert answer.signal["type"] == "cancel_requested"
     assert answer.signal["stop_epoch"] == 2
@@ -111,7 +128,9 @@ def test_stop_with_a_live_lease_waits_for_the_worker_then_drains(team):
     lease.refresh_from_db()
     assert lease.released_at is not None
     with pytest.raises(LeaseRevoked):
-        services.lease_heartbeat(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=SYSTEM)
+        services.lease_heartbeat(
+            run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=SYSTEM
+        )
 
 
 def test_a_repeated_stop_returns_the_same_request_and_writes_nothing(team):
@@ -128,10 +147,23 @@ def test_a_repeated_stop_returns_the_same_request_and_writes_nothing(team):
 
 def test_stop_freezes_pending_outbox_and_flags_calls_in_flight(team):
     run, lease = make_running(team)
-    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=1, transport="email", destination="ops@example.com",
-                                      payload={"subject": "hi"}, idempotency_key="mail-1", actor=SYSTEM)
-    record, _ = services.permit_request(run_id=run.pk, epoch=1, tool_call_id="call_1", tool="deploy",
-                                        side_effect="write", actor=SYSTEM)
+    item, _ = services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=1,
+        transport="email",
+        destination="ops@example.com",
+        payload={"subject": "hi"},
+        idempotency_key="mail-1",
+        actor=SYSTEM,
+    )
+    record, _ = services.permit_request(
+        run_id=run.pk,
+        epoch=1,
+        tool_call_id="call_1",
+        tool="deploy",
+        side_effect="write",
+        actor=SYSTEM,
+    )
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     item.refresh_from_db()
     record.refresh_from_db()
@@ -143,16 +175,33 @@ def test_permit_outbox_and_step_start_at_the_old_epoch_are_refused_as_stale(team
     run, lease = make_running(team)
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     with pytest.raises(StaleEpoch) as permit_refused:
-        services.permit_request(run_id=run.pk, epoch=1, tool_call_id="call_late", tool="send", actor=SYSTEM)
+        services.permit_request(
+            run_id=run.pk, epoch=1, tool_call_id="call_late", tool="send", actor=SYSTEM
+        )
     assert permit_refused.value.as_dict()["status"] == RunStatus.CANCEL_REQUESTED
     assert permit_refused.value.as_dict()["stop_epoch"] == 2
     with pytest.raises(StaleEpoch):
-        services.outbox_enqueue(run_id=run.pk, epoch=1, transport="email", destination="a@example.com",
-                                payload={}, idempotency_key="late", actor=SYSTEM)
-    answers = services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM,
-                                     events=[{"event_id": "e-late", "type": "step.started", "key": "act"}])
-    assert answers[0].as_dict() == {"event_id": "e-late", "status": "rejected", "code": "stale_epoch",
-                                    "detail": "epoch 1 is not the run's current epoch 2"}
+        services.outbox_enqueue(
+            run_id=run.pk,
+            epoch=1,
+            transport="email",
+            destination="a@example.com",
+            payload={},
+            idempotency_key="late",
+            actor=SYSTEM,
+        )
+    answers = services.events_ingest(
+        run_id=run.pk,
+        epoch=1,
+        actor=SYSTEM,
+        events=[{"event_id": "e-late", "type": "step.started", "key": "act"}],
+    )
+    assert answers[0].as_dict() == {
+        "event_id": "e-late",
+        "status": "rejected",
+        "code": "stale_epoch",
+        "detail": "epoch 1 is not the run's current epoch 2",
+    }
     assert reload(run).late_writes_rejected == 3
 
 
@@ -160,17 +209,32 @@ def test_the_new_epoch_does_not_open_the_entrance_either(team):
     run, _lease = make_running(team)
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     with pytest.raises(RunNotRunning) as refused:
-        services.permit_request(run_id=run.pk, epoch=2, tool_call_id="call_x", tool="send", actor=SYSTEM)
+        services.permit_request(
+            run_id=run.pk, epoch=2, tool_call_id="call_x", tool="send", actor=SYSTEM
+        )
     assert refused.value.code == "run_not_running"
 
 
 def test_tool_result_after_stop_is_kept_as_a_fact(team):
     run, lease = make_running(team)
-    services.permit_request(run_id=run.pk, epoch=1, tool_call_id="call_9", tool="deploy", side_effect="write",
-                            operation_id="deploy-77", recovery_policy="query_original", actor=SYSTEM)
+    services.permit_request(
+        run_id=run.pk,
+        epoch=1,
+        tool_call_id="call_9",
+        tool="deploy",
+        side_effect="write",
+        operation_id="deploy-77",
+        recovery_policy="query_original",
+        actor=SYSTEM,
+    )
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
-    record = services.tool_result_report(run_id=run.pk, tool_call_id="call_9", execution_state="succeeded",
-                                         observation="deployed", actor=SYSTEM)
+    record = services.tool_result_report(
+        run_id=run.pk,
+        tool_call_id="call_9",
+        execution_state="succeeded",
+        observation="deployed",
+        actor=SYSTEM,
+    )
     assert record.reported_after_stop
     assert record.execution_state == ExecutionState.SUCCEEDED
     assert record.side_effect_state == SideEffectState.APPLIED
@@ -178,9 +242,17 @@ def test_tool_result_after_stop_is_kept_as_a_fact(team):
 
 def test_an_unreported_write_makes_the_stop_dirty_and_the_packet_says_what_to_do(team):
     run, lease = make_running(team)
-    services.permit_request(run_id=run.pk, epoch=1, tool_call_id="call_9", tool="deploy", side_effect="write",
-                            operation_id="deploy-77", recovery_policy="query_original", idempotency_key="dep-77",
-                            actor=SYSTEM)
+    services.permit_request(
+        run_id=run.pk,
+        epoch=1,
+        tool_call_id="call_9",
+        tool="deploy",
+        side_effect="write",
+        operation_id="deploy-77",
+        recovery_policy="query_original",
+        idempotency_key="dep-77",
+        actor=SYSTEM,
+    )
     services.run_stop(run_id=run.pk, reason=StopReason.MANUAL_TAKEOVER, actor=ALICE)
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=1, actor=SYSTEM)
     run = reload(run)
@@ -196,13 +268,25 @@ def test_an_unreported_write_makes_the_stop_dirty_and_the_packet_says_what_to_do
 
 def test_resolving_the_last_unknown_cleans_the_run_and_a_takeover_hands_it_off(team, bob):
     run, lease = make_running(team)
-    services.permit_request(run_id=run.pk, epoch=1, tool_call_id="call_9", tool="deploy", side_effect="write",
-                            actor=SYSTEM)
+    services.permit_request(
+        run_id=run.pk,
+        epoch=1,
+        tool_call_id="call_9",
+        tool="deploy",
+        side_effect="write",
+        actor=SYSTEM,
+    )
     services.run_takeover(run_id=run.pk, actor=Actor.for_user(bob), note="I'll finish this")
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=1, actor=SYSTEM)
     assert reload(run).status == RunStatus.STOPPED_DIRTY
-    services.resolution_record(run_id=run.pk, target="tool_call", target_id="call_9", decision="not_applied",
-                               evidence="deploy-77 not in the deploy log", actor=Actor.for_user(bob))
+    services.resolution_record(
+        run_id=run.pk,
+        target="tool_call",
+        target_id="call_9",
+        decision="not_applied",
+        evidence="deploy-77 not in the deploy log",
+        actor=Actor.for_user(bob),
+    )
     run = reload(run)
     assert run.status == RunStatus.HANDED_OFF
     handoff = Handoff.objects.get(run=run)
@@ -211,17 +295,37 @@ def test_resolving_the_last_unknown_cleans_the_run_and_a_takeover_hands_it_off(t
 
 def test_a_second_resolution_with_another_decision_is_refused(team):
     run, lease = make_running(team)
-    services.permit_request(run_id=run.pk, epoch=1, tool_call_id="c", tool="pay", side_effect="write", actor=SYSTEM)
+    services.permit_request(
+        run_id=run.pk, epoch=1, tool_call_id="c", tool="pay", side_effect="write", actor=SYSTEM
+    )
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=1, actor=SYSTEM)
-    services.resolution_record(run_id=run.pk, target="tool_call", target_id="c", decision="applied",
-                               evidence="bank statement", actor=ALICE)
-    again = services.resolution_record(run_id=run.pk, target="tool_call", target_id="c", decision="applied",
-                                       evidence="bank statement", actor=ALICE)
+    services.resolution_record(
+        run_id=run.pk,
+        target="tool_call",
+        target_id="c",
+        decision="applied",
+        evidence="bank statement",
+        actor=ALICE,
+    )
+    again = services.resolution_record(
+        run_id=run.pk,
+        target="tool_call",
+        target_id="c",
+        decision="applied",
+        evidence="bank statement",
+        actor=ALICE,
+    )
     assert not again.created
     with pytest.raises(IllegalTransition):
-        services.resolution_record(run_id=run.pk, target="tool_call", target_id="c", decision="compensated",
-                                   evidence="x", actor=ALICE)
+        services.resolution_record(
+            run_id=run.pk,
+            target="tool_call",
+            target_id="c",
+            decision="compensated",
+            evidence="x",
+            actor=ALICE,
+        )
 
 
 def test_handoff_complete_return_and_close(team, bob):
@@ -236,10 +340,16 @@ def test_handoff_complete_return_and_close(team, bob):
     handoff_services.handoff_complete(handoff_id=handoffs[0].pk, actor=actor, note="done by hand")
     handoff_services.handoff_return(handoff_id=handoffs[1].pk, actor=actor)
     handoff_services.handoff_close(handoff_id=handoffs[2].pk, actor=actor)
-    assert [reload(run).status for run in runs] == [RunStatus.COMPLETED, RunStatus.PENDING, RunStatus.CANCELLED]
+    assert [reload(run).status for run in runs] == [
+        RunStatus.COMPLETED,
+        RunStatus.PENDING,
+        RunStatus.CANCELLED,
+    ]
     assert reload(runs[1]).stop_epoch == 3
     assert [Handoff.objects.get(pk=h.pk).status for h in handoffs] == [
-        HandoffStatus.COMPLETED, HandoffStatus.RETURNED, HandoffStatus.CLOSED
+        HandoffStatus.COMPLETED,
+        HandoffStatus.RETURNED,
+        HandoffStatus.CLOSED,
     ]
 
 
@@ -251,7 +361,9 @@ def test_stopped_cleanly_run_can_be_resumed_or_closed_but_a_dirty_one_cannot(tea
     services.run_stop(run_id=closable.pk, reason=StopReason.USER_STOP, actor=ALICE)
     assert services.run_close(run_id=closable.pk, actor=ALICE).status == RunStatus.CANCELLED
     dirty, lease = make_running(team)
-    services.permit_request(run_id=dirty.pk, epoch=1, tool_call_id="c", tool="pay", side_effect="write", actor=SYSTEM)
+    services.permit_request(
+        run_id=dirty.pk, epoch=1, tool_call_id="c", tool="pay", side_effect="write", actor=SYSTEM
+    )
     services.run_stop(run_id=dirty.pk, reason=StopReason.USER_STOP, actor=ALICE)
     services.run_drained(run_id=dirty.pk, lease_token=lease.token, epoch=1, actor=SYSTEM)
     with pytest.raises(IllegalTransition):
@@ -286,8 +398,12 @@ def test_stop_after_completion_is_answered_already_finished_and_logged(team):
 def test_completion_after_stop_is_kept_as_a_fact_and_does_not_move_the_run(team):
     run, lease = make_running(team)
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
-    answers = services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM,
-                                     events=[{"event_id": "done", "type": "run.completed", "result": {"n": 3}}])
+    answers = services.events_ingest(
+        run_id=run.pk,
+        epoch=1,
+        actor=SYSTEM,
+        events=[{"event_id": "done", "type": "run.completed", "result": {"n": 3}}],
+    )
     assert answers[0].status == "rejected" and answers[0].code == "stale_epoch"
     run = reload(run)
     assert run.status == RunStatus.CANCEL_REQUESTED
@@ -299,26 +415,44 @@ def test_completion_after_stop_is_kept_as_a_fact_and_does_not_move_the_run(team)
 
 def test_interrupt_records_the_interruption_point(team):
     run, lease = make_running(team)
-    services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM,
-                           events=[{"event_id": "s", "type": "step.started", "key": "act"}])
-    services.permit_request(run_id=run.pk, epoch=1, tool_call_id="c1", tool="deploy", side_effect="write", actor=SYSTEM)
-    services.run_interrupt(run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM, detail="db down")
+    services.events_ingest(
+        run_id=run.pk,
+        epoch=1,
+        actor=SYSTEM,
+        events=[{"event_id": "s", "type": "step.started", "key": "act"}],
+    )
+    services.permit_request(
+        run_id=run.pk, epoch=1, tool_call_id="c1", tool="deploy", side_effect="write", actor=SYSTEM
+    )
+    services.run_interrupt(
+        run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM, detail="db down"
+    )
     run = reload(run)
     assert run.status == RunStatus.INTERRUPTED
     assert run.interruption["current_step"] == {"seq": 2, "key": "act"}
     assert run.interruption["calls_in_flight"] == ["c1"]
     with pytest.raises(IllegalTransition):
         services.run_resume(run_id=run.pk, actor=ALICE)  # the unknown write must be resolved first
-    services.resolution_record(run_id=run.pk, target="tool_call", target_id="c1", decision="not_applied",
-                               evidence="not in deploy history", actor=ALICE)
+    services.resolution_record(
+        run_id=run.pk,
+        target="tool_call",
+        target_id="c1",
+        decision="not_applied",
+        evidence="not in deploy history",
+        actor=ALICE,
+    )
     assert services.run_resume(run_id=run.pk, actor=ALICE).status == RunStatus.PENDING
 
 
 def test_steering_not_applied_at_stop_is_marked_and_decided_on_resume(team):
     run, lease = make_running(team)
     applied = services.steering_queue(run_id=run.pk, text="use the EU region", actor=ALICE)
-    services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM,
-                           events=[{"event_id": "st", "type": "steering.applied", "steering_id": applied.pk}])
+    services.events_ingest(
+        run_id=run.pk,
+        epoch=1,
+        actor=SYSTEM,
+        events=[{"event_id": "st", "type": "steering.applied", "steering_id": applied.pk}],
+    )
     pending = services.steering_queue(run_id=run.pk, text="also email finance", actor=ALICE)
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     applied.refresh_from_db()
@@ -327,7 +461,9 @@ def test_steering_not_applied_at_stop_is_marked_and_decided_on_resume(team):
     assert pending.status == SteeringStatus.UNAPPLIED_AT_STOP
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=1, actor=SYSTEM)
     packet = StopPacket.objects.get(run=run).snapshot
-    assert packet["unapplied_steering"] == [{"id": pending.pk, "text": "also email finance", "author": "alice"}]
+    assert packet["unapplied_steering"] == [
+        {"id": pending.pk, "text": "also email finance", "author": "alice"}
+    ]
     services.run_resume(run_id=run.pk, actor=ALICE, carry_over_steering=True)
     pending.refresh_from_db()
     assert pending.status == SteeringStatus.CARRIED_OVER
@@ -335,18 +471,34 @@ def test_steering_not_applied_at_stop_is_marked_and_decided_on_resume(team):
 
 def test_old_epoch_cannot_touch_a_resumed_round(team):
     run, old_lease = make_running(team)
-    services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM,
-                           events=[{"event_id": "a", "type": "step.started", "key": "act"}])
+    services.events_ingest(
+        run_id=run.pk,
+        epoch=1,
+        actor=SYSTEM,
+        events=[{"event_id": "a", "type": "step.started", "key": "act"}],
+    )
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     services.run_drained(run_id=run.pk, lease_token=old_lease.token, epoch=1, actor=SYSTEM)
     services.run_resume(run_id=run.pk, actor=ALICE)
-    new_lease = services.lease_acquire(run_id=run.pk, worker_id="worker-2", ttl_seconds=30, actor=SYSTEM)
+    new_lease = services.lease_acquire(
+        run_id=run.pk, worker_id="worker-2", ttl_seconds=30, actor=SYSTEM
+    )
     assert new_lease.epoch == 3
-    services.events_ingest(run_id=run.pk, epoch=3, actor=SYSTEM,
-                           events=[{"event_id": "b", "type": "step.started", "key": "act"}])
-    late = services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM,
-                                  events=[{"event_id": "c", "type": "step.completed", "key": "act"},
-                                          {"event_id": "d", "type": "run.completed"}])
+    services.events_ingest(
+        run_id=run.pk,
+        epoch=3,
+        actor=SYSTEM,
+        events=[{"event_id": "b", "type": "step.started", "key": "act"}],
+    )
+    late = services.events_ingest(
+        run_id=run.pk,
+        epoch=1,
+        actor=SYSTEM,
+        events=[
+            {"event_id": "c", "type": "step.completed", "key": "act"},
+            {"event_id": "d", "type": "run.completed"},
+        ],
+    )
     assert [answer.code for answer in late] == ["stale_epoch", "stale_epoch"]
     run = reload(run)
     assert run.status == RunStatus.RUNNING
@@ -357,8 +509,10 @@ def test_old_epoch_cannot_touch_a_resumed_round(team):
 
 def test_events_are_deduplicated_by_event_id(team):
     run, _lease = make_running(team)
-    batch = [{"event_id": "e1", "type": "step.started", "key": "plan"},
-             {"event_id": "e2", "type": "artifact.added", "name": "report.pdf", "reusable": True}]
+    batch = [
+        {"event_id": "e1", "type": "step.started", "key": "plan"},
+        {"event_id": "e2", "type": "artifact.added", "name": "report.pdf", "reusable": True},
+    ]
     first = services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM, events=batch)
     again = services.events_ingest(run_id=run.pk, epoch=1, actor=SYSTEM, events=batch)
     assert [a.status for a in first] == ["accepted", "accepted"]
@@ -369,9 +523,13 @@ def test_events_are_deduplicated_by_event_id(team):
 def test_budget_of_tool_calls_stops_the_run_at_the_permit(team):
     run, _lease = make_running(team, max_tool_calls=2)
     for n in range(2):
-        services.permit_request(run_id=run.pk, epoch=1, tool_call_id=f"c{n}", tool="search", actor=SYSTEM)
+        services.permit_request(
+            run_id=run.pk, epoch=1, tool_call_id=f"c{n}", tool="search", actor=SYSTEM
+        )
     with pytest.raises(RunNotRunning):
-        services.permit_request(run_id=run.pk, epoch=1, tool_call_id="c2", tool="search", actor=SYSTEM)
+        services.permit_request(
+            run_id=run.pk, epoch=1, tool_call_id="c2", tool="search", actor=SYSTEM
+        )
     run = reload(run)
     assert run.status == RunStatus.CANCEL_REQUESTED
     assert run.stop_reason == StopReason.BUDGET_EXHAUSTED
@@ -379,21 +537,37 @@ def test_budget_of_tool_calls_stops_the_run_at_the_permit(team):
 
 def test_an_interruption_freezes_pending_outbox_and_a_reviewer_can_release_it(team):
     run, _lease = make_running(team)
-    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=1, transport="email", destination="ops@example.com",
-                                      payload={}, idempotency_key="mail-1", actor=SYSTEM)
+    item, _ = services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=1,
+        transport="email",
+        destination="ops@example.com",
+        payload={},
+        idempotency_key="mail-1",
+        actor=SYSTEM,
+    )
     services.run_interrupt(run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
     item.refresh_from_db()
     assert item.status == OutboxStatus.FROZEN
     assert reload(run).interruption["frozen_outbox"] == 1
     assert services.outbox_claim(item_id=item.pk, dispatcher="d") is None
-    services.outbox_release(run_id=run.pk, item_id=item.pk, actor=ALICE, note="customer asked for it")
+    services.outbox_release(
+        run_id=run.pk, item_id=item.pk, actor=ALICE, note="customer asked for it"
+    )
     assert services.outbox_claim(item_id=item.pk, dispatcher="d") is not None
 
 
 def test_a_suspended_runs_pending_outbox_goes_out_after_resume(team):
     run, _lease = make_running(team)
-    item, _ = services.outbox_enqueue(run_id=run.pk, epoch=1, transport="email", destination="ops@example.com",
-                                      payload={}, idempotency_key="mail-1", actor=SYSTEM)
+    item, _ = services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=1,
+        transport="email",
+        destination="ops@example.com",
+        payload={},
+        idempotency_key="mail-1",
+        actor=SYSTEM,
+    )
     services.run_suspend(run_id=run.pk, epoch=1, actor=SYSTEM, reason="awaiting approval")
     assert services.outbox_claim(item_id=item.pk, dispatcher="d") is None  # suspended: no dispatch
     services.run_resume(run_id=run.pk, actor=ALICE)

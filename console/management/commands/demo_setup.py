@@ -19,9 +19,15 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         report = demo_accounts_ensure()
         teams = ", ".join(slug for slug, _ in DEMO_TEAMS)
-        self.stdout.write(f"Demo accounts ready (teams: {teams}; "
-                          f"{report.users_created} user(s) created, {report.passwords_reset} password(s) reset).")
+        self.stdout.write(
+            f"Demo accounts ready (teams: {teams}; "
+            f"{report.users_created} user(s) created, {report.passwords_reset} password(s) reset)."
+        )
         self.stdout.write("  user       password        can")
         for user in DEMO_USERS:
             self.stdout.write(f"  {user.username:<10} {user.password:<15} {user.can}")
-        self.stdout.write(self.style.WARNING("  These are demo passwords: never run the demo on a reachable host."))
+        self.stdout.write(
+            self.style.WARNING(
+                "  These are demo passwords: never run the demo on a reachable host."
+            )
+        )

@@ -22,12 +22,16 @@ from django.core.management.base import BaseCommand, CommandParser
 
 
 class Command(BaseCommand):
-    help = "Run the embedded safestop console: migrations, daphne, the background loop and the demo."
+    help = (
+        "Run the embedded safestop console: migrations, daphne, the background loop and the demo."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--no-demo", action="store_true", help="no demo users, no simulated runs")
+        parser.add_argument(
+            "--no-demo", action="store_true", help="no demo users, no simulated runs"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         host, port, demo = options["host"], options["port"], not options["no_demo"]
@@ -50,9 +54,13 @@ class Command(BaseCommand):
             from runs.background import start_background_thread
 
             background = start_background_thread()
-            self.stdout.write("Background loop started (dispatcher, reapers, drain watchdog, budget enforcer).")
+            self.stdout.write(
+                "Background loop started (dispatcher, reapers, drain watchdog, budget enforcer)."
+            )
         else:
-            self.stdout.write("REDIS_URL is set: background work is expected from Celery workers and beat.")
+            self.stdout.write(
+                "REDIS_URL is set: background work is expected from Celery workers and beat."
+            )
 
         base_url = f"http://{host}:{port}"
         simulator = self._start_simulator(base_url) if demo else None
@@ -64,7 +72,9 @@ class Command(BaseCommand):
             # (twisted's stub of the installed reactor is IReactorCore's, whose callable is variadic)
             trigger = reactor.addSystemEventTrigger
             trigger("before", "shutdown", threads.deferToThread, _stop_process, simulator)  # type: ignore[arg-type]
-        self.stdout.write(self.style.SUCCESS(f"safestop console on {base_url}/  (API docs: {base_url}/api/docs/)"))
+        self.stdout.write(
+            self.style.SUCCESS(f"safestop console on {base_url}/  (API docs: {base_url}/api/docs/)")
+        )
         try:
             Server(
                 application=application,
@@ -88,11 +98,23 @@ class Command(BaseCommand):
         receiver_host = f"127.0.0.1:{receiver_port}"
         if receiver_host not in settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS:
             settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS.append(receiver_host)
-        env = {**os.environ, "SAFESTOP_SIMULATOR_STARTUP_DELAY": "1.5",
-               "SAFESTOP_WEBHOOK_ALLOWED_HOSTS": ",".join(settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS)}
+        env = {
+            **os.environ,
+            "SAFESTOP_SIMULATOR_STARTUP_DELAY": "1.5",
+            "SAFESTOP_WEBHOOK_ALLOWED_HOSTS": ",".join(settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS),
+        }
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "simulate", "--url", base_url, "--receiver-port", str(receiver_port)],
-            cwd=str(settings.BASE_DIR), env=env,
+            [
+                sys.executable,
+                "manage.py",
+                "simulate",
+                "--url",
+                base_url,
+                "--receiver-port",
+                str(receiver_port),
+            ],
+            cwd=str(settings.BASE_DIR),
+            env=env,
         )
         self.stdout.write(f"Simulator started (pid {process.pid}).")
         return process

@@ -37,50 +37,79 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
         parser.add_argument("--runs", type=int, default=6, help="concurrent runs (worker threads)")
-        parser.add_argument("--duration", type=float, default=0, help="seconds to run; 0 = until stopped")
+        parser.add_argument(
+            "--duration", type=float, default=0, help="seconds to run; 0 = until stopped"
+        )
         parser.add_argument("--receiver-port", type=int, default=DEFAULT_PORT)
-        parser.add_argument("--pace", type=float, default=1.0, help="multiplies simulated durations")
-        parser.add_argument("--reviewer-interval", type=float, default=8.0,
-                            help="mean seconds between reviewer-bot stops/takeovers; 0 = none")
+        parser.add_argument(
+            "--pace", type=float, default=1.0, help="multiplies simulated durations"
+        )
+        parser.add_argument(
+            "--reviewer-interval",
+            type=float,
+            default=8.0,
+            help="mean seconds between reviewer-bot stops/takeovers; 0 = none",
+        )
         parser.add_argument("--seed", type=int, default=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("safestop.simulator").setLevel(logging.INFO)
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the story
+        logging.getLogger("httpx").setLevel(
+            logging.WARNING
+        )  # one line per request drowns the story
         delay = float(os.environ.get("SAFESTOP_SIMULATOR_STARTUP_DELAY", "0") or 0)
         if delay > 0:
             time.sleep(delay)
 
         stamp = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-        teams = [TeamCredentials(slug, self._token(slug, f"simulator-{stamp}", "agent"),
-                                 self._token(slug, f"simulator-reviewer-{stamp}", "reviewer"))
-                 for slug, _ in DEMO_TEAMS]
+        teams = [
+            TeamCredentials(
+                slug,
+                self._token(slug, f"simulator-{stamp}", "agent"),
+                self._token(slug, f"simulator-reviewer-{stamp}", "reviewer"),
+            )
+            for slug, _ in DEMO_TEAMS
+        ]
         connections.close_all()  # from here on the simulator is only an HTTP client
 
         receiver = WebhookReceiver(port=options["receiver_port"]).start()
         if receiver.host not in settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS:
-            self.stdout.write(self.style.WARNING(
-                f"Webhook receiver on {receiver.host}: if the server does not list it in "
-                "SAFESTOP_WEBHOOK_ALLOWED_HOSTS, simulated webhooks are refused (the runs go on)."))
-        simulator = Simulator(SimulatorConfig(
-            url=options["url"], teams=teams, receiver_url=receiver.url(""), concurrency=max(1, options["runs"]),
-            pace=max(0.05, options["pace"]), reviewer_interval=options["reviewer_interval"], seed=options["seed"],
-        ))
+            self.stdout.write(
+                self.style.WARNING(
+                    f"Webhook receiver on {receiver.host}: if the server does not list it in "
+                    "SAFESTOP_WEBHOOK_ALLOWED_HOSTS, simulated webhooks are refused (the runs go on)."
+                )
+            )
+        simulator = Simulator(
+            SimulatorConfig(
+                url=options["url"],
+                teams=teams,
+                receiver_url=receiver.url(""),
+                concurrency=max(1, options["runs"]),
+                pace=max(0.05, options["pace"]),
+                reviewer_interval=options["reviewer_interval"],
+                seed=options["seed"],
+            )
+        )
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: simulator.request_stop())
         try:
             if not simulator.wait_until_ready():
                 return
             simulator.start()
-            self.stdout.write(f"Simulator: {options['runs']} concurrent runs against {options['url']}, "
-                              f"webhooks to {receiver.url('/hooks/')}, tokens simulator-{stamp}.")
+            self.stdout.write(
+                f"Simulator: {options['runs']} concurrent runs against {options['url']}, "
+                f"webhooks to {receiver.url('/hooks/')}, tokens simulator-{stamp}."
+            )
             simulator.run_for(options["duration"] or None)
         finally:
             simulator.stop()
             receiver.close()
         summary = ", ".join(f"{key}={count}" for key, count in sorted(simulator.outcomes.items()))
-        self.stdout.write(f"Simulator stopped: {len(simulator.run_ids)} runs ({summary or 'none finished'}); "
-                          f"{receiver.count()} webhook(s) received.")
+        self.stdout.write(
+            f"Simulator stopped: {len(simulator.run_ids)} runs ({summary or 'none finished'}); "
+            f"{receiver.count()} webhook(s) received."
+        )
 
     @staticmethod
     def _token(team: str, name: str, role: str) -> str:

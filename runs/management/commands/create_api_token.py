@@ -18,8 +18,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            token, raw = api_token_create(team_slug=options["team"], name=options["name"], role=options["role"])
+            token, raw = api_token_create(
+                team_slug=options["team"], name=options["name"], role=options["role"]
+            )
         except InvalidInput as error:
             raise CommandError(error.detail) from error
-        self.stderr.write(f"Created {token.role} token {token.name!r} for team {token.team.slug}. It is shown once:")
+        self.stderr.write(
+            f"Created {token.role} token {token.name!r} for team {token.team.slug}. It is shown once:"
+        )
         self.stdout.write(raw)
