@@ -229,6 +229,8 @@ class SideEffect(models.TextChoices):
 
 
 class ExecutionState(models.TextChoices):
+    # Intent recorded, held by an approval gate (DESIGN §10): no permit exists yet.
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
     PERMITTED = "permitted", "Permitted"
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
@@ -278,7 +280,7 @@ class ExecutionRecord(models.Model):
     )
     permit_epoch = models.PositiveIntegerField()
     execution_state = models.CharField(
-        max_length=16, choices=ExecutionState.choices, default=ExecutionState.PERMITTED
+        max_length=20, choices=ExecutionState.choices, default=ExecutionState.PERMITTED
     )
     cancel_requested = models.BooleanField(default=False)
     remote_cancel_state = models.CharField(
@@ -325,6 +327,8 @@ class ExecutionRecord(models.Model):
 
 
 class OutboxStatus(models.TextChoices):
+    # Held by an approval gate (DESIGN §10): no dispatcher may claim it.
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
     PENDING = "pending", "Pending"
     DISPATCHING = "dispatching", "Dispatching"
     SENT = "sent", "Sent"
@@ -352,7 +356,7 @@ class OutboxItem(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=200)
     status = models.CharField(
-        max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
+        max_length=20, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
     )
     enqueue_epoch = models.PositiveIntegerField()
     claim_epoch = models.PositiveIntegerField(null=True, blank=True)
@@ -617,6 +621,7 @@ class LedgerEntry(models.Model):
 
     class Meta:
         ordering = ["id"]
+        verbose_name_plural = "ledger entries"
         constraints = [
             models.UniqueConstraint(fields=["run", "run_seq"], name="ledger_unique_run_seq"),
             models.UniqueConstraint(
@@ -636,3 +641,154 @@ class LedgerEntry(models.Model):
     @property
     def seq(self) -> int:
         return self.pk
+
+
+class ApprovalAppliesTo(models.TextChoices):
+    ANY = "any", "Tool calls and outbox items"
+    TOOL_CALL = "tool_call", "Tool calls"
+    OUTBOX = "outbox", "Outbox items"
+
+
+class ApprovalRule(models.Model):
+    """A team's rule that holds a matching tool call or outbox item for a reviewer (DESIGN §10).
+
+    Globs use `fnmatch` syntax; a blank glob matches anything. Rules are tried in `position`
+    order and the first match decides.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="approval_rules")
+    name = models.CharField(max_length=120)
+    enabled = models.BooleanField(default=True)
+    position = models.PositiveIntegerField(default=100)
+    applies_to = models.CharField(
+        max_length=16, choices=ApprovalAppliesTo.choices, default=ApprovalAppliesTo.ANY
+    )
+    tool_glob = models.CharField(max_length=200, blank=True)
+    # "write" matches only side-effecting calls; blank matches any call.
+    side_effect = models.CharField(max_length=8, choices=SideEffect.choices, blank=True)
+    agent_glob = models.CharField(max_length=200, blank=True)
+    transport = models.CharField(max_length=16, blank=True)
+    destination_glob = models.CharField(max_length=500, blank=True)
+    risk = models.CharField(max_length=8, default="medium")
+    timeout_seconds = models.PositiveIntegerField(default=900)
+    escalate_after_seconds = models.PositiveIntegerField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team", "position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="approvalrule_unique_team_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.team.slug})"
+
+
+class ApprovalRisk(models.TextChoices):
+    LOW = "low", "Low"
+    MEDIUM = "medium", "Medium"
+    HIGH = "high", "High"
+
+
+class ApprovalStatus(models.TextChoices):
+    WAITING = "waiting", "Waiting"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+    VOID = "void", "Void"
+
+
+class ApprovalTarget(models.TextChoices):
+    TOOL_CALL = "tool_call", "Tool call"
+    OUTBOX = "outbox", "Outbox item"
+
+
+class Approval(models.Model):
+    """One held side effect waiting for (or decided by) a reviewer (DESIGN §10).
+
+    `team` and `agent` copy the run's so the inbox filters and sorts on one table.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="approvals")
+    agent = models.CharField(max_length=120)
+    epoch = models.PositiveIntegerField()
+    target = models.CharField(max_length=12, choices=ApprovalTarget.choices)
+    execution_record = models.OneToOneField(
+        ExecutionRecord,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="approval",
+    )
+    outbox_item = models.OneToOneField(
+        OutboxItem, on_delete=models.CASCADE, null=True, blank=True, related_name="approval"
+    )
+    # What is held, for people: a tool name, or "webhook → https://…" for an outbox item.
+    subject = models.CharField(max_length=300)
+    rule = models.ForeignKey(
+        ApprovalRule, on_delete=models.SET_NULL, null=True, blank=True, related_name="approvals"
+    )
+    # The rule's name at request time (a rule may be renamed or deleted later), or blank when
+    # the agent asked for approval itself.
+    rule_name = models.CharField(max_length=120, blank=True)
+    match_reason = models.CharField(max_length=500, blank=True)
+    summary = models.TextField(blank=True)
+    risk = models.CharField(max_length=8, choices=ApprovalRisk.choices, default=ApprovalRisk.MEDIUM)
+    original_arguments = models.JSONField(default=dict, blank=True)
+    arguments_schema = models.JSONField(null=True, blank=True)
+    arguments = models.JSONField(default=dict, blank=True)
+    edited = models.BooleanField(default=False)
+    status = models.CharField(
+        max_length=12, choices=ApprovalStatus.choices, default=ApprovalStatus.WAITING
+    )
+    message = models.TextField(blank=True)
+    decided_by = models.CharField(max_length=150, blank=True)
+    decided_by_kind = models.CharField(max_length=16, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    requested_at = models.DateTimeField()
+    deadline = models.DateTimeField()
+    escalate_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["deadline", "id"]
+        indexes = [
+            # the inbox and the expiry sweep: waiting approvals by deadline
+            models.Index(
+                fields=["deadline", "id"],
+                name="approval_waiting_idx",
+                condition=Q(status="waiting"),
+            ),
+            models.Index(
+                fields=["team", "deadline"],
+                name="approval_team_waiting_idx",
+                condition=Q(status="waiting"),
+            ),
+            # the escalation sweep
+            models.Index(
+                fields=["escalate_at"],
+                name="approval_escalate_idx",
+                condition=Q(status="waiting", escalated_at__isnull=True),
+            ),
+            models.Index(fields=["run", "status"], name="approval_run_status_idx"),
+            models.Index(fields=["decided_at"], name="approval_decided_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(target="tool_call", execution_record__isnull=False, outbox_item__isnull=True)
+                    | Q(target="outbox", outbox_item__isnull=False)
+                ),
+                name="approval_target_matches",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} {self.subject} ({self.status})"
+
+    @property
+    def public_id(self) -> str:
+        return f"appr_{self.pk}"
