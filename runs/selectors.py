@@ -9,6 +9,8 @@ from django.db.models import Count, F, Q, QuerySet
 
 from handoff.models import Handoff, HandoffStatus
 from runs.models import (
+    Approval,
+    ApprovalStatus,
     ExecutionRecord,
     LedgerEntry,
     OutboxItem,
@@ -195,3 +197,85 @@ def queue_depths(*, team_ids: list[int] | None = None) -> dict[str, int]:
         runs_stopped_dirty=Count("pk", filter=Q(status="stopped_dirty")),
     )
     return {**outbox, **runs}
+
+
+# --------------------------------------------------------------------------------------------
+# approvals (DESIGN §10)
+
+
+def approvals_list(
+    *,
+    team_ids: list[int] | None,
+    status: str = "waiting",
+    agent: str = "",
+    tool: str = "",
+    risk: str = "",
+    run_id: str = "",
+) -> QuerySet[Approval]:
+    """The inbox and the API list: waiting ones soonest deadline first, decided ones newest
+    first. Filters are exact except `tool` (a substring of what is held: the tool name, or the
+    outbox transport and destination). Uses the partial `approval_*waiting_idx` indexes."""
+    approvals = _team_filter(Approval.objects.all(), team_ids, "team_id")
+    if status:
+        approvals = approvals.filter(status=status)
+    if agent:
+        approvals = approvals.filter(agent=agent)
+    if tool:
+        approvals = approvals.filter(subject__icontains=tool)
+    if risk:
+        approvals = approvals.filter(risk=risk)
+    if run_id:
+        approvals = approvals.filter(run_id=run_id)
+    order = ("deadline", "id") if status == ApprovalStatus.WAITING else ("-requested_at", "-id")
+    return approvals.select_related("run", "team", "execution_record", "outbox_item").order_by(
+        *order
+    )
+
+
+def approvals_waiting_count(*, team_ids: list[int] | None) -> int:
+    return _team_filter(
+        Approval.objects.filter(status=ApprovalStatus.WAITING), team_ids, "team_id"
+    ).count()
+
+
+def approvals_waiting_by_run(run_ids: list[str]) -> dict[str, int]:
+    """For the runs page: how many approvals each listed run is waiting on (one query)."""
+    rows = (
+        Approval.objects.filter(run_id__in=run_ids, status=ApprovalStatus.WAITING)
+        .values("run_id")
+        .annotate(n=Count("id"))
+    )
+    return {row["run_id"]: row["n"] for row in rows}
+
+
+def approval_figures(
+    *, since: datetime, until: datetime, team_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """Time to decision (by a person: approved or rejected) and the outcome counts, for
+    approvals requested in [since, until)."""
+    approvals = _team_filter(
+        Approval.objects.filter(requested_at__gte=since, requested_at__lt=until),
+        team_ids,
+        "team_id",
+    )
+    rows = list(approvals.values("status", "edited", "requested_at", "decided_at"))
+    decided_ms = [
+        (row["decided_at"] - row["requested_at"]).total_seconds() * 1000
+        for row in rows
+        if row["decided_at"] and row["status"] in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
+    ]
+    counts = {status: 0 for status in ApprovalStatus.values}
+    for row in rows:
+        counts[row["status"]] += 1
+    return {
+        "requested": len(rows),
+        "time_to_decision": _latency_summary(decided_ms),
+        "approved": counts[ApprovalStatus.APPROVED],
+        "approved_with_edits": sum(
+            1 for row in rows if row["status"] == ApprovalStatus.APPROVED and row["edited"]
+        ),
+        "rejected": counts[ApprovalStatus.REJECTED],
+        "expired": counts[ApprovalStatus.EXPIRED],
+        "void": counts[ApprovalStatus.VOID],
+        "waiting": counts[ApprovalStatus.WAITING],
+    }
