@@ -75,3 +75,21 @@ class InvalidInput(DomainError):
 class Forbidden(DomainError):
     code = "forbidden"
     http_status = 403
+
+
+class AlreadyDecided(Conflict):
+    """A second decision on an approval: answered with the first one (DESIGN §10)."""
+
+    code = "already_decided"
+
+
+class ApprovalVoid(Conflict):
+    """The approval was voided by a stop, takeover, lease loss or interruption."""
+
+    code = "approval_void"
+
+
+class ApprovalClosed(Conflict):
+    """A permit asked again for a call whose approval was rejected, expired or voided."""
+
+    code = "approval_closed"
