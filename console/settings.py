@@ -236,6 +236,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- safestop's own knobs -----------------------------------------------------------------
 SAFESTOP_DRAIN_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DRAIN_DEADLINE_SECONDS", 30))
+# An approval no rule times out (the agent asked for it itself) waits this long, then expires
+# as a rejection (DESIGN §10: deny by default).
+SAFESTOP_APPROVAL_TIMEOUT_SECONDS = int(os.environ.get("SAFESTOP_APPROVAL_TIMEOUT_SECONDS", 900))
 SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60))
 SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))
