@@ -35,17 +35,17 @@ from .cancel import Cancelled, CancelToken
 from .errors import REFUSAL_CODES, ApiError, Refused
 from .retry import retry
 from .signals import HeartbeatLoop, PushListener
+from .wire import (
+    EventAnswer,
+    ExecutionState,
+    OutboxItemInfo,
+    RecoveryPolicy,
+    RemoteCancelState,
+    SideEffect,
+    WireClient,
+)
 
 if TYPE_CHECKING:
-    from .client import (
-        EventAnswer,
-        ExecutionState,
-        OutboxItemInfo,
-        RecoveryPolicy,
-        RemoteCancelState,
-        SafestopClient,
-        SideEffect,
-    )
     from .process import ProcessResult
 
 log = logging.getLogger("safestop_agent")
@@ -215,7 +215,7 @@ class AgentRun:
 
     def __init__(
         self,
-        client: SafestopClient,
+        client: WireClient,
         run_id: str,
         worker_id: str,
         *,

@@ -1,0 +1,381 @@
+"""The safestop wire contract (DESIGN §5) as typed answers and one HTTP client.
+
+`WireClient` has one method per endpoint, keyword arguments named after the JSON fields. Answers
+are returned as the decoded JSON (typed with the TypedDicts below; the server
+may add fields). Non-2xx answers raise `ApiError`; the 409 refusals that mean
+"stopped / stale / revoked" raise its subclass `Refused`. Network failures are
+left as `httpx.TransportError` so callers can tell "no answer" from "no".
+
+This module knows nothing of workers: `worker.py` builds on it, and
+`client.SafestopClient` adds `lease()` on top of both, so imports point one way
+(wire ← worker ← client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Self, TypedDict
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+
+from .errors import REFUSAL_CODES, ApiError, Refused
+
+SideEffect = Literal["none", "write"]
+ExecutionState = Literal["running", "succeeded", "failed", "not_started", "unknown"]
+RemoteCancelState = Literal["not_requested", "requested", "confirmed", "refused"]
+RecoveryPolicy = Literal[
+    "query_original", "reuse_idempotency_key", "manual_confirmation", "compensate"
+]
+StopReason = Literal[
+    "user_stop",
+    "manual_takeover",
+    "budget_exhausted",
+    "timeout",
+    "admin_kill",
+    "dependency_failure",
+    "lease_expired",
+    "drain_deadline",
+]
+Decision = Literal["applied", "not_applied", "compensated"]
+
+
+class RunInfo(TypedDict, total=False):
+    id: str
+    title: str
+    agent: str
+    status: str
+    stop_epoch: int
+    stop_reason: str | None
+
+
+class LeaseInfo(TypedDict):
+    lease_id: str
+    epoch: int
+    expires_at: str
+
+
+class StopSignal(TypedDict):
+    type: Literal["cancel_requested"]
+    reason: str
+    requested_by: str
+    stop_epoch: int
+
+
+class HeartbeatAnswer(TypedDict):
+    expires_at: str
+    signal: StopSignal | None
+
+
+class PermitInfo(TypedDict):
+    permit_id: str
+    tool_call_id: str
+    epoch: int
+
+
+class OutboxItemInfo(TypedDict):
+    id: str
+    status: str
+    idempotency_key: str
+
+
+class StopRequestInfo(TypedDict):
+    id: str
+    reason: str
+    requested_by: str
+    requested_at: str
+
+
+class StopAnswer(TypedDict):
+    status: str
+    stop_epoch: int
+    stop_request: StopRequestInfo
+
+
+class EventAnswer(TypedDict, total=False):
+    event_id: str
+    status: Literal["accepted", "duplicate", "rejected"]
+    code: str
+
+
+JSON = dict[str, Any]
+
+
+class WireClient:
+    """Talks to one safestop server with one bearer token (use `SafestopClient`).
+
+    The underlying `httpx.Client` is shared by the worker's heartbeat thread and
+    the agent's own thread; httpx's connection pool is safe for that.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.disconnect()
+
+    def disconnect(self) -> None:
+        """Close the HTTP connection pool. (`close()` is the reviewer's close-the-run action.)"""
+        self._http.close()
+
+    # -- runs ----------------------------------------------------------------------
+
+    def create_run(
+        self,
+        title: str,
+        agent: str,
+        *,
+        steps: Sequence[Mapping[str, Any]] | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunInfo:
+        """Create a run. Pass `idempotency_key` to make a retried create return the first run."""
+        body: JSON = {"title": title, "agent": agent}
+        if idempotency_key:
+            body["idempotency_key"] = idempotency_key
+        if steps is not None:
+            body["steps"] = list(steps)
+        if budget is not None:
+            body["budget"] = dict(budget)
+        return self._request("POST", "/api/v1/runs/", json=body)
+
+    def get_run(self, run_id: str) -> RunInfo:
+        return self._request("GET", _run_path(run_id))
+
+    def list_runs(self, *, status: str | None = None) -> list[RunInfo]:
+        params = {"status": status} if status else None
+        answer = self._request("GET", "/api/v1/runs/", params=params)
+        # Accept both a bare list and a paginated {"results": [...]} page.
+        if isinstance(answer, dict) and "results" in answer:
+            return list(answer["results"])
+        return list(answer)
+
+    # -- lease ---------------------------------------------------------------------
+
+    def acquire_lease(self, run_id: str, worker_id: str, ttl_seconds: float = 30) -> LeaseInfo:
+        body = {"worker_id": worker_id, "ttl_seconds": ttl_seconds}
+        return self._request("POST", _run_path(run_id, "lease/"), json=body)
+
+    def heartbeat(self, run_id: str, *, lease_id: str, epoch: int) -> HeartbeatAnswer:
+        body = {"lease_id": lease_id, "epoch": epoch}
+        return self._request("POST", _run_path(run_id, "lease/heartbeat/"), json=body)
+
+    def release_lease(self, run_id: str, *, lease_id: str, epoch: int) -> JSON:
+        body = {"lease_id": lease_id, "epoch": epoch}
+        return self._request("POST", _run_path(run_id, "lease/release/"), json=body)
+
+    # -- work ----------------------------------------------------------------------
+
+    def request_permit(
+        self,
+        run_id: str,
+        *,
+        epoch: int,
+        tool_call_id: str,
+        tool: str,
+        side_effect: SideEffect,
+        arguments: Any,
+        idempotency_key: str | None = None,
+        operation_id: str | None = None,
+        recovery_policy: RecoveryPolicy | None = None,
+        step_key: str | None = None,
+    ) -> PermitInfo:
+        body: JSON = {
+            "epoch": epoch,
+            "tool_call_id": tool_call_id,
+            "tool": tool,
+            "side_effect": side_effect,
+            "arguments": arguments,
+        }
+        body.update(
+            _present(
+                idempotency_key=idempotency_key,
+                operation_id=operation_id,
+                recovery_policy=recovery_policy,
+                step_key=step_key,
+            )
+        )
+        return self._request("POST", _run_path(run_id, "permits/"), json=body)
+
+    def report_tool_result(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        *,
+        execution_state: ExecutionState,
+        operation_id: str | None = None,
+        observation: str | None = None,
+        output_truncated: bool = False,
+        remote_cancel_state: RemoteCancelState | None = None,
+    ) -> JSON:
+        body: JSON = {"execution_state": execution_state, "output_truncated": output_truncated}
+        body.update(
+            _present(
+                operation_id=operation_id,
+                observation=observation,
+                remote_cancel_state=remote_cancel_state,
+            )
+        )
+        path = _run_path(run_id, f"tool-calls/{quote(tool_call_id, safe='')}/result/")
+        return self._request("POST", path, json=body)
+
+    def send_events(self, run_id: str, *, epoch: int, events: Sequence[Mapping[str, Any]]) -> JSON:
+        """Send a batch; the answer has one entry per event: accepted, duplicate or rejected."""
+        body = {"epoch": epoch, "events": [dict(event) for event in events]}
+        return self._request("POST", _run_path(run_id, "events/"), json=body)
+
+    def enqueue_outbox(
+        self,
+        run_id: str,
+        *,
+        epoch: int,
+        transport: str,
+        destination: str,
+        payload: Any,
+        idempotency_key: str,
+    ) -> OutboxItemInfo:
+        body = {
+            "epoch": epoch,
+            "transport": transport,
+            "destination": destination,
+            "payload": payload,
+            "idempotency_key": idempotency_key,
+        }
+        return self._request("POST", _run_path(run_id, "outbox/"), json=body)
+
+    def drained(
+        self,
+        run_id: str,
+        *,
+        lease_id: str,
+        epoch: int,
+        observations: Sequence[Any] = (),
+        stop_epoch: int | None = None,
+    ) -> JSON:
+        """The worker says it stopped; `epoch` is the lease's epoch, not the new stop epoch."""
+        body: JSON = {"lease_id": lease_id, "epoch": epoch, "observations": list(observations)}
+        body.update(_present(stop_epoch=stop_epoch))
+        return self._request("POST", _run_path(run_id, "drained/"), json=body)
+
+    # -- reviewer actions ----------------------------------------------------------
+
+    def cancel(
+        self, run_id: str, reason: StopReason | str = "user_stop", note: str = ""
+    ) -> StopAnswer:
+        """Stop the run. Repeating it answers with the same stop request."""
+        body = {"reason": reason, "note": note}
+        return self._request("POST", _run_path(run_id, "cancel/"), json=body)
+
+    def takeover(self, run_id: str, note: str = "") -> JSON:
+        return self._request("POST", _run_path(run_id, "takeover/"), json={"note": note})
+
+    def resume(self, run_id: str, note: str = "", **fields: Any) -> JSON:
+        return self._request("POST", _run_path(run_id, "resume/"), json={"note": note, **fields})
+
+    def close(self, run_id: str, note: str = "") -> JSON:
+        """Close a stopped or handed-off run for good (`cancelled`)."""
+        return self._request("POST", _run_path(run_id, "close/"), json={"note": note})
+
+    def stop_packet(self, run_id: str, epoch: int | None = None) -> JSON:
+        """The latest stop packet, or the one for an older stop `epoch`."""
+        suffix = "stop-packet/" if epoch is None else f"stop-packets/{int(epoch)}/"
+        return self._request("GET", _run_path(run_id, suffix))
+
+    def resolve(
+        self,
+        run_id: str,
+        *,
+        target: Literal["tool_call", "outbox"],
+        id: str,
+        decision: Decision,
+        evidence: str = "",
+    ) -> JSON:
+        body = {"target": target, "id": id, "decision": decision, "evidence": evidence}
+        return self._request("POST", _run_path(run_id, "resolutions/"), json=body)
+
+    def steer(self, run_id: str, text: str) -> JSON:
+        return self._request("POST", _run_path(run_id, "steering/"), json={"text": text})
+
+    # -- audit ---------------------------------------------------------------------
+
+    def ledger(self, **filters: str) -> Any:
+        return self._request("GET", "/api/v1/ledger/", params=filters or None)
+
+    def stop_quality(self) -> JSON:
+        return self._request("GET", "/api/v1/metrics/stop-quality/")
+
+    # -- push channel --------------------------------------------------------------
+
+    def push_url(self, run_id: str) -> str:
+        """The websocket address where the server pushes stop signals for this run."""
+        parts = urlsplit(self.base_url)
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        path = f"{parts.path.rstrip('/')}/ws/agent/runs/{quote(run_id, safe='')}/"
+        return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
+        response = self._http.request(method, path, json=json, params=params)
+        if response.is_success:
+            return _decode_json(response)
+        raise error_from_response(response)
+
+
+def error_from_response(response: httpx.Response) -> ApiError:
+    """Turn an error answer into `Refused` (409 stop/stale/revoked) or `ApiError`."""
+    body = _decode_json(response)
+    if isinstance(body, dict):
+        code = str(body.get("error") or f"http_{response.status_code}")
+        detail = str(body.get("detail") or "")
+    else:
+        code = f"http_{response.status_code}"
+        detail = response.text[:500]
+    if response.status_code == 409 and code in REFUSAL_CODES:
+        return Refused(response.status_code, code, detail, body)
+    return ApiError(response.status_code, code, detail, body)
+
+
+def _decode_json(response: httpx.Response) -> Any:
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _run_path(run_id: str, suffix: str = "") -> str:
+    return f"/api/v1/runs/{quote(run_id, safe='')}/{suffix}"
+
+
+def _present(**fields: Any) -> JSON:
+    """Only the optional fields that were given, so the server applies its own defaults."""
+    return {name: value for name, value in fields.items() if value is not None}
