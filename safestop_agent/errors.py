@@ -6,11 +6,9 @@ from typing import Any
 
 # 409 codes that mean "the server refuses to let this work start or move on":
 # the run was stopped, the epoch is stale, or the lease is gone. They are
-# decisions, not glitches, so they are never retried. `budget_exhausted` is the
-# server's budget enforcer refusing a permit, which is the same kind of "no".
-REFUSAL_CODES = frozenset(
-    {"stale_epoch", "run_not_running", "lease_revoked", "illegal_transition", "budget_exhausted"}
-)
+# decisions, not glitches, so they are never retried. (A run over budget is
+# stopped with reason `budget_exhausted`; its permits then fail `stale_epoch`.)
+REFUSAL_CODES = frozenset({"stale_epoch", "run_not_running", "lease_revoked", "illegal_transition"})
 
 
 class ApiError(Exception):

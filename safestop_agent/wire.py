@@ -13,9 +13,9 @@ This module knows nothing of workers: `worker.py` builds on it, and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, Self, TypedDict
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import httpx
 
@@ -162,13 +162,17 @@ class WireClient:
     def get_run(self, run_id: str) -> RunInfo:
         return self._request("GET", _run_path(run_id))
 
-    def list_runs(self, *, status: str | None = None) -> list[RunInfo]:
-        params = {"status": status} if status else None
-        answer = self._request("GET", "/api/v1/runs/", params=params)
-        # Accept both a bare list and a paginated {"results": [...]} page.
-        if isinstance(answer, dict) and "results" in answer:
-            return list(answer["results"])
-        return list(answer)
+    def list_runs(
+        self, *, status: str | None = None, page_size: int | None = None
+    ) -> list[RunInfo]:
+        """Every run the token's team can see (newest first), all pages of them."""
+        return list(self.iter_runs(status=status, page_size=page_size))
+
+    def iter_runs(
+        self, *, status: str | None = None, page_size: int | None = None
+    ) -> Iterator[RunInfo]:
+        """The runs page by page, asking for the next page only when it is needed."""
+        return self._pages("/api/v1/runs/", _present(status=status, limit=page_size))
 
     # -- lease ---------------------------------------------------------------------
 
@@ -319,7 +323,12 @@ class WireClient:
     # -- audit ---------------------------------------------------------------------
 
     def ledger(self, **filters: str) -> Any:
+        """One page of audit entries: `{"next", "previous", "results"}` (see `iter_ledger`)."""
         return self._request("GET", "/api/v1/ledger/", params=filters or None)
+
+    def iter_ledger(self, **filters: str) -> Iterator[JSON]:
+        """Every audit entry matching `filters`, following the pages."""
+        return self._pages("/api/v1/ledger/", filters)
 
     def stop_quality(self) -> JSON:
         return self._request("GET", "/api/v1/metrics/stop-quality/")
@@ -334,6 +343,32 @@ class WireClient:
         return urlunsplit((scheme, parts.netloc, path, "", ""))
 
     # -- plumbing ------------------------------------------------------------------
+
+    def _pages(self, path: str, params: Mapping[str, Any]) -> Iterator[Any]:
+        """Items of a cursor-paginated list: `{"next", "previous", "results"}` pages.
+
+        Only the `cursor` is taken from `next`: the rest of that address is
+        the server's view of itself (host, scheme, prefix), which a proxy may
+        rewrite, so the next page is asked at our own base URL. A bare list
+        answer is one page.
+        """
+        query = dict(params)
+        seen: set[str] = set()
+        while True:
+            answer = self._request("GET", path, params=query or None)
+            if not isinstance(answer, Mapping):
+                yield from answer or ()
+                return
+            yield from answer.get("results") or ()
+            next_url = answer.get("next")
+            if not next_url:
+                return
+            cursor = _cursor_of(next_url)
+            if cursor is None or cursor in seen:
+                # Never end quietly with pages left unread: that is the bug this replaced.
+                raise ApiError(200, "bad_page", f"{path}: unusable next page {next_url!r}", answer)
+            seen.add(cursor)
+            query["cursor"] = cursor
 
     def _request(
         self,
@@ -370,6 +405,13 @@ def _decode_json(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return None
+
+
+def _cursor_of(next_url: Any) -> str | None:
+    if not isinstance(next_url, str):
+        return None
+    cursors = parse_qs(urlsplit(next_url).query).get("cursor")
+    return cursors[0] if cursors else None
 
 
 def _run_path(run_id: str, suffix: str = "") -> str:

@@ -21,6 +21,7 @@ from websockets.sync.server import Server, ServerConnection, serve
 
 from safestop_agent import AgentRun, ApiError, Refused, SafestopClient
 from safestop_agent.signals import stop_signal_in
+from safestop_agent.wire import error_from_response
 
 
 @dataclass
@@ -317,3 +318,97 @@ def test_a_pushed_stop_sets_the_token_after_a_reconnect(fake_api: FakeApi) -> No
     finally:
         api.disconnect()
         push.server.shutdown()
+
+
+# -- pages and refusal codes ---------------------------------------------------------
+
+
+def paged_runs(total: int, page_size: int) -> tuple[httpx.MockTransport, list[httpx.Request]]:
+    """A runs list answered the way the server pages it: `{"next", "previous", "results"}`.
+
+    `next` names another host, as it does behind a proxy: only its cursor may be used.
+    """
+    seen: list[httpx.Request] = []
+    runs = [{"id": f"run_{n}", "status": "running"} for n in range(total)]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        start = int(request.url.params.get("cursor") or 0)
+        end = start + page_size
+        next_url = (
+            f"http://internal:8000/api/v1/runs/?cursor={end}&status=running"
+            if end < total
+            else None
+        )
+        return httpx.Response(
+            200, json={"next": next_url, "previous": None, "results": runs[start:end]}
+        )
+
+    return httpx.MockTransport(handle), seen
+
+
+def test_list_runs_follows_every_page() -> None:
+    transport, seen = paged_runs(total=120, page_size=50)
+    with SafestopClient("https://safestop.example/console", "t", transport=transport) as api:
+        runs = api.list_runs(status="running", page_size=50)
+    assert [run["id"] for run in runs] == [f"run_{n}" for n in range(120)]
+    assert [str(request.url) for request in seen] == [
+        "https://safestop.example/console/api/v1/runs/?status=running&limit=50",
+        "https://safestop.example/console/api/v1/runs/?status=running&limit=50&cursor=50",
+        "https://safestop.example/console/api/v1/runs/?status=running&limit=50&cursor=100",
+    ]
+
+
+def test_iter_runs_asks_for_a_page_only_when_it_is_needed() -> None:
+    transport, seen = paged_runs(total=120, page_size=50)
+    with SafestopClient("http://h", "t", transport=transport) as api:
+        first = next(api.iter_runs())
+    assert first["id"] == "run_0" and len(seen) == 1
+
+
+def test_a_next_page_without_a_cursor_is_an_error_not_a_short_list() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"next": "http://h/elsewhere", "results": [{"id": "a"}]})
+
+    with SafestopClient("http://h", "t", transport=httpx.MockTransport(handle)) as api:
+        with pytest.raises(ApiError) as caught:
+            api.list_runs()
+    assert caught.value.code == "bad_page"
+
+
+def test_a_bare_list_answer_is_one_page() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=[{"id": "a"}, {"id": "b"}])
+
+    with SafestopClient("http://h", "t", transport=httpx.MockTransport(handle)) as api:
+        assert [run["id"] for run in api.list_runs()] == ["a", "b"]
+
+
+def test_iter_ledger_follows_pages_with_the_filters() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["run"] == "r1"
+        if request.url.params.get("cursor") == "c2":
+            return httpx.Response(200, json={"next": None, "results": [{"seq": 1}]})
+        return httpx.Response(
+            200, json={"next": "http://h/api/v1/ledger/?cursor=c2&run=r1", "results": [{"seq": 2}]}
+        )
+
+    with SafestopClient("http://h", "t", transport=httpx.MockTransport(handle)) as api:
+        assert [entry["seq"] for entry in api.iter_ledger(run="r1")] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("code", "refused"),
+    [
+        ("stale_epoch", True),
+        ("run_not_running", True),
+        ("lease_revoked", True),
+        ("illegal_transition", True),
+        # The server never answers this one: a run over budget is stopped instead.
+        ("budget_exhausted", False),
+        ("lease_held", False),
+    ],
+)
+def test_which_409_codes_are_refusals(code: str, refused: bool) -> None:
+    response = httpx.Response(409, json={"error": code, "detail": "no"})
+    assert isinstance(error_from_response(response), Refused) is refused
