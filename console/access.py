@@ -1,13 +1,14 @@
 """Who may see and do what in the console: roles scoped to teams.
 
-- viewer: read the team's runs, packets, handoffs and stop quality;
-- reviewer: also stop, take over, resolve, release/discard, hand off, resume, close, steer;
-- admin: also the audit page and the team's API tokens;
-- `is_staff` / `is_superuser`: admin of every team.
+The rules are the one role → capability table in `runs.access` (DESIGN §5), which the API asks
+too: a viewer reads the team's runs, packets, handoffs and stop quality; a reviewer also stops,
+takes over, resolves, releases/discards, hands off, resumes, closes and steers; an admin also
+has the audit page and the team's API tokens; `is_staff` / `is_superuser` is an admin of every
+team.
 
 Every console view and browser websocket consumer asks this module, never `Membership`
-directly, so the rules live in one place. A run outside the user's teams is reported as not
-found (its existence is not revealed); a run the user can see but not act on is a 403.
+directly. A run outside the user's teams is reported as not found (its existence is not
+revealed); a run the user can see but not act on is a 403.
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ from dataclasses import dataclass, field
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest
 
-from runs.models import Membership, Role, Run, Team
-
-_RANK = {Role.VIEWER: 1, Role.REVIEWER: 2, Role.ADMIN: 3}
+from runs.access import (
+    EVERY_TEAM_CAPABILITIES,
+    NO_CAPABILITIES,
+    ROLE_CAPABILITIES,
+    Capability,
+    is_admin_of_every_team,
+    membership_roles,
+)
+from runs.models import Role, Run, Team
 
 
 @dataclass(frozen=True)
@@ -38,18 +45,26 @@ class Access:
     def role_for(self, team_id: int) -> str | None:
         return Role.ADMIN if self.all_teams else self.roles.get(team_id)
 
+    def capabilities(self, team_id: int) -> frozenset[Capability]:
+        if self.all_teams:
+            return EVERY_TEAM_CAPABILITIES
+        return ROLE_CAPABILITIES.get(self.roles.get(team_id, ""), NO_CAPABILITIES)
+
+    def may(self, capability: Capability, team_id: int) -> bool:
+        return capability in self.capabilities(team_id)
+
     def has(self, team_id: int, role: str) -> bool:
-        held = self.role_for(team_id)
-        return held is not None and _RANK[Role(held)] >= _RANK[Role(role)]
+        """Whether the user holds at least `role` here: every capability the role grants."""
+        return ROLE_CAPABILITIES[role] <= self.capabilities(team_id)
 
     def can_view(self, team_id: int) -> bool:
-        return self.has(team_id, Role.VIEWER)
+        return self.may(Capability.READ, team_id)
 
     def can_act(self, team_id: int) -> bool:
-        return self.has(team_id, Role.REVIEWER)
+        return self.may(Capability.REVIEW, team_id)
 
     def can_admin(self, team_id: int) -> bool:
-        return self.has(team_id, Role.ADMIN)
+        return self.may(Capability.ADMIN, team_id)
 
     def ids_with(self, role: str) -> list[int] | None:
         """Teams where the user holds at least `role`; None means every team."""
@@ -71,17 +86,17 @@ class Access:
             return Role.ADMIN
         if not self.roles:
             return ""
-        return max(self.roles.values(), key=lambda role: _RANK[Role(role)])
+        # The roles' capabilities are nested, so the role granting the most is the highest.
+        return max(self.roles.values(), key=lambda role: len(ROLE_CAPABILITIES[role]))
 
 
 def access_for(user: object) -> Access:
     """Build a user's Access. Anonymous or inactive users get no teams at all."""
     if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
         return Access(user_id=None)
-    if getattr(user, "is_staff", False) or getattr(user, "is_superuser", False):
+    if is_admin_of_every_team(user):
         return Access(user_id=user.pk, all_teams=True)  # type: ignore[attr-defined]
-    roles = dict(Membership.objects.filter(user_id=user.pk).values_list("team_id", "role"))  # type: ignore[attr-defined]
-    return Access(user_id=user.pk, roles=roles)  # type: ignore[attr-defined]
+    return Access(user_id=user.pk, roles=membership_roles(user_id=user.pk))  # type: ignore[attr-defined]
 
 
 def request_access(request: HttpRequest) -> Access:

@@ -1,15 +1,7 @@
-"""Who may do what, per team (DESIGN §5).
+"""Who may do what through the API: the caller of a request, and the run checks.
 
-A caller is a token (`agent` or `reviewer`, one team) or a session user (a Membership role per
-team: `viewer`, `reviewer`, `admin`; staff and superusers are admins of every team).
-
-| capability | agent token | reviewer token | viewer | reviewer | admin / staff |
-|---|---|---|---|---|---|
-| read runs, stop packets, metrics | ✓ | ✓ | ✓ | ✓ | ✓ |
-| work (create, lease, permits, results, events, outbox, drained) | ✓ | ✓ | — | — | — |
-| stop | budget_exhausted, timeout, dependency_failure | ✓ | — | ✓ | ✓ (+ admin_kill) |
-| review (take over, resume, close, resolve, steer), read the ledger | — | ✓ | — | ✓ | ✓ |
-| read denied attempts | — | — | — | — | ✓ |
+The rules are the one role → capability table in `runs.access` (DESIGN §5): agent and reviewer
+tokens, viewer / reviewer / admin memberships, staff and superusers as admins of every team.
 
 Another team's run is a 404 (its existence is not revealed); a run the caller can see but may
 not act on is a 403 naming what is missing. Both are counted as denials.
@@ -17,7 +9,6 @@ not act on is a 403 naming what is missing. Both are counted as denials.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -25,59 +16,32 @@ from typing import Any
 from rest_framework import exceptions
 from rest_framework.request import Request
 
-from runs.actors import Actor
-from runs.models import (
-    AGENT_STOP_REASONS,
-    ApiToken,
-    Membership,
-    Role,
-    Run,
-    StopReason,
-    Team,
-    TokenRole,
+from runs.access import (
+    CALLER_STOP_REASONS,
+    SYSTEM_STOP_REASONS,
+    WHY_NOT,
+    Capability,
+    Grants,
+    is_admin_of_every_team,
+    membership_roles,
+    stop_reason_refusal,
 )
+from runs.actors import Actor
+from runs.models import ApiToken, Run, Team
 
+__all__ = [
+    "API_STOP_REASONS",
+    "SYSTEM_STOP_REASONS",
+    "Caller",
+    "Capability",
+    "WrongRole",
+    "WrongTeam",
+    "plausible_run_id",
+    "run_for",
+    "run_id_for",
+]
 
-class Capability(enum.StrEnum):
-    READ = "read"
-    WORK = "work"
-    STOP = "stop"
-    REVIEW = "review"
-    AUDIT = "audit"
-    ADMIN = "admin"
-
-
-_TOKEN_CAPABILITIES: dict[str, set[Capability]] = {
-    TokenRole.AGENT: {Capability.READ, Capability.WORK, Capability.STOP},
-    TokenRole.REVIEWER: {
-        Capability.READ,
-        Capability.WORK,
-        Capability.STOP,
-        Capability.REVIEW,
-        Capability.AUDIT,
-    },
-}
-_ROLE_CAPABILITIES: dict[str, set[Capability]] = {
-    Role.VIEWER: {Capability.READ},
-    Role.REVIEWER: {Capability.READ, Capability.STOP, Capability.REVIEW, Capability.AUDIT},
-    Role.ADMIN: {
-        Capability.READ,
-        Capability.STOP,
-        Capability.REVIEW,
-        Capability.AUDIT,
-        Capability.ADMIN,
-    },
-}
-_WHY_NOT = {
-    Capability.WORK: "this is an agent endpoint: it needs an API token",
-    Capability.STOP: "your role may not stop runs",
-    Capability.REVIEW: "this needs a reviewer (a reviewer token, or the reviewer or admin role)",
-    Capability.AUDIT: "the ledger is for reviewers and admins",
-    Capability.ADMIN: "this needs an admin",
-}
-# Reasons the server gives itself; a caller claiming them would falsify the stop-quality figures.
-SYSTEM_STOP_REASONS = frozenset({StopReason.LEASE_EXPIRED, StopReason.DRAIN_DEADLINE})
-API_STOP_REASONS = [reason for reason in StopReason.values if reason not in SYSTEM_STOP_REASONS]
+API_STOP_REASONS = CALLER_STOP_REASONS
 
 
 class WrongTeam(exceptions.NotFound):
@@ -93,8 +57,7 @@ class Caller:
     actor: Actor
     token: ApiToken | None = None
     user: Any = None
-    every_team: bool = False  # staff / superuser
-    capabilities: dict[int, frozenset[Capability]] = field(default_factory=dict)
+    grants: Grants = field(default_factory=Grants)
 
     @classmethod
     def from_request(cls, request: Request) -> Caller:
@@ -103,23 +66,25 @@ class Caller:
             return cls(
                 actor=Actor.for_token(token),
                 token=token,
-                capabilities={token.team_id: frozenset(_TOKEN_CAPABILITIES[token.role])},
+                grants=Grants.for_token(team_id=token.team_id, role=token.role),
             )
         user = request.user
-        if getattr(user, "is_staff", False) or getattr(user, "is_superuser", False):
-            return cls(actor=Actor.for_user(user), user=user, every_team=True)
-        roles = Membership.objects.filter(user_id=user.pk).values_list("team_id", "role")  # type: ignore[misc]
+        every_team = is_admin_of_every_team(user)
+        roles = {} if every_team else membership_roles(user_id=user.pk)  # type: ignore[arg-type]
         return cls(
             actor=Actor.for_user(user),
             user=user,
-            capabilities={
-                team_id: frozenset(_ROLE_CAPABILITIES.get(role, set())) for team_id, role in roles
-            },
+            grants=Grants.for_roles(roles, every_team=every_team),
         )
 
     @property
     def is_token(self) -> bool:
         return self.token is not None
+
+    @property
+    def every_team(self) -> bool:
+        """Staff / superuser."""
+        return self.grants.every_team
 
     @property
     def credential(self) -> str:
@@ -129,15 +94,11 @@ class Caller:
         return f"user:{self.actor.name}"
 
     def may(self, capability: Capability, team_id: int) -> bool:
-        if self.every_team:
-            return capability != Capability.WORK
-        return capability in self.capabilities.get(team_id, frozenset())
+        return self.grants.may(capability, team_id)
 
     def team_ids(self, capability: Capability) -> list[int] | None:
         """Teams where the caller has `capability`; None means every team."""
-        if self.every_team:
-            return None
-        return sorted(team_id for team_id, caps in self.capabilities.items() if capability in caps)
+        return self.grants.team_ids(capability)
 
     def team_slugs(self, capability: Capability) -> list[str] | None:
         team_ids = self.team_ids(capability)
@@ -150,28 +111,20 @@ class Caller:
         allowed = (
             self.may(capability, team_id)
             if team_id is not None
-            else (
-                self.every_team
-                and capability != Capability.WORK
-                or any(capability in caps for caps in self.capabilities.values())
-            )
+            else self.grants.may_somewhere(capability)
         )
         if not allowed:
-            raise WrongRole(_WHY_NOT.get(capability, "not allowed"))
+            raise WrongRole(WHY_NOT.get(capability, "not allowed"))
 
     def check_stop_reason(self, reason: str, team_id: int) -> None:
         """Agent tokens stop their own runs only for budget, timeout or dependency failure."""
-        if (
-            self.token is not None
-            and self.token.role == TokenRole.AGENT
-            and reason not in AGENT_STOP_REASONS
-        ):
-            allowed = ", ".join(sorted(AGENT_STOP_REASONS))
-            raise WrongRole(
-                f"an agent token may stop a run only for {allowed}; {reason} needs a reviewer"
-            )
-        if reason == StopReason.ADMIN_KILL and not self.may(Capability.ADMIN, team_id):
-            raise WrongRole("admin_kill needs an admin of the run's team")
+        refusal = stop_reason_refusal(
+            reason,
+            capabilities=self.grants.on(team_id),
+            token_role=self.token.role if self.token is not None else None,
+        )
+        if refusal is not None:
+            raise WrongRole(refusal)
 
 
 def run_for(caller: Caller, run_id: str, capability: Capability) -> Run:
@@ -186,7 +139,7 @@ def run_for(caller: Caller, run_id: str, capability: Capability) -> Run:
     if not caller.may(Capability.READ, run.team_id):
         raise WrongTeam(f"run {run_id} does not exist")
     if not caller.may(capability, run.team_id):
-        raise WrongRole(_WHY_NOT.get(capability, "not allowed"))
+        raise WrongRole(WHY_NOT.get(capability, "not allowed"))
     return run
 
 
@@ -206,7 +159,7 @@ def run_id_for(caller: Caller, run_id: str, capability: Capability) -> str:
     if not caller.may(Capability.READ, team_id):
         raise WrongTeam(f"run {run_id} does not exist")
     if not caller.may(capability, team_id):
-        raise WrongRole(_WHY_NOT.get(capability, "not allowed"))
+        raise WrongRole(WHY_NOT.get(capability, "not allowed"))
     return run_id
 
 
