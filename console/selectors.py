@@ -17,6 +17,7 @@ from django.utils.dateparse import parse_datetime
 
 from console.access import Access
 from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
+from runs.ledger_queries import LedgerFilters, ledger_entries
 from runs.models import (
     Artifact,
     Checkpoint,
@@ -575,55 +576,22 @@ def open_handoff_count(access: Access, user_id: int | None) -> int:
 
 
 @dataclass
-class AuditFilters:
-    actor: str = ""
-    action: str = ""
-    reason: str = ""
-    team: str = ""
-    run: str = ""
-    since: datetime | None = None
-    until: datetime | None = None
+class AuditFilters(LedgerFilters):
+    """The ledger's filters (`runs.ledger_queries`, shared with the API) and the page cursor."""
+
     after: int | None = None  # keyset: entries with id < after
 
 
-def audit_entries(team_slugs: list[str] | None, filters: AuditFilters) -> QuerySet[LedgerEntry]:
-    """The ledger, newest first, restricted to the teams the admin administers."""
-    entries = LedgerEntry.objects.all()
-    if team_slugs is not None:
-        entries = entries.filter(team_slug__in=team_slugs)
-    if filters.team:
-        entries = entries.filter(team_slug=filters.team)
-    if filters.actor:
-        entries = entries.filter(actor__iexact=filters.actor.strip())
-    if filters.action:
-        if filters.action.endswith(".*"):
-            entries = entries.filter(action__startswith=filters.action[:-1])
-        else:
-            entries = entries.filter(action=filters.action)
-    if filters.reason:
-        entries = entries.filter(reason=filters.reason)
-    if filters.run:
-        entries = entries.filter(run_id=filters.run.strip())
-    if filters.since:
-        entries = entries.filter(at__gte=filters.since)
-    if filters.until:
-        entries = entries.filter(at__lt=filters.until)
-    return entries.order_by("-pk")
-
-
-def audit_choices(team_slugs: list[str] | None) -> tuple[list[str], list[str]]:
-    """Distinct actions and reasons (bounded) for the filter menus."""
-    entries = LedgerEntry.objects.all()
-    if team_slugs is not None:
-        entries = entries.filter(team_slug__in=team_slugs)
-    actions = list(entries.order_by("action").values_list("action", flat=True).distinct()[:200])
-    reasons = list(
-        entries.exclude(reason="")
-        .order_by("reason")
-        .values_list("reason", flat=True)
-        .distinct()[:200]
-    )
-    return actions, reasons
+def audit_page(
+    team_slugs: list[str] | None, filters: AuditFilters, *, size: int = AUDIT_PAGE_SIZE
+) -> tuple[list[LedgerEntry], bool]:
+    """One page of the filtered ledger, newest first, older than `filters.after`; and whether
+    there is more (one query: the page plus one row)."""
+    entries = ledger_entries(team_slugs=team_slugs, filters=filters)
+    if filters.after:
+        entries = entries.filter(pk__lt=filters.after)
+    rows = list(entries[: size + 1])
+    return rows[:size], len(rows) > size
 
 
 # --------------------------------------------------------------------------------------------

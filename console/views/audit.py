@@ -15,10 +15,11 @@ from django.views.decorators.http import require_GET
 
 from console.access import Access, request_access, visible_teams
 from console.forms import AuditFilterForm
-from console.selectors import AUDIT_PAGE_SIZE, AuditFilters, audit_choices, audit_entries
+from console.selectors import AuditFilters, audit_page
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
 from runs.ledger import ledger_verify
-from runs.models import LedgerEntry, Role, Team
+from runs.ledger_queries import ledger_entries, ledger_entry_team, ledger_filter_choices
+from runs.models import Role, Team
 
 TEMPLATE = "console/audit.html"
 
@@ -58,13 +59,8 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
     _access, slugs, teams = _admin_scope(request)
     form = AuditFilterForm(request.GET)
     filters = _filters(form)
-    entries = audit_entries(slugs, filters)
-    if filters.after:
-        entries = entries.filter(pk__lt=filters.after)
-    rows = list(entries[: AUDIT_PAGE_SIZE + 1])
-    has_more = len(rows) > AUDIT_PAGE_SIZE
-    rows = rows[:AUDIT_PAGE_SIZE]
-    actions, reasons = audit_choices(slugs)
+    rows, has_more = audit_page(slugs, filters)
+    actions, reasons = ledger_filter_choices(team_slugs=slugs)
     context = {
         "form": form,
         "filters": filters,
@@ -91,12 +87,7 @@ def audit_verify(request: HtmxHttpRequest) -> HttpResponse:
     elapsed_ms = (timezone.now() - started).total_seconds() * 1000
     in_scope = True
     if broken is not None and slugs is not None:
-        entry = (
-            LedgerEntry.objects.filter(pk=broken.entry_id)
-            .values_list("team_slug", flat=True)
-            .first()
-        )
-        in_scope = entry in slugs
+        in_scope = ledger_entry_team(entry_id=broken.entry_id) in slugs
     context = {
         "checked": checked,
         "broken": broken,
@@ -160,8 +151,8 @@ def _csv_rows(entries: Any) -> Iterator[str]:
 def audit_csv(request: HtmxHttpRequest) -> StreamingHttpResponse:
     _access, slugs, _teams = _admin_scope(request)
     filters = _filters(AuditFilterForm(request.GET))
-    filters.after = None  # the export is the whole filtered ledger, not one page
-    entries = audit_entries(slugs, filters)
+    # The export is the whole filtered ledger, not one page: `after` is not applied.
+    entries = ledger_entries(team_slugs=slugs, filters=filters)
     response = StreamingHttpResponse(_csv_rows(entries), content_type="text/csv; charset=utf-8")
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     response["Content-Disposition"] = f'attachment; filename="safestop-audit-{stamp}.csv"'

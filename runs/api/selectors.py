@@ -8,7 +8,8 @@ from typing import Any
 from django.db.models import QuerySet
 
 from handoff.models import Resolution, StopPacket
-from runs import notify
+from runs import ledger_queries, notify
+from runs.ledger_queries import LedgerFilters
 from runs.models import STOPPING_STATUSES, LedgerEntry, Run, RunStatus, StopRequest
 
 
@@ -47,22 +48,14 @@ def ledger_entries(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> QuerySet[LedgerEntry]:
-    """Ledger entries a reader may see: their teams' (by team slug, so entries without a run,
-    such as token creation, are included), or all of them for `team_slugs=None`."""
-    entries = LedgerEntry.objects.all()
-    if team_slugs is not None:
-        entries = entries.filter(team_slug__in=team_slugs)
-    if run_id:
-        entries = entries.filter(run_id=run_id)
-    if actor:
-        entries = entries.filter(actor=actor)
-    if action:
-        entries = entries.filter(action=action)
-    if since is not None:
-        entries = entries.filter(at__gte=since)
-    if until is not None:
-        entries = entries.filter(at__lt=until)
-    return entries
+    """`GET /ledger/`'s query parameters on the one ledger query (`runs.ledger_queries`, whose
+    filter rules the console's audit page shares)."""
+    return ledger_queries.ledger_entries(
+        team_slugs=team_slugs,
+        filters=LedgerFilters(
+            run=run_id or "", actor=actor or "", action=action or "", since=since, until=until
+        ),
+    )
 
 
 # A worker connecting to a run in these states is told to stop at once.
