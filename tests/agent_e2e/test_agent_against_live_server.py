@@ -26,7 +26,7 @@ from runs.models import (
     StopRequest,
 )
 from safestop_agent import AgentRun, Cancelled, run_process
-from tests.faults.support import (
+from tests.support.stack import (
     WorkerThread,
     alive,
     leased,

@@ -8,7 +8,8 @@ import pytest
 from django.utils import timezone
 
 from runs.api.models import Denial
-from tests.api.conftest import make_run, make_running, stop, url
+from tests.runs.factories import make_run, make_running
+from tests.support.api import stop, url
 
 pytestmark = pytest.mark.django_db
 

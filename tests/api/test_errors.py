@@ -7,7 +7,8 @@ import json
 import pytest
 
 from runs.models import ExecutionRecord
-from tests.api.conftest import make_running, url
+from tests.runs.factories import make_running
+from tests.support.api import url
 
 pytestmark = pytest.mark.django_db
 

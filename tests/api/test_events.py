@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import Checkpoint, Step
-from tests.api.conftest import make_running, stop, url
+from tests.runs.factories import make_running
+from tests.support.api import stop, url
 
 pytestmark = pytest.mark.django_db
 
@@ -140,7 +141,7 @@ def test_a_warm_run_team_cache_still_hides_the_run_from_another_team(
     """Agent writes check the run's team from a per-process cache (runs.api.permissions.run_id_for):
     once the owner's agent has warmed it, another team's token still gets a 404, not the run."""
     from runs.tokens import api_token_create
-    from tests.conftest import IssuedToken
+    from tests.support.accounts import IssuedToken
 
     run, _ = make_running(team)
     owner = api.post(

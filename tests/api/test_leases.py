@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import lease_body, make_run, make_running, stop, url
+from tests.runs.factories import make_run, make_running
+from tests.support.api import lease_body, stop, url
 
 pytestmark = pytest.mark.django_db
 

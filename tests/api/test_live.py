@@ -1,4 +1,4 @@
-"""Over real sockets: daphne in another process (`tests.livestack`), the `websockets` client."""
+"""Over real sockets: daphne in another process (`tests/support/livestack.py`), the `websockets` client."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from runs.models import StopRequest
-from tests.api.conftest import make_running, stop
+from tests.runs.factories import make_running
+from tests.support.api import stop
 
 
 def test_a_stop_posted_over_http_reaches_the_connected_worker(

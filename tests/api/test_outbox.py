@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import OutboxItem
-from tests.api.conftest import make_running, stop, url
+from tests.runs.factories import make_running
+from tests.support.api import stop, url
 
 pytestmark = pytest.mark.django_db
 

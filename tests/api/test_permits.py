@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import ExecutionRecord
-from tests.api.conftest import make_run, make_running, reload, stop, url
+from tests.runs.factories import make_run, make_running, reload
+from tests.support.api import stop, url
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,8 @@ from django.db import connection
 from runs.api import ratelimit
 from runs.api.models import RateWindow
 from runs.api.ratelimit import rate_limit_hit
-from tests.livestack import _redis_reachable
+from tests.support.isolation import suite_redis_url
+from tests.support.livestack import redis_reachable
 
 NOW = 1_800_000_030.0  # 30 s into a window: Retry-After is 30
 
@@ -91,8 +92,8 @@ def test_old_windows_are_pruned_by_the_callers_next_window(settings):
 
 @pytest.mark.django_db
 def test_with_redis_the_counter_is_a_redis_key(settings):
-    url = "redis://127.0.0.1:6379/15"
-    if not _redis_reachable(url):
+    url = suite_redis_url()
+    if not redis_reachable(url):
         pytest.fail("Redis is not reachable on 127.0.0.1:6379: run `make services`")
     settings.REDIS_URL = url
     bucket = f"token:{uuid.uuid4().hex}"

@@ -6,7 +6,8 @@ import pytest
 
 from runs.api.models import Denial
 from runs.models import Step
-from tests.api.conftest import make_run, url
+from tests.runs.factories import make_run
+from tests.support.api import url
 
 pytestmark = pytest.mark.django_db
 

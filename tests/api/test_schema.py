@@ -21,7 +21,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.api.conftest import make_run, make_running, stop
+from tests.runs.factories import make_run, make_running
+from tests.support.api import stop
 
 pytestmark = pytest.mark.django_db
 

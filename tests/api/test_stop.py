@@ -6,7 +6,8 @@ import pytest
 from django.test import Client
 
 from runs.models import StopRequest
-from tests.api.conftest import Api, lease_body, make_run, make_running, reload, stop, url
+from tests.runs.factories import make_run, make_running, reload
+from tests.support.api import Api, lease_body, stop, url
 
 pytestmark = pytest.mark.django_db
 

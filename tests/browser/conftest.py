@@ -1,7 +1,7 @@
 """Browser tests: Playwright (sync) driving Debian's Chromium against a live daphne server.
 
-- The server is the shared `live_stack` fixture (tests/livestack.py): daphne in a forked process
-  on the test database, speaking HTTP and websockets. Its channel layer lives in the server, so
+- The server is the shared `live_stack` fixture (tests/support/livestack.py): daphne in a forked
+  process on the test database, speaking HTTP and websockets. Its channel layer lives in the server, so
   a change must be made *through the server* (the console or the API) to reach a browser live.
 - Playwright's sync API runs an event loop in the test's thread: ORM calls there need
   DJANGO_ALLOW_ASYNC_UNSAFE (set here, for tests only), and service calls that publish on commit
@@ -15,19 +15,15 @@ import os
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
-from collections.abc import Callable, Iterator  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, TypeVar  # noqa: E402
+from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.livestack import live_stack, live_stack_redis  # noqa: E402,F401  (fixtures)
-
 SCREENSHOTS = Path(__file__).parent / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -62,20 +58,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
 
 
-def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a service call off the Playwright loop's thread (it may publish with async_to_sync)."""
-    from django.db import connections
-
-    def call() -> T:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connections.close_all()  # the worker thread's own connection, or the test DB cannot be dropped
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(call).result()
-
-
 @pytest.fixture
 def screenshot_dir() -> Path:
     SCREENSHOTS.mkdir(exist_ok=True)
@@ -83,7 +65,7 @@ def screenshot_dir() -> Path:
 
 
 @pytest.fixture
-def agent_api(live_stack, agent_token) -> Iterator[httpx.Client]:  # noqa: F811
+def agent_api(live_stack, agent_token) -> Iterator[httpx.Client]:
     """The agent's side of the wire contract, against the live server."""
     with httpx.Client(
         base_url=live_stack.url, headers={"Authorization": f"Bearer {agent_token.raw}"}, timeout=10

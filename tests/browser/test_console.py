@@ -18,8 +18,8 @@ from playwright.sync_api import Browser, Page, expect
 from handoff.models import Resolution
 from runs.actors import Actor
 from runs.models import OutboxItem, Run, RunStatus, StopRequest
-from tests.browser.conftest import in_thread
-from tests.console import scenarios
+from tests.support import scenarios
+from tests.support.browser import in_thread
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -6,13 +6,6 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-HTMX = {"HTTP_HX_REQUEST": "true"}
-
-
-def htmx(target: str = "") -> dict[str, str]:
-    """Headers of an htmx request (optionally aimed at an element id)."""
-    return {**HTMX, **({"HTTP_HX_TARGET": target} if target else {})}
-
 
 def _client_for(user) -> Client:
     client = Client()

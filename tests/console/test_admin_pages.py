@@ -13,8 +13,8 @@ from django.contrib import admin
 from runs.actors import Actor
 from runs.ledger import ChainBreak
 from runs.models import ApiToken, LedgerEntry, Run
-from tests.console.conftest import htmx
-from tests.console.scenarios import new_run, running, stopped_cleanly, stopped_dirty
+from tests.support.htmx import htmx
+from tests.support.scenarios import new_run, running, stopped_cleanly, stopped_dirty
 
 pytestmark = pytest.mark.django_db
 

@@ -12,10 +12,13 @@ from django.test import Client
 from console.asgi import application
 from runs import services
 from runs.actors import Actor
-from tests.console.live_sockets import ORIGIN, fresh_channel_layer  # noqa: F401  (autouse fixture)
-from tests.console.scenarios import AGENT, new_run, start
+from tests.support.live_sockets import ORIGIN
+from tests.support.scenarios import AGENT, new_run, start
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fresh_channel_layer"),
+]
 
 
 def _session_cookie(user) -> str:

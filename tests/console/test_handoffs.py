@@ -8,8 +8,8 @@ import pytest
 from handoff.models import Handoff
 from runs.actors import Actor
 from runs.models import Run, RunStatus
-from tests.console.conftest import htmx
-from tests.console.scenarios import handed_off
+from tests.support.htmx import htmx
+from tests.support.scenarios import handed_off
 
 pytestmark = pytest.mark.django_db
 

@@ -34,11 +34,13 @@ from websockets.sync.client import connect
 from console import realtime
 from console.asgi import application
 from runs.models import Membership, Role
-from tests.console.live_sockets import ORIGIN, close_code, fresh_channel_layer  # noqa: F401  (autouse fixture)
-from tests.console.scenarios import new_run
-from tests.livestack import live_stack_redis  # noqa: F401  (fixture)
+from tests.support.live_sockets import ORIGIN, close_code
+from tests.support.scenarios import new_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fresh_channel_layer"),
+]
 
 
 def _session_cookie(user) -> str:
@@ -263,7 +265,7 @@ async def test_run_frames_take_no_database_hop(no_timer, team, bob, monkeypatch)
         await socket.disconnect()
 
 
-def test_removal_over_redis_pubsub_reaches_another_process(live_stack_redis, team, other_team, bob):  # noqa: F811
+def test_removal_over_redis_pubsub_reaches_another_process(live_stack_redis, team, other_team, bob):
     """Real sockets to daphne in another process; the test process commits the change and
     publishes `access.changed` through Redis Pub/Sub, as a Celery worker or another web process would."""
     stack = live_stack_redis

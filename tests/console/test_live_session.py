@@ -28,10 +28,13 @@ from django.test import Client
 
 from console import realtime
 from console.asgi import application
-from tests.console.live_sockets import ORIGIN, close_code, fresh_channel_layer  # noqa: F401  (autouse fixture)
-from tests.console.scenarios import new_run
+from tests.support.live_sockets import ORIGIN, close_code
+from tests.support.scenarios import new_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fresh_channel_layer"),
+]
 
 
 def _logged_in(user) -> Client:

@@ -10,8 +10,8 @@ import pytest
 from handoff.models import Resolution
 from runs.actors import Actor
 from runs.models import Run, RunStatus
-from tests.console.conftest import htmx
-from tests.console.scenarios import new_run, stopped_dirty
+from tests.support.htmx import htmx
+from tests.support.scenarios import new_run, stopped_dirty
 
 pytestmark = pytest.mark.django_db
 

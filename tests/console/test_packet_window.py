@@ -26,7 +26,7 @@ from runs.models import (
     StopRequest,
     Team,
 )
-from tests.console.scenarios import AGENT, SYSTEM, new_run, start
+from tests.support.scenarios import AGENT, SYSTEM, new_run, start
 
 pytestmark = pytest.mark.django_db
 

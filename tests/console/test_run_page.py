@@ -10,8 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from runs import services
 from runs.actors import Actor
 from runs.models import Run, RunStatus, StopRequest
-from tests.console.conftest import htmx
-from tests.console.scenarios import (
+from tests.support.htmx import htmx
+from tests.support.scenarios import (
     AGENT,
     handed_off,
     new_run,

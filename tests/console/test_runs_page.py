@@ -8,12 +8,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs.models import Run
-from tests.console.conftest import htmx
-from tests.console.scenarios import new_run, stopped_dirty
+from tests.support.htmx import htmx
+from tests.support.scenarios import new_run, stopped_dirty
 
 pytestmark = pytest.mark.django_db
 
-RUNS_PAGE_MAX_QUERIES = 8
+RUNS_PAGE_MAX_QUERIES = 10  # + the nav count of waiting approvals, + the runs waiting for one
 
 
 def test_anonymous_is_sent_to_login(client):

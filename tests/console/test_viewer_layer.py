@@ -32,10 +32,11 @@ from console import realtime
 from console.consumers import RunConsumer, TeamRunsConsumer
 from runs import services
 from runs.api.consumers import AgentRunConsumer
-from tests.console.scenarios import AGENT, SYSTEM, new_run, start
-from tests.livestack import LiveStack, live_stack_redis  # noqa: F401  (fixture)
+from tests.support.isolation import suite_redis_url
+from tests.support.livestack import LiveStack
+from tests.support.scenarios import AGENT, SYSTEM, new_run, start
 
-REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+REDIS_URL = suite_redis_url()
 
 
 def _viewer(stack: LiveStack, path: str, user: Any) -> ClientConnection:
@@ -133,10 +134,10 @@ def test_the_aliases_the_consumers_and_the_publisher_agree_on():
 
 
 def test_a_burst_reaches_browser_viewers_in_order_and_the_stop_reaches_the_worker(
-    live_stack_redis,  # noqa: F811
+    live_stack_redis,
     team,
     charlie,
-    agent_token,  # noqa: F811
+    agent_token,
 ):
     stack = live_stack_redis
     run = new_run(team)
@@ -175,10 +176,10 @@ def test_a_burst_reaches_browser_viewers_in_order_and_the_stop_reaches_the_worke
 
 
 def test_sockets_idle_past_the_redis_default_socket_timeout_still_get_the_next_change(
-    live_stack_redis,  # noqa: F811
+    live_stack_redis,
     team,
     charlie,
-    agent_token,  # noqa: F811
+    agent_token,
 ):
     stack = live_stack_redis
     run = new_run(team)
@@ -319,8 +320,10 @@ def test_browser_frames_of_deployments_on_different_redis_databases_stay_apart()
     async def crossing() -> list[dict]:
         from channels_redis.pubsub import RedisPubSubChannelLayer
 
-        mine = RedisPubSubChannelLayer(hosts=[REDIS_URL], prefix="safestop-db0")
-        theirs = RedisPubSubChannelLayer(hosts=[REDIS_URL], prefix="safestop-db9")
+        # Unique to this test, so another suite on this Redis server cannot cross it either.
+        tag = uuid.uuid4().hex[:12]
+        mine = RedisPubSubChannelLayer(hosts=[REDIS_URL], prefix=f"{tag}-safestop-db0")
+        theirs = RedisPubSubChannelLayer(hosts=[REDIS_URL], prefix=f"{tag}-safestop-db9")
         channel = await mine.new_channel()
         await mine.group_add("team_1", channel)
         await asyncio.sleep(0.2)

@@ -36,7 +36,7 @@ from runs.models import (
 )
 from runs.selectors import side_effect_leakage
 from runs.tokens import api_token_create
-from tests.faults.support import Stack, _stack, wait_until
+from tests.support.stack import Stack, stack_start, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 User = get_user_model()
@@ -178,7 +178,7 @@ def _database_url() -> str:
 def stack_for_command(transactional_db: None, django_db_blocker: Any, receiver: Any):
     """A live server that also allows the port the `simulate` command's receiver will use."""
     port = pick_port(0)
-    for stack in _stack(
+    for stack in stack_start(
         django_db_blocker,
         receiver,
         "",

@@ -12,14 +12,11 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from django.db import connection
 
-from tests.dispatch.receiver import WebhookReceiver
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.children import ROOT, child_env
+from tests.support.dispatch_receiver import WebhookReceiver
 
 
 @pytest.fixture
@@ -31,30 +28,6 @@ def receiver(settings) -> Iterator[WebhookReceiver]:
         yield server
     finally:
         server.close()
-
-
-def database_url_for_children() -> str:
-    """DATABASE_URL for a child process: the database pytest-django created for this session."""
-    s = connection.settings_dict
-    auth = quote(s["USER"] or "", safe="")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key not in ("REDIS_URL",)}
-    env.update(
-        {
-            "DATABASE_URL": database_url_for_children(),
-            "DJANGO_SETTINGS_MODULE": "console.settings",
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-            "SAFESTOP_LOG_LEVEL": "WARNING",
-        }
-    )
-    env.update(extra)
-    return env
 
 
 class DispatcherProcess:

@@ -19,8 +19,8 @@ from console.celery import beat_schedule
 from runs import services
 from runs.actors import Actor
 from runs.models import OutboxItem, OutboxStatus, RunStatus
-from tests.dispatch.conftest import ROOT, child_env
 from tests.runs.factories import make_running, reload
+from tests.support.children import ROOT, child_env
 
 # A Redis database of our own, and a queue (and worker name) unique to this test, so test
 # sessions sharing the Redis server never consume each other's tasks.

@@ -18,7 +18,7 @@ import pytest
 from handoff.models import StopPacket
 from runs.models import ExecutionRecord, ExecutionState, Run, RunStatus, Step, StepStatus
 from safestop_agent import AgentRun, Cancelled, Refused, StreamOutcome, collect_tool_calls, retry
-from tests.faults.support import WorkerThread, actions, leased, planned, wait_status
+from tests.support.stack import WorkerThread, actions, leased, planned, wait_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -34,7 +34,8 @@ from runs.models import (
     SideEffectState,
 )
 from safestop_agent import AgentRun, ApiError, Cancelled
-from tests.faults.support import (
+from tests.runs.factories import make_running
+from tests.support.stack import (
     WorkerThread,
     actions,
     leased,
@@ -43,7 +44,6 @@ from tests.faults.support import (
     wait_status,
     wait_until,
 )
-from tests.runs.factories import make_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,7 +22,7 @@ import pytest
 from handoff.models import StopPacket
 from runs.models import ExecutionRecord, ExecutionState, RunStatus, SideEffectState
 from safestop_agent import AgentRun, ProcessResult, run_process
-from tests.faults.support import (
+from tests.support.stack import (
     WorkerThread,
     alive,
     leased,

@@ -1,5 +1,6 @@
-"""What the live-socket tests share: in-process sockets on a fresh in-memory layer, the re-check
-timer fixtures (`no_timer`, `fast_timer`) are in tests/console/conftest.py."""
+"""What the live-socket tests share: in-process sockets on a fresh in-memory layer (a module asks
+for it with `pytest.mark.usefixtures("fresh_channel_layer")`); the re-check timer fixtures
+(`no_timer`, `fast_timer`) are in tests/console/conftest.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from channels.testing import WebsocketCommunicator
 ORIGIN = "http://127.0.0.1:8000"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def fresh_channel_layer() -> Iterator[None]:
     """An in-memory layer per test: its queues belong to the test's own event loop."""
     channel_layers.backends = {}

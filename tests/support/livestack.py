@@ -2,9 +2,7 @@
 and browser websockets, static files) in a forked process, on a free port, against the pytest
 test database.
 
-Use it from any test package by importing the fixtures into that package's `conftest.py`::
-
-    from tests.livestack import live_stack, live_stack_redis  # noqa: F401  (fixtures)
+The fixtures are registered for the whole suite (`pytest_plugins` in tests/conftest.py)::
 
     def test_push(live_stack):
         httpx.post(f"{live_stack.url}/api/v1/runs/{run_id}/cancel/", ...)
@@ -19,8 +17,8 @@ flushed after the server has stopped):
   server: trigger stops over HTTP (`POST {url}/api/v1/runs/<id>/cancel/`). A service called
   directly in the test process commits, but its push goes nowhere (SETUP pitfall 7).
 - `live_stack_redis` — the Redis channel layers (core for agents, Pub/Sub for browsers, as in
-  console/settings.py), in the server *and* the test process (same Redis, a prefix unique to
-  the test), so a service called in the test process also pushes to
+  console/settings.py), in the server *and* the test process (the session's Redis database,
+  tests/support/isolation.py, and a prefix unique to the test), so a service called in the test process also pushes to
   the server's websockets. Skipped when Redis is not reachable. Its rate limiter and background
   work are unaffected: only CHANNEL_LAYERS changes, REDIS_URL stays as configured.
 
@@ -63,6 +61,8 @@ from typing import Any
 
 import pytest
 from daphne.testing import DaphneProcess
+
+from tests.support.isolation import suite_redis_url
 
 _HOST = "127.0.0.1"
 _STARTUP_SECONDS = 30.0
@@ -215,7 +215,7 @@ def live_stack(transactional_db: None, django_db_blocker: Any) -> Iterator[LiveS
         yield stack
 
 
-def _redis_reachable(url: str) -> bool:
+def redis_reachable(url: str) -> bool:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -232,8 +232,8 @@ def live_stack_redis(transactional_db: None, django_db_blocker: Any) -> Iterator
     from channels.layers import channel_layers
     from django.test import override_settings
 
-    url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-    if not _redis_reachable(url):
+    url = suite_redis_url()
+    if not redis_reachable(url):
         pytest.fail(f"Redis is not reachable at {url}: run `make services`")
     prefix = f"livestack-{uuid.uuid4().hex[:12]}"
     # The two aliases of console/settings.py, with its socket timeout (without it an agent socket

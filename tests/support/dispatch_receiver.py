@@ -1,4 +1,4 @@
-"""A tiny webhook receiver for the dispatch tests: a real HTTP server on 127.0.0.1 in a thread.
+"""A tiny webhook receiver for the dispatch tests (their `receiver` fixture): a real HTTP server on 127.0.0.1 in a thread.
 
 It records every request (path, Idempotency-Key header, JSON body) the moment the request has
 been read — before answering — so a test can tell "the receiver got it" apart from "the

@@ -1,6 +1,8 @@
 """Shared by the fault, agent end-to-end and demo tests: a live server (daphne + background
 loop, against the test database), the demo webhook receiver on its allow-list, tokens, and
-small probes of the process table and the records.
+small probes of the process table and the records. The `receiver` and `stack` fixtures are
+registered for the whole suite (`pytest_plugins` in tests/conftest.py); tests/dispatch/ has its
+own `receiver`.
 
 Everything is real: PostgreSQL, HTTP and websockets to a forked daphne, OS processes. Nothing
 here looks at the UI.
@@ -21,7 +23,7 @@ import pytest
 from console.demo.receiver import WebhookReceiver
 from runs.models import LedgerEntry, Run
 from safestop_agent import AgentRun, SafestopClient
-from tests.livestack import LiveStack, start_live_stack
+from tests.support.livestack import LiveStack, start_live_stack
 
 T = TypeVar("T")
 
@@ -51,7 +53,7 @@ def receiver(settings: Any) -> Iterator[WebhookReceiver]:
         yield server
 
 
-def _stack(
+def stack_start(
     django_db_blocker: Any,
     receiver: WebhookReceiver,
     agent_raw: str,
@@ -78,7 +80,7 @@ def stack(
     reviewer_token: Any,
 ) -> Iterator[Stack]:
     """A live server with its background loop (dispatcher, reapers, drain watchdog) running."""
-    yield from _stack(django_db_blocker, receiver, agent_token.raw, reviewer_token.raw)
+    yield from stack_start(django_db_blocker, receiver, agent_token.raw, reviewer_token.raw)
 
 
 # --------------------------------------------------------------------------------------------

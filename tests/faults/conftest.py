@@ -1,1 +1,0 @@
-from tests.faults.support import receiver, stack  # noqa: F401  (fixtures)
