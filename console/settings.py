@@ -101,7 +101,11 @@ if DATABASE_URL:
             "timeout": 10,
         }
     DATABASES["default"].setdefault("TEST", {})
-    DATABASES["default"]["TEST"]["NAME"] = os.environ.get("SAFESTOP_TEST_DB_NAME", "test_safestop")
+    # One test database per test session (the pid of pytest), so two suites on one machine never
+    # share (or drop) each other's; SAFESTOP_TEST_DB_NAME names it instead.
+    DATABASES["default"]["TEST"]["NAME"] = (
+        os.environ.get("SAFESTOP_TEST_DB_NAME") or f"test_safestop_{os.getpid()}"
+    )
 else:
     DATABASES = {
         "default": {
