@@ -310,6 +310,17 @@ def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
     )
 
 
+def checkpoint_labels(*, run_id: str) -> list[str]:
+    """The run's resume points, oldest first (the choices of a resume or return form)."""
+    return list(
+        Checkpoint.objects.filter(run_id=run_id).order_by("pk").values_list("label", flat=True)
+    )
+
+
+def outbox_item_get(*, run_id: str, item_id: int) -> OutboxItem | None:
+    return OutboxItem.objects.filter(run_id=run_id, pk=item_id).first()
+
+
 # --------------------------------------------------------------------------------------------
 # stop packet page: the immutable snapshot with the current resolution status on top
 
@@ -494,6 +505,23 @@ def packet_view(run: Run, packet: StopPacket, *, everything: bool = False) -> Pa
     )
 
 
+def stop_packet_get(*, run: Run, epoch: int | None = None) -> StopPacket | None:
+    """The run's packet of `epoch`, or its latest packet."""
+    packets = StopPacket.objects.filter(run=run)
+    if epoch is not None:
+        return packets.filter(stop_epoch=epoch).first()
+    return packets.order_by("-stop_epoch").first()
+
+
+def stop_packet_epochs(*, run: Run) -> list[int]:
+    """The epochs of the run's packets, newest first."""
+    return list(
+        StopPacket.objects.filter(run=run)
+        .order_by("-stop_epoch")
+        .values_list("stop_epoch", flat=True)
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # handoff inbox
 
@@ -564,11 +592,19 @@ def handoff_card(handoff_id: int) -> HandoffCard | None:
     )
 
 
-def open_handoff_count(access: Access, user_id: int | None) -> int:
-    handoffs = Handoff.objects.filter(status__in=OPEN_HANDOFF)
-    if not access.all_teams:
-        handoffs = handoffs.filter(run__team_id__in=access.team_ids or [])
-    return handoffs.count()
+def handoff_get(*, handoff_id: int) -> Handoff | None:
+    """One handoff with its run (the run's team decides who may act on it)."""
+    return Handoff.objects.select_related("run").filter(pk=handoff_id).first()
+
+
+def latest_handoff_id(*, run_id: str) -> int | None:
+    """The run's newest handoff (a run handed off again after a return has several)."""
+    return (
+        Handoff.objects.filter(run_id=run_id)
+        .order_by("-created_at", "-pk")
+        .values_list("pk", flat=True)
+        .first()
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -684,6 +720,3 @@ def _fill(
         cursor += step
     return out
 
-
-def now() -> datetime:
-    return timezone.now()

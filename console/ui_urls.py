@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.views.generic import RedirectView
 
 from console.views import audit, handoffs, packets, quality, run, runs, tokens
+
+View = Callable[..., HttpResponse]
+
+
+def _answered_by_origin(default: View, **pages: View) -> View:
+    """A decision offered on several pages is posted to the page's own endpoint. Forms rendered
+    before that posted to the run page's endpoint with a hidden `from` naming the page to answer
+    (`packet`, `handoffs`): route those to that page's endpoint."""
+
+    def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return pages.get(request.POST.get("from", ""), default)(request, *args, **kwargs)
+
+    return view
+
 
 app_name = "console"
 
@@ -29,13 +47,23 @@ urlpatterns = [
     path("runs/<str:run_id>/steering/", run.steering_add, name="steering_add"),
     path(
         "runs/<str:run_id>/steering/<int:message_id>/decide/",
-        run.steering_decide,
+        _answered_by_origin(run.steering_decide, handoffs=handoffs.steering_decide),
         name="steering_decide",
     ),
     path(
         "runs/<str:run_id>/outbox/<int:item_id>/<str:decision>/",
-        run.outbox_decide,
+        _answered_by_origin(run.outbox_decide, packet=packets.outbox_decide),
         name="outbox_decide",
+    ),
+    path(
+        "runs/<str:run_id>/handoff/steering/<int:message_id>/decide/",
+        handoffs.steering_decide,
+        name="handoff_steering_decide",
+    ),
+    path(
+        "runs/<str:run_id>/packet/outbox/<int:item_id>/<str:decision>/",
+        packets.outbox_decide,
+        name="packet_outbox_decide",
     ),
     path("runs/<str:run_id>/packet/", packets.packet_latest, name="packet_latest"),
     path("runs/<str:run_id>/packets/<int:epoch>/", packets.packet_page, name="packet"),

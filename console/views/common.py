@@ -5,13 +5,18 @@
 - Only non-htmx POSTs redirect (post/redirect/get); an htmx POST answers with the fragments
   it changed, some of them out-of-band.
 - A `DomainError` is an answer, not a crash: it shows as a message next to the control.
+- Every action is `act`: validate the form, call one service, turn a domain error into a
+  message, then redirect (no htmx) or answer with the page's own fragments (htmx). A control
+  posts to an endpoint of the page it is on, so the answer never depends on where it came from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
@@ -94,3 +99,39 @@ def form_errors(form: Any) -> str:
         label = "" if field == "__all__" else f"{field}: "
         parts.append(label + " ".join(str(error) for error in errors))
     return "; ".join(parts) or "invalid input"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action says next to its control: one line, success or error."""
+
+    ok: str = ""
+    error: str = ""
+
+
+def act(
+    request: HtmxHttpRequest,
+    *,
+    form: forms.Form | None,
+    service: Callable[[dict[str, Any]], str],
+    back: str,
+    fragment: Callable[[Outcome], HttpResponse],
+) -> HttpResponse:
+    """The one shape of a console action.
+
+    1. Validate `form` (if any); invalid input is the outcome's error.
+    2. Call `service` with the cleaned data; it returns the success line.
+    3. A `DomainError` (illegal transition, stale state) becomes the outcome's error.
+    4. No htmx: the line becomes a message and the answer a redirect to `back`. htmx: the page's
+       `fragment` for the outcome.
+    """
+    if form is not None and not form.is_valid():
+        outcome = Outcome(error=form_errors(form))
+    else:
+        try:
+            outcome = Outcome(ok=service(form.cleaned_data if form is not None else {}))
+        except DomainError as error:
+            outcome = Outcome(error=error_text(error))
+    if not request.htmx:
+        return redirect_with(request, back, ok=outcome.ok, error=outcome.error or None)
+    return fragment(outcome)

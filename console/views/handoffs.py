@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from console.access import request_access, require
+from console.access import request_access, require, run_for
 from console.forms import NoteForm, ResumeForm
-from console.selectors import handoff_card, handoff_inbox
+from console.selectors import (
+    checkpoint_labels,
+    handoff_card,
+    handoff_get,
+    handoff_inbox,
+    latest_handoff_id,
+)
 from console.views.common import (
     HtmxHttpRequest,
+    Outcome,
+    act,
     actor_of,
-    error_text,
-    form_errors,
     fragments,
     page,
-    redirect_with,
     wants_fragment,
 )
+from console.views.decisions import steering_decision
 from handoff import services as handoff_services
-from handoff.models import Handoff
-from runs.errors import DomainError
-from runs.models import Role, Run
+from runs.models import Role
 
 TEMPLATE = "console/handoffs.html"
 ACTIONS = ("accept", "complete", "return", "close")
@@ -41,24 +49,18 @@ def handoffs(request: HtmxHttpRequest) -> HttpResponse:
     return page(request, TEMPLATE, context)
 
 
-def _card_response(
-    request: HtmxHttpRequest, handoff_id: int, *, ok: str = "", error: str = ""
-) -> HttpResponse:
-    card = handoff_card(handoff_id)
-    if card is None:
-        raise Http404("no such handoff")
-    card.can_act = request_access(request).can_act(card.handoff.run.team_id)
-    return fragments(request, TEMPLATE, "card", {"card": card, "card_ok": ok, "card_error": error})
+def _card_answer(request: HtmxHttpRequest, handoff_id: int) -> Callable[[Outcome], HttpResponse]:
+    """htmx answer of an action on the inbox: the handoff's card, re-read."""
 
+    def answer(outcome: Outcome) -> HttpResponse:
+        card = handoff_card(handoff_id)
+        if card is None:
+            raise Http404("no such handoff")
+        card.can_act = request_access(request).can_act(card.handoff.run.team_id)
+        context = {"card": card, "card_ok": outcome.ok, "card_error": outcome.error}
+        return fragments(request, TEMPLATE, "card", context)
 
-def handoff_card_response(
-    request: HtmxHttpRequest, run: Run, *, ok: str = "", error: str = ""
-) -> HttpResponse:
-    """Used by the steering decision when it was made from the inbox."""
-    handoff = Handoff.objects.filter(run=run).order_by("-created_at", "-pk").first()
-    if handoff is None:
-        raise Http404("no handoff for this run")
-    return _card_response(request, handoff.pk, ok=ok, error=error)
+    return answer
 
 
 @login_required
@@ -66,48 +68,70 @@ def handoff_card_response(
 def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> HttpResponse:
     if action not in ACTIONS:
         raise Http404("no such action")
-    handoff = Handoff.objects.select_related("run").filter(pk=handoff_id).first()
+    handoff = handoff_get(handoff_id=handoff_id)
     if handoff is None or not request_access(request).can_view(handoff.run.team_id):
         raise Http404("no such handoff")
     require(request, handoff.run.team_id, Role.REVIEWER)
     actor = actor_of(request)
-    ok, error = "", ""
-    try:
-        if action == "accept":
-            handoff_services.handoff_accept(handoff_id=handoff.pk, user=request.user, actor=actor)  # type: ignore[arg-type]
-            ok = "Accepted: this run is yours."
-        elif action == "return":
-            labels = list(handoff.run.checkpoints.order_by("pk").values_list("label", flat=True))
-            form = ResumeForm(request.POST, checkpoints=labels)
-            if not form.is_valid():
-                raise _Invalid(form_errors(form))
+    form: forms.Form | None
+    service: Callable[[dict[str, Any]], str]
+
+    if action == "accept":
+        form = None
+
+        def service(_data: dict[str, Any]) -> str:
+            handoff_services.handoff_accept(handoff_id=handoff_id, user=request.user, actor=actor)  # type: ignore[arg-type]
+            return "Accepted: this run is yours."
+
+    elif action == "return":
+        form = ResumeForm(request.POST, checkpoints=checkpoint_labels(run_id=handoff.run_id))
+
+        def service(data: dict[str, Any]) -> str:
             handoff_services.handoff_return(
-                handoff_id=handoff.pk,
+                handoff_id=handoff_id,
                 actor=actor,
-                checkpoint=form.cleaned_data["checkpoint"],
-                carry_over_steering=form.cleaned_data["carry_over_steering"],
-                note=form.cleaned_data["note"],
+                checkpoint=data["checkpoint"],
+                carry_over_steering=data["carry_over_steering"],
+                note=data["note"],
             )
-            ok = "Returned to automation: the run is pending at a new epoch."
-        else:
-            note_form = NoteForm(request.POST)
-            if not note_form.is_valid():
-                raise _Invalid(form_errors(note_form))
-            note = note_form.cleaned_data["note"]
-            if action == "complete":
-                handoff_services.handoff_complete(handoff_id=handoff.pk, actor=actor, note=note)
-                ok = "Completed by hand: the run is completed."
-            else:
-                handoff_services.handoff_close(handoff_id=handoff.pk, actor=actor, note=note)
-                ok = "Closed: the run is cancelled."
-    except DomainError as exc:
-        error = error_text(exc)
-    except _Invalid as exc:
-        error = str(exc)
-    if not request.htmx:
-        return redirect_with(request, reverse("console:handoffs"), ok=ok, error=error or None)
-    return _card_response(request, handoff.pk, ok=ok, error=error)
+            return "Returned to automation: the run is pending at a new epoch."
+
+    elif action == "complete":
+        form = NoteForm(request.POST)
+
+        def service(data: dict[str, Any]) -> str:
+            handoff_services.handoff_complete(handoff_id=handoff_id, actor=actor, note=data["note"])
+            return "Completed by hand: the run is completed."
+
+    else:
+        form = NoteForm(request.POST)
+
+        def service(data: dict[str, Any]) -> str:
+            handoff_services.handoff_close(handoff_id=handoff_id, actor=actor, note=data["note"])
+            return "Closed: the run is cancelled."
+
+    return act(
+        request,
+        form=form,
+        service=service,
+        back=reverse("console:handoffs"),
+        fragment=_card_answer(request, handoff_id),
+    )
 
 
-class _Invalid(Exception):
-    pass
+@login_required
+@require_POST
+def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> HttpResponse:
+    """Carry over or discard a handed-off run's unapplied steering from its inbox card."""
+    run = run_for(request, run_id, need=Role.REVIEWER)
+    form, decide = steering_decision(request, run, message_id)
+
+    def answer(outcome: Outcome) -> HttpResponse:
+        handoff_id = latest_handoff_id(run_id=run.pk)
+        if handoff_id is None:
+            raise Http404("no handoff for this run")
+        return _card_answer(request, handoff_id)(outcome)
+
+    return act(
+        request, form=form, service=decide, back=reverse("console:handoffs"), fragment=answer
+    )

@@ -14,32 +14,26 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
 from console.forms import ResolutionForm
-from console.selectors import packet_view
+from console.selectors import packet_view, stop_packet_epochs, stop_packet_get
 from console.views.common import (
     HtmxHttpRequest,
+    Outcome,
+    act,
     actor_of,
-    error_text,
-    form_errors,
     fragments,
     page,
-    redirect_with,
     wants_fragment,
 )
+from console.views.decisions import check_outbox_decision, outbox_decision
 from handoff.models import ResolutionDecision, StopPacket
 from runs import services
-from runs.errors import DomainError
 from runs.models import Role, Run
 
 TEMPLATE = "console/packet.html"
 
 
 def _packet(run: Run, epoch: int | None) -> StopPacket:
-    packets = StopPacket.objects.filter(run=run)
-    packet = (
-        packets.filter(stop_epoch=epoch).first()
-        if epoch is not None
-        else packets.order_by("-stop_epoch").first()
-    )
+    packet = stop_packet_get(run=run, epoch=epoch)
     if packet is None:
         raise Http404("this run has no stop packet for that epoch")
     return packet
@@ -50,11 +44,7 @@ def packet_context(
 ) -> dict[str, Any]:
     # ?all=1 lists every completed step, call and artifact; the JSON download is always whole.
     view = packet_view(run, packet, everything=request.GET.get("all") == "1")
-    epochs = list(
-        StopPacket.objects.filter(run=run)
-        .order_by("-stop_epoch")
-        .values_list("stop_epoch", flat=True)
-    )
+    epochs = stop_packet_epochs(run=run)
     can_act = request_access(request).can_act(run.team_id)
     return {
         "run": run,
@@ -100,13 +90,29 @@ def packet_json(request: HtmxHttpRequest, run_id: str, epoch: int) -> HttpRespon
     return response
 
 
-def packet_after_change(
-    request: HtmxHttpRequest, run: Run, *, ok: str = "", error: str = ""
+@login_required
+@require_POST
+def outbox_decide(
+    request: HtmxHttpRequest, run_id: str, item_id: int, decision: str
 ) -> HttpResponse:
-    """htmx answer after a frozen item was released or discarded from the packet page."""
-    run.refresh_from_db()
-    context = packet_context(request, run, _packet(run, None), frozen_ok=ok, frozen_error=error)
-    return fragments(request, TEMPLATE, "frozen", context, oob=["status"])
+    """Release or discard a frozen item from the packet; htmx gets the frozen section back."""
+    check_outbox_decision(decision)
+    run = run_for(request, run_id, need=Role.REVIEWER)
+
+    def answer(outcome: Outcome) -> HttpResponse:
+        run.refresh_from_db()
+        context = packet_context(
+            request, run, _packet(run, None), frozen_ok=outcome.ok, frozen_error=outcome.error
+        )
+        return fragments(request, TEMPLATE, "frozen", context, oob=["status"])
+
+    return act(
+        request,
+        form=None,
+        service=outbox_decision(request, run, item_id, decision),
+        back=reverse("console:packet_latest", args=[run_id]),
+        fragment=answer,
+    )
 
 
 @login_required
@@ -115,41 +121,49 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """Record one reviewer decision about an unknown; the run settles clean after the last."""
     run = run_for(request, run_id, need=Role.REVIEWER)
     form = ResolutionForm(request.POST)
-    back = reverse("console:packet_latest", args=[run_id])
-    ok, error = "", ""
     target = request.POST.get("target", "")
     target_id = request.POST.get("target_id", "")
-    if form.is_valid():
-        try:
-            result = services.resolution_record(
-                run_id=run.pk,
-                target=form.cleaned_data["target"],
-                target_id=form.cleaned_data["target_id"],
-                decision=form.cleaned_data["decision"],
-                evidence=form.cleaned_data["evidence"],
-                actor=actor_of(request),
-            )
-            ok = f"Recorded as {result.decision.replace('_', ' ')}."
-            if result.run_status == "stopped_cleanly":
-                ok += " That was the last unknown: the run is now stopped cleanly."
-            elif result.run_status == "handed_off":
-                ok += " That was the last unknown: the run is stopped cleanly and handed off."
-        except DomainError as exc:
-            error = error_text(exc)
-    else:
-        error = form_errors(form)
-    if not request.htmx:
-        return redirect_with(request, back, ok=ok, error=error or None)
-    run.refresh_from_db()
-    context = packet_context(request, run, _packet(run, None))
-    unknown = next(
-        (u for u in context["p"].unknowns if u.target == target and u.target_id == target_id), None
-    )
-    if unknown is None:
-        return fragments(
-            request, TEMPLATE, "status", {**context, "status_error": error or "unknown target"}
+
+    def record(data: dict[str, Any]) -> str:
+        result = services.resolution_record(
+            run_id=run.pk,
+            target=data["target"],
+            target_id=data["target_id"],
+            decision=data["decision"],
+            evidence=data["evidence"],
+            actor=actor_of(request),
         )
-    context.update(
-        {"u": unknown, "card_ok": ok, "card_error": error, "card_form": form if error else None}
+        ok = f"Recorded as {result.decision.replace('_', ' ')}."
+        if result.run_status == "stopped_cleanly":
+            ok += " That was the last unknown: the run is now stopped cleanly."
+        elif result.run_status == "handed_off":
+            ok += " That was the last unknown: the run is stopped cleanly and handed off."
+        return ok
+
+    def answer(outcome: Outcome) -> HttpResponse:
+        run.refresh_from_db()
+        context = packet_context(request, run, _packet(run, None))
+        unknown = next(
+            (u for u in context["p"].unknowns if u.target == target and u.target_id == target_id),
+            None,
+        )
+        if unknown is None:
+            status_error = outcome.error or "unknown target"
+            return fragments(request, TEMPLATE, "status", {**context, "status_error": status_error})
+        context.update(
+            {
+                "u": unknown,
+                "card_ok": outcome.ok,
+                "card_error": outcome.error,
+                "card_form": form if outcome.error else None,
+            }
+        )
+        return fragments(request, TEMPLATE, "unknown-card", context, oob=["status"])
+
+    return act(
+        request,
+        form=form,
+        service=record,
+        back=reverse("console:packet_latest", args=[run_id]),
+        fragment=answer,
     )
-    return fragments(request, TEMPLATE, "unknown-card", context, oob=["status"])

@@ -10,36 +10,35 @@ websocket says the run changed):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
-from django.shortcuts import get_object_or_404
+from django.http import HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
-from console.forms import NoteForm, ResumeForm, SteeringDecisionForm, SteeringForm, StopForm
-from console.selectors import run_detail
+from console.forms import NoteForm, ResumeForm, SteeringForm, StopForm
+from console.selectors import checkpoint_labels, run_detail
 from console.views.common import (
     HtmxHttpRequest,
+    Outcome,
+    act,
     actor_of,
-    error_text,
-    form_errors,
     fragments,
     page,
-    redirect_with,
     wants_fragment,
 )
+from console.views.decisions import check_outbox_decision, outbox_decision, steering_decision
 from runs import services
-from runs.errors import DomainError
 from runs.models import (
     STOPPABLE_STATUSES,
     STOPPED_STATUSES,
     STOPPING_STATUSES,
     TERMINAL_STATUSES,
-    OutboxItem,
     Role,
     Run,
     RunStatus,
@@ -98,21 +97,41 @@ def run_page(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     return page(request, TEMPLATE, context)
 
 
-def _after_action(
+def _actions_answer(request: HtmxHttpRequest, run_id: str) -> Callable[[Outcome], HttpResponse]:
+    """htmx answer of the run's actions: the new actions region, summary and detail out of band."""
+
+    def answer(outcome: Outcome) -> HttpResponse:
+        run = run_for(request, run_id)
+        context = run_context(request, run, action_ok=outcome.ok, action_error=outcome.error)
+        return fragments(request, TEMPLATE, "actions", context, oob=["summary", "detail"])
+
+    return answer
+
+
+def _detail_answer(request: HtmxHttpRequest, run: Run) -> Callable[[Outcome], HttpResponse]:
+    """htmx answer of a decision in the detail region: the detail, the summary out of band."""
+
+    def answer(outcome: Outcome) -> HttpResponse:
+        context = run_context(request, run, detail_ok=outcome.ok, detail_error=outcome.error)
+        return fragments(request, TEMPLATE, "detail", context, oob=["summary"])
+
+    return answer
+
+
+def _run_action(
     request: HtmxHttpRequest,
     run_id: str,
-    *,
-    ok: str = "",
-    error: DomainError | str | None = None,
-    **extra: Any,
+    form: forms.Form,
+    service: Callable[[dict[str, Any]], str],
 ) -> HttpResponse:
-    """htmx: the new actions region, with summary and detail out of band. Otherwise redirect."""
-    if not request.htmx:
-        return redirect_with(request, reverse("console:run", args=[run_id]), ok=ok, error=error)
-    run = run_for(request, run_id)
-    message = error_text(error) if isinstance(error, DomainError) else (error or "")
-    context = run_context(request, run, action_ok=ok, action_error=message, **extra)
-    return fragments(request, TEMPLATE, "actions", context, oob=["summary", "detail"])
+    """An action of the actions region, answered on the run page."""
+    return act(
+        request,
+        form=form,
+        service=service,
+        back=reverse("console:run", args=[run_id]),
+        fragment=_actions_answer(request, run_id),
+    )
 
 
 def _stop_message(outcome: services.StopOutcome, *, takeover: bool) -> str:
@@ -134,82 +153,64 @@ def _stop_message(outcome: services.StopOutcome, *, takeover: bool) -> str:
 @require_POST
 def run_stop(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_for(request, run_id, need=Role.REVIEWER)
-    form = StopForm(request.POST, admin=request_access(request).can_admin(run.team_id))
-    if not form.is_valid():
-        return _after_action(request, run_id, error=form_errors(form))
-    reason = form.cleaned_data["reason"]
-    try:
+
+    def stop(data: dict[str, Any]) -> str:
         outcome = services.run_stop(
-            run_id=run.pk, reason=reason, actor=actor_of(request), note=form.cleaned_data["note"]
+            run_id=run.pk, reason=data["reason"], actor=actor_of(request), note=data["note"]
         )
-    except DomainError as error:
-        return _after_action(request, run_id, error=error)
-    return _after_action(request, run_id, ok=_stop_message(outcome, takeover=False))
+        return _stop_message(outcome, takeover=False)
+
+    form = StopForm(request.POST, admin=request_access(request).can_admin(run.team_id))
+    return _run_action(request, run_id, form, stop)
 
 
 @login_required
 @require_POST
 def run_takeover(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_for(request, run_id, need=Role.REVIEWER)
-    form = NoteForm(request.POST)
-    if not form.is_valid():
-        return _after_action(request, run_id, error=form_errors(form))
-    try:
-        outcome = services.run_takeover(
-            run_id=run.pk, actor=actor_of(request), note=form.cleaned_data["note"]
+
+    def take_over(data: dict[str, Any]) -> str:
+        outcome = services.run_takeover(run_id=run.pk, actor=actor_of(request), note=data["note"])
+        run.refresh_from_db(fields=["status"])
+        if run.status == RunStatus.HANDED_OFF:
+            return "Handed off: the run is yours in the handoff inbox."
+        return (
+            _stop_message(outcome, takeover=True)
+            + " It will be handed off as soon as it is stopped cleanly."
         )
-    except DomainError as error:
-        return _after_action(request, run_id, error=error)
-    run.refresh_from_db(fields=["status"])
-    if run.status == RunStatus.HANDED_OFF:
-        return _after_action(
-            request, run_id, ok="Handed off: the run is yours in the handoff inbox."
-        )
-    return _after_action(
-        request,
-        run_id,
-        ok=_stop_message(outcome, takeover=True)
-        + " It will be handed off as soon as it is stopped cleanly.",
-    )
+
+    return _run_action(request, run_id, NoteForm(request.POST), take_over)
 
 
 @login_required
 @require_POST
 def run_resume(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_for(request, run_id, need=Role.REVIEWER)
-    detail_labels = list(run.checkpoints.order_by("pk").values_list("label", flat=True))
-    form = ResumeForm(request.POST, checkpoints=detail_labels)
-    if not form.is_valid():
-        return _after_action(request, run_id, error=form_errors(form))
-    try:
+
+    def resume(data: dict[str, Any]) -> str:
         resumed = services.run_resume(
             run_id=run.pk,
             actor=actor_of(request),
-            checkpoint=form.cleaned_data["checkpoint"],
-            carry_over_steering=form.cleaned_data["carry_over_steering"],
+            checkpoint=data["checkpoint"],
+            carry_over_steering=data["carry_over_steering"],
         )
-    except DomainError as error:
-        return _after_action(request, run_id, error=error)
-    where = f" from {resumed.resume_from}" if resumed.resume_from else ""
-    return _after_action(
-        request,
-        run_id,
-        ok=f"Resumed{where}: pending at epoch {resumed.stop_epoch}, waiting for a worker.",
-    )
+        where = f" from {resumed.resume_from}" if resumed.resume_from else ""
+        return f"Resumed{where}: pending at epoch {resumed.stop_epoch}, waiting for a worker."
+
+    form = ResumeForm(request.POST, checkpoints=checkpoint_labels(run_id=run.pk))
+    return _run_action(request, run_id, form, resume)
 
 
 @login_required
 @require_POST
 def run_close(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_for(request, run_id, need=Role.REVIEWER)
-    form = NoteForm(request.POST)
-    if not form.is_valid():
-        return _after_action(request, run_id, error=form_errors(form))
-    try:
-        services.run_close(run_id=run.pk, actor=actor_of(request), note=form.cleaned_data["note"])
-    except DomainError as error:
-        return _after_action(request, run_id, error=error)
-    return _after_action(request, run_id, ok="Closed: the run is cancelled and will not resume.")
+
+    def close(data: dict[str, Any]) -> str:
+        services.run_close(run_id=run.pk, actor=actor_of(request), note=data["note"])
+        return "Closed: the run is cancelled and will not resume."
+
+    return _run_action(request, run_id, NoteForm(request.POST), close)
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,66 +222,49 @@ def run_close(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 def steering_add(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_for(request, run_id, need=Role.REVIEWER)
     form = SteeringForm(request.POST)
-    url = reverse("console:run", args=[run_id]) + "#steering"
-    ok, error = "", ""
-    if form.is_valid():
-        try:
-            message = services.steering_queue(
-                run_id=run.pk, text=form.cleaned_data["text"], actor=actor_of(request)
-            )
-            ok = (
-                "Queued for the agent."
-                if message.status == "queued"
-                else "Saved: the run is stopped, so it waits as unapplied for the next round."
-            )
-            form = SteeringForm()
-        except DomainError as exc:
-            error = error_text(exc)
-    else:
-        error = form_errors(form)
-    if not request.htmx:
-        return redirect_with(request, url, ok=ok, error=error or None)
-    context = run_context(request, run, steering_form=form, steering_ok=ok, steering_error=error)
-    return fragments(request, TEMPLATE, "steering-form", context, oob=["detail"])
 
+    def queue(data: dict[str, Any]) -> str:
+        message = services.steering_queue(run_id=run.pk, text=data["text"], actor=actor_of(request))
+        if message.status == "queued":
+            return "Queued for the agent."
+        return "Saved: the run is stopped, so it waits as unapplied for the next round."
 
-def _steering_decision(request: HtmxHttpRequest, run: Run, message_id: int) -> tuple[str, str]:
-    form = SteeringDecisionForm(request.POST)
-    if not form.is_valid():
-        return "", form_errors(form)
-    carry = form.cleaned_data["decision"] == "carry_over"
-    try:
-        services.steering_decide(
-            run_id=run.pk, message_id=message_id, carry_over=carry, actor=actor_of(request)
+    def answer(outcome: Outcome) -> HttpResponse:
+        context = run_context(
+            request,
+            run,
+            # A queued message clears the box; a refused one stays for another try.
+            steering_form=SteeringForm() if outcome.ok else form,
+            steering_ok=outcome.ok,
+            steering_error=outcome.error,
         )
-    except DomainError as exc:
-        return "", error_text(exc)
-    return ("Carried over to the next round." if carry else "Discarded."), ""
+        return fragments(request, TEMPLATE, "steering-form", context, oob=["detail"])
+
+    return act(
+        request,
+        form=form,
+        service=queue,
+        back=reverse("console:run", args=[run_id]) + "#steering",
+        fragment=answer,
+    )
 
 
 @login_required
 @require_POST
 def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> HttpResponse:
     run = run_for(request, run_id, need=Role.REVIEWER)
-    ok, error = _steering_decision(request, run, message_id)
-    origin = request.POST.get("from", "")
-    if not request.htmx:
-        back = (
-            reverse("console:handoffs")
-            if origin == "handoffs"
-            else reverse("console:run", args=[run_id]) + "#steering"
-        )
-        return redirect_with(request, back, ok=ok, error=error or None)
-    if origin == "handoffs":
-        from console.views.handoffs import handoff_card_response
-
-        return handoff_card_response(request, run, ok=ok, error=error)
-    context = run_context(request, run, detail_ok=ok, detail_error=error)
-    return fragments(request, TEMPLATE, "detail", context, oob=["summary"])
+    form, decide = steering_decision(request, run, message_id)
+    return act(
+        request,
+        form=form,
+        service=decide,
+        back=reverse("console:run", args=[run_id]) + "#steering",
+        fragment=_detail_answer(request, run),
+    )
 
 
 # --------------------------------------------------------------------------------------------
-# frozen outbox items: release or discard (from the run page or the stop packet)
+# frozen outbox items: release or discard (the stop packet page has its own endpoint)
 
 
 @login_required
@@ -288,28 +272,12 @@ def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> H
 def outbox_decide(
     request: HtmxHttpRequest, run_id: str, item_id: int, decision: str
 ) -> HttpResponse:
-    if decision not in ("release", "discard"):
-        raise Http404("no such decision")
+    check_outbox_decision(decision)
     run = run_for(request, run_id, need=Role.REVIEWER)
-    item = get_object_or_404(OutboxItem, run=run, pk=item_id)
-    note = request.POST.get("note", "")[:500]
-    service = services.outbox_release if decision == "release" else services.outbox_discard
-    ok, error = "", ""
-    try:
-        service(run_id=run.pk, item_id=item.pk, actor=actor_of(request), note=note)
-        ok = f"{item.public_id} {'released: it will be dispatched' if decision == 'release' else 'discarded'}."
-    except DomainError as exc:
-        error = error_text(exc)
-    origin = request.POST.get("from", "")
-    if not request.htmx:
-        if origin == "packet":
-            back = reverse("console:packet_latest", args=[run_id])
-        else:
-            back = reverse("console:run", args=[run_id]) + "#outbox"
-        return redirect_with(request, back, ok=ok, error=error or None)
-    if origin == "packet":
-        from console.views.packets import packet_after_change
-
-        return packet_after_change(request, run, ok=ok, error=error)
-    context = run_context(request, run, detail_ok=ok, detail_error=error)
-    return fragments(request, TEMPLATE, "detail", context, oob=["summary"])
+    return act(
+        request,
+        form=None,
+        service=outbox_decision(request, run, item_id, decision),
+        back=reverse("console:run", args=[run_id]) + "#outbox",
+        fragment=_detail_answer(request, run),
+    )
