@@ -34,3 +34,12 @@ def test_the_admin_lists_tokens_without_their_hash_and_denials(
     assert tokens.status_code == 200
     assert agent_token.token.token_hash not in tokens.content.decode()
     assert client.get("/admin/runs_api/denial/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_admin_names_ledger_entries_in_english(client, django_user_model):
+    client.force_login(django_user_model.objects.create_superuser("root", password="pw"))
+    index = client.get("/admin/").content.decode()
+    assert "Ledger entries" in index and "Ledger entrys" not in index
+    changelist = client.get("/admin/runs/ledgerentry/").content.decode()
+    assert "ledger entries" in changelist.lower() and "entrys" not in changelist
