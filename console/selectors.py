@@ -19,6 +19,7 @@ from console.access import Access
 from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
 from runs.ledger_queries import LedgerFilters, ledger_entries
 from runs.models import (
+    ApiToken,
     Artifact,
     Checkpoint,
     ExecutionRecord,
@@ -608,6 +609,24 @@ def latest_handoff_id(*, run_id: str) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------
+# API tokens
+
+
+def api_tokens_of(*, teams: list[Team]) -> list[ApiToken]:
+    """The teams' tokens (revoked ones too), by team and name."""
+    return list(
+        ApiToken.objects.select_related("team")
+        .filter(team__in=teams)
+        .order_by("team__slug", "name")
+    )
+
+
+def api_token_get(*, token_id: int, teams: list[Team]) -> ApiToken | None:
+    """One token, if it belongs to one of `teams`."""
+    return ApiToken.objects.filter(pk=token_id, team__in=teams).first()
+
+
+# --------------------------------------------------------------------------------------------
 # audit
 
 
@@ -719,4 +738,3 @@ def _fill(
         out.append((cursor, value[0], value[1]))
         cursor += step
     return out
-

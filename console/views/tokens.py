@@ -10,6 +10,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, require, visible_teams
 from console.forms import TokenCreateForm
+from console.selectors import api_token_get, api_tokens_of
 from console.views.common import (
     HtmxHttpRequest,
     actor_of,
@@ -19,7 +20,7 @@ from console.views.common import (
     redirect_with,
 )
 from runs.errors import DomainError
-from runs.models import ApiToken, Role, Team
+from runs.models import Role, Team
 from runs.tokens import api_token_create, api_token_revoke
 
 TEMPLATE = "console/tokens.html"
@@ -33,12 +34,7 @@ def _admin_teams(request: HtmxHttpRequest) -> list[Team]:
 
 
 def _context(teams: list[Team], form: TokenCreateForm, **extra: object) -> dict[str, object]:
-    tokens = (
-        ApiToken.objects.select_related("team")
-        .filter(team__in=teams)
-        .order_by("team__slug", "name")
-    )
-    return {"teams": teams, "form": form, "tokens": list(tokens), **extra}
+    return {"teams": teams, "form": form, "tokens": api_tokens_of(teams=teams), **extra}
 
 
 @login_required
@@ -78,7 +74,7 @@ def tokens(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 def token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
     teams = _admin_teams(request)
-    token = ApiToken.objects.filter(pk=token_id, team__in=teams).first()
+    token = api_token_get(token_id=token_id, teams=teams)
     if token is None:
         raise Http404("no such token")
     api_token_revoke(token_id=token.pk, actor=actor_of(request))
