@@ -25,10 +25,20 @@ services:
 chromium:
 	bash scripts/ensure-chromium.sh
 
+# Every pytest session has its own test database (test_safestop_<pid>, console/settings.py) and
+# its own Redis database (claimed among 1-15 by tests/support/isolation.py), so two suites on one
+# machine never collide; SAFESTOP_TEST_DB_NAME and SAFESTOP_TEST_REDIS_URL choose them instead.
+PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
+
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
 test: install services chromium
 	$(PY) manage.py makemigrations --check --dry-run
-	DATABASE_URL=$(PG_URL) SAFESTOP_TEST_REDIS_URL=$(REDIS) $(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+# What a developer runs while working (under two minutes): no browser, no live servers, no other
+# processes, no races (tests/conftest.py says what counts as slow).
+test-fast: install services
+	$(PYTEST) -m "not browser and not slow" $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -16,6 +16,23 @@ pytest_plugins = [
     "tests.support.live_sockets",  # fresh_channel_layer
 ]
 
+# What `make test-fast` leaves out (`-m "not browser and not slow"`) beside the tests marked slow
+# by hand: every test that starts a live server (daphne in a forked process) or other processes
+# (dispatchers, a Celery worker), and the fault-injection folders (real processes, threads racing
+# a stop). Marked by the fixtures they ask for and the folder they live in, so a new test that
+# asks for a live server is slow without anyone having to remember it.
+SLOW_FIXTURES = frozenset(
+    {
+        "live_stack",
+        "live_stack_redis",
+        "stack",
+        "stack_for_command",
+        "spawn_dispatcher",
+        "celery_env",
+    }
+)
+SLOW_FOLDERS = frozenset({"faults", "agent_e2e"})
+
 
 def pytest_configure(config: pytest.Config) -> None:
     from django.conf import settings
@@ -26,3 +43,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "the suite runs on PostgreSQL: use `make test`, or set "
             "DATABASE_URL=postgres://postgres@127.0.0.1:5432/test"
         )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.parent.name
+        if folder in SLOW_FOLDERS or SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

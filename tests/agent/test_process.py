@@ -18,9 +18,12 @@ import pytest
 
 from safestop_agent import Cancelled, CancelToken, ProcessResult, run_process
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="checks the tree through Linux /proc"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="checks the tree through Linux /proc"
+    ),
+    pytest.mark.slow,  # real process trees
+]
 
 
 def process_alive(pid: int) -> bool:

@@ -101,6 +101,7 @@ def wsgi_keeps_the_test_transaction():
     request_finished.connect(close_old_connections)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("wsgi_keeps_the_test_transaction")
 def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(
     team, reviewer_token, agent_token, settings

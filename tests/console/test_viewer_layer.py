@@ -94,6 +94,7 @@ def _assert_in_order_without_gaps(frames: list[dict], first: int, last: int) -> 
     assert all(frame["type"] == "run.updated" for frame in frames)
 
 
+@pytest.mark.slow  # two subprocesses
 def test_the_aliases_the_consumers_and_the_publisher_agree_on():
     assert (
         RunConsumer.channel_layer_alias
@@ -283,6 +284,7 @@ def test_the_publisher_encodes_a_browser_frame_once_and_consumers_forward_it_ver
     assert sent == ["PRE-ENCODED", realtime.browser_frame(event)]
 
 
+@pytest.mark.slow  # three subprocesses
 def test_browser_frames_of_deployments_on_different_redis_databases_stay_apart():
     """Pub/Sub ignores the Redis database number: the prefix must carry it, or two deployments
     on one Redis server (the suite and the bench, say) would see each other's team_1 frames."""

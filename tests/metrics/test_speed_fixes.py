@@ -285,6 +285,7 @@ def test_a_batch_of_step_pairs_writes_its_steps_once(team):
 # the Redis channel layer: a socket read must outlast the layer's blocking pop
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_redis_channel_layer_reads_longer_than_its_blocking_pop():
     """With redis-py 8 (5 s default socket timeout) an idle consumer's BZPOPMIN (5 s) timed out
     and the websocket died with 1011 every 5 s of silence: found by the fan-out bench."""

@@ -101,6 +101,7 @@ print("journal", connection.cursor().execute("PRAGMA journal_mode").fetchone()[0
 """
 
 
+@pytest.mark.slow  # a SQLite database migrated in a subprocess
 def test_sqlite_refuses_update_and_delete_of_a_ledger_entry(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(

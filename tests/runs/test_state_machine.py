@@ -284,6 +284,7 @@ class StopProtocol(RuleBasedStateMachine):
             ).exists()
 
 
+@pytest.mark.slow
 def test_random_sequences_keep_the_stop_protocol_invariants(db):
     run_state_machine_as_test(
         StopProtocol,
