@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.support.livestack",  # live_stack, live_stack_redis
     "tests.support.stack",  # receiver (the demo's), stack
     "tests.support.live_sockets",  # fresh_channel_layer
+    "tests.support.proctree",  # own_tree
 ]
 
 # What `make test-fast` leaves out (`-m "not browser and not slow"`) beside the tests marked slow

@@ -188,7 +188,7 @@ def stack_for_command(transactional_db: None, django_db_blocker: Any, receiver: 
         yield stack, port
 
 
-def test_simulate_command_runs_and_ends_cleanly_on_sigterm(stack_for_command):
+def test_simulate_command_runs_and_ends_cleanly_on_sigterm(stack_for_command, own_tree):
     stack, port = stack_for_command
     assert isinstance(stack, Stack)
     env = {
@@ -244,15 +244,16 @@ def test_simulate_command_runs_and_ends_cleanly_on_sigterm(stack_for_command):
     assert len(set(runs.values_list("status", flat=True))) >= 2
     # SIGTERM stopped the live runs through the API: they settle instead of hanging
     wait_until(lambda: not runs.filter(status__in=LIVE).exists(), timeout=10, what="runs to settle")
-    # and no shell-tool supervisor outlived the simulator (they die with their parent)
+    # and no shell-tool supervisor outlived the simulator (they die with their parent): one that
+    # did was re-parented to this process (own_tree), so only our own tree is looked at
     wait_until(
-        lambda: not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_reaper(pid)],
+        lambda: not [pid for pid in own_tree() if _is_reaper(pid)],
         timeout=5,
         what="shell-tool supervisors to exit",
     )
 
 
-def _is_reaper(pid: str) -> bool:
+def _is_reaper(pid: int) -> bool:
     try:
         return b"_reaper.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
