@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -21,10 +20,11 @@ from runs.actors import Actor
 from runs.models import OutboxItem, OutboxStatus, RunStatus
 from tests.runs.factories import make_running, reload
 from tests.support.children import ROOT, child_env
+from tests.support.isolation import suite_redis_url
 
-# A Redis database of our own, and a queue (and worker name) unique to this test, so test
-# sessions sharing the Redis server never consume each other's tasks.
-REDIS_URL = os.environ.get("SAFESTOP_TEST_DISPATCH_REDIS_URL", "redis://127.0.0.1:6379/5")
+# The session's own Redis database (tests/support/isolation.py), and a queue (and worker name)
+# unique to this test, so test sessions sharing the Redis server never consume each other's tasks.
+REDIS_URL = suite_redis_url()
 AGENT = Actor.system("agent")
 
 
