@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from django.contrib.auth import views as auth_views
-from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.views.generic import RedirectView
 
 from console.views import audit, handoffs, packets, quality, run, runs, tokens
-
-View = Callable[..., HttpResponse]
-
-
-def _answered_by_origin(default: View, **pages: View) -> View:
-    """A decision offered on several pages is posted to the page's own endpoint. Forms rendered
-    before that posted to the run page's endpoint with a hidden `from` naming the page to answer
-    (`packet`, `handoffs`): route those to that page's endpoint."""
-
-    def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        return pages.get(request.POST.get("from", ""), default)(request, *args, **kwargs)
-
-    return view
-
 
 app_name = "console"
 
@@ -47,12 +29,12 @@ urlpatterns = [
     path("runs/<str:run_id>/steering/", run.steering_add, name="steering_add"),
     path(
         "runs/<str:run_id>/steering/<int:message_id>/decide/",
-        _answered_by_origin(run.steering_decide, handoffs=handoffs.steering_decide),
+        run.steering_decide,
         name="steering_decide",
     ),
     path(
         "runs/<str:run_id>/outbox/<int:item_id>/<str:decision>/",
-        _answered_by_origin(run.outbox_decide, packet=packets.outbox_decide),
+        run.outbox_decide,
         name="outbox_decide",
     ),
     path(

@@ -74,8 +74,8 @@ def test_close_discards(as_reviewer, handoff):
 def test_steering_decided_from_the_inbox(as_reviewer, handoff):
     message = _run(handoff).steering_messages.get()
     response = as_reviewer.post(
-        f"/runs/{handoff.run_id}/steering/{message.pk}/decide/",
-        {"decision": "discard", "from": "handoffs"},
+        f"/runs/{handoff.run_id}/handoff/steering/{message.pk}/decide/",
+        {"decision": "discard"},
         **htmx(),
     )
     body = response.content.decode()

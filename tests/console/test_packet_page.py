@@ -155,7 +155,7 @@ def test_a_viewer_cannot_resolve(as_viewer, dirty):
 def test_release_a_frozen_item_from_the_packet(as_reviewer, dirty):
     item = dirty.outbox_items.get()
     response = as_reviewer.post(
-        f"/runs/{dirty.pk}/outbox/{item.pk}/release/", {"from": "packet"}, **htmx("packet-frozen")
+        f"/runs/{dirty.pk}/packet/outbox/{item.pk}/release/", {}, **htmx("packet-frozen")
     )
     body = response.content.decode()
     assert response.status_code == 200 and body.lstrip().startswith('<section id="packet-frozen"')
