@@ -174,7 +174,7 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
     async def dispatch(self, message: dict[str, Any]) -> None:
         # `run.updated` only forwards a frame (no ORM): skip channels' per-message
         # close_old_connections(), a hop through the one sync thread that HTTP views also need.
-        # With 200 viewers of a busy run that hop was the fan-out bottleneck (docs/BENCHMARKS.md).
+        # That hop is the fan-out bottleneck with many viewers of a busy run (docs/BENCHMARKS.md).
         # `access.changed` (rare) takes the ordinary path: it reads the database.
         if message.get("type") == "run.updated":
             await self.run_updated(message)

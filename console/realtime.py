@@ -165,7 +165,7 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
 ACCESS_CHANGED = "access.changed"
 _ACCESS_FLAGS = frozenset({"is_active", "is_staff", "is_superuser"})
 # `get_session_auth_hash()` is an HMAC of the password hash: changing it ends every session
-# made before (django.contrib.auth.get_user no longer verifies them), so sockets must re-check.
+# made before (django.contrib.auth.get_user stops accepting them), so sockets must re-check.
 _SESSION_FIELDS = frozenset({"password"})
 
 

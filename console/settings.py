@@ -90,7 +90,7 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
     # One psycopg pool per process. Without it every request and every websocket handshake
-    # opened (and closed) a PostgreSQL connection: ~10 ms of a ~25 ms single-event request on
+    # opens (and closes) a PostgreSQL connection: ~10 ms of a ~25 ms single-event request on
     # the bench machine (docs/BENCHMARKS.md). CONN_MAX_AGE stays 0, as Django requires with a
     # pool. max_size is a cap, not a reservation: threads that each hold a connection (the race
     # tests run 20 at once) must not wait for one another.
@@ -160,9 +160,9 @@ if REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py 8 reads with a 5 s socket timeout by default: exactly channels-redis's
-            # 5 s BZPOPMIN, so every websocket idle for 5 s died with "Timeout reading from
-            # redis" (django/channels_redis#422; found by bench/bench_fanout.py). Allow a read to
-            # outlast the blocking pop; a Redis that truly stops answering still times out.
+            # 5 s BZPOPMIN, so a websocket idle for 5 s would die with "Timeout reading from
+            # redis" (django/channels_redis#422). Allow a read to outlast the blocking pop; a
+            # Redis that truly stops answering still times out.
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
                 "capacity": 5000,

@@ -198,7 +198,7 @@ class Step(models.Model):
     # db_index=False on the run FKs of the busy child tables: Django would add two indexes per FK
     # (run_id and a varchar_pattern_ops twin, run ids being strings), each one more write per
     # row. A (run, ...) unique index or an explicit Index(fields=["run"]) serves run_id lookups
-    # (docs/BENCHMARKS.md: the 1,000-item freeze went from ~10 to ~5.5 ms without them).
+    # (docs/BENCHMARKS.md, outbox freeze: each extra index is one more write per frozen row).
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     seq = models.PositiveIntegerField()
     key = models.CharField(max_length=120)

@@ -1,4 +1,4 @@
-"""The agent package's own modules import one another one way only (issue 11, point 2)."""
+"""The agent package's own modules import one another one way only."""
 
 from __future__ import annotations
 

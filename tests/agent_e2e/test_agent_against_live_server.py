@@ -1,4 +1,4 @@
-"""`safestop_agent` against a live server over real HTTP and websockets (issue 3's last bullet).
+"""`safestop_agent` against a live server over real HTTP and websockets.
 
 The worker side is the real package (client, lease, push listener, heartbeat, tool calls,
 process runner); the server side is daphne serving the whole application on the test database.

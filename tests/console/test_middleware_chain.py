@@ -1,8 +1,7 @@
 """Under ASGI the middleware chain runs in one worker thread (console.middleware.SyncMiddlewareChain).
 
-Without it, every `MiddlewareMixin` middleware in async mode hopped to a thread for its
-`process_request` and again for its `process_response`: the HTTP floor (a JSON 404) went from
-~370 to ~520 requests/s with it on this machine (docs/BENCHMARKS.md).
+Without it, every `MiddlewareMixin` middleware in async mode hops to a thread for
+`process_request` and again for `process_response` (docs/BENCHMARKS.md, the HTTP floor).
 """
 
 from __future__ import annotations

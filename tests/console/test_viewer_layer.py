@@ -6,7 +6,7 @@ be lost). Over real sockets (`live_stack_redis`: daphne in another process, the 
 - a burst of changes reaches a browser viewer in `seq` order with no gap, on the run socket and
   the runs-page socket, while the worker on the same run gets the stop signal and nothing else;
 - a socket idle for longer than redis-py's 5 s default socket timeout still gets the next change
-  (django/channels_redis#422 killed idle sockets on the core layer);
+  (django/channels_redis#422 closes idle sockets on the core layer);
 - the Pub/Sub layer resubscribes by itself when its Redis connection drops.
 """
 
@@ -195,7 +195,8 @@ def test_sockets_idle_past_the_redis_default_socket_timeout_still_get_the_next_c
         try:
             signal = json.loads(worker.recv(timeout=10))
             frames = _frames_until(viewer, run.pk, run.change_seq)
-        except ConnectionClosed as closed:  # 1011 was the symptom of #422
+        except ConnectionClosed as closed:
+            # an idle socket closed with 1011 is django/channels_redis#422
             pytest.fail(f"an idle socket was closed: {closed}")
     assert signal["type"] == "cancel_requested"
     assert (
@@ -247,7 +248,7 @@ def test_the_pubsub_layer_resubscribes_after_its_redis_connection_drops():
 
 
 def test_the_publisher_encodes_a_browser_frame_once_and_consumers_forward_it_verbatim():
-    """200 viewers of one run used to mean 200 json.dumps per change (docs/BENCHMARKS.md)."""
+    """A frame is encoded once per change, not once per viewer (docs/BENCHMARKS.md)."""
 
     event = {
         "type": "run.updated",

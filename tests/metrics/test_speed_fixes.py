@@ -1,6 +1,7 @@
-"""Behaviour kept by the speed fixes the benchmarks led to (docs/BENCHMARKS.md, "Fixes").
+"""Behaviour the performance decisions must keep (docs/ARCHITECTURE.md, Performance decisions;
+figures in docs/BENCHMARKS.md).
 
-The figures live in bench/; these tests only prove that what the code *does* is unchanged:
+These tests check what the code does, not how fast (the figures come from bench/):
 - the stop freezes its run's pending outbox items (and nothing else) in one statement;
 - a run change published from a process with no event loop (Celery, a command) still reaches
   every group — through one long-lived loop instead of a new thread, loop and Redis
@@ -287,8 +288,8 @@ def test_a_batch_of_step_pairs_writes_its_steps_once(team):
 
 @pytest.mark.slow  # a subprocess
 def test_the_redis_channel_layer_reads_longer_than_its_blocking_pop():
-    """With redis-py 8 (5 s default socket timeout) an idle consumer's BZPOPMIN (5 s) timed out
-    and the websocket died with 1011 every 5 s of silence: found by the fan-out bench."""
+    """With redis-py 8's 5 s default socket timeout, an idle consumer's 5 s BZPOPMIN would time
+    out and close the socket with 1011, so the layer's socket timeout must outlast the pop."""
     import subprocess
     import sys
 
