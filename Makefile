@@ -44,6 +44,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy console runs handoff safestop_agent
+	$(VENV)/bin/lint-imports
 
 migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run

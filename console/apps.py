@@ -14,10 +14,13 @@ class ConsoleConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_out
         from django.db.models.signals import post_delete, post_save
 
-        from console import realtime
+        from console import celery, realtime
         from runs import notify
         from runs.models import Membership
 
+        # `runs.tasks` are shared tasks: they send through the current Celery app, which is
+        # per thread unless a default is set — and the dispatch kick sends from a daemon thread.
+        celery.app.set_default()
         notify.subscribe(realtime.publish)
         # Access changes reach the user's open browser sockets (console/consumers.py re-checks).
         post_save.connect(

@@ -8,7 +8,7 @@ Anything else is refused: no or a bad credential 401, a valid one without the ri
 Agent tokens are refused because a scraper credential lives in monitoring config, and an agent
 token there would also be able to lease runs and ask permits.
 
-The figures are computed by `runs.selectors.stop_quality` over a trailing window
+The figures are computed by `handoff.selectors.stop_quality` over a trailing window
 (`?window=<seconds>`, default 24 h, 1 min … 30 days), so this endpoint and the API answer
 with the same numbers for the same period. Values with no samples are `NaN`, as Prometheus
 expects, never 0: "no stop measured" is not "stops take 0 ms".
@@ -25,8 +25,9 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from handoff.selectors import stop_quality
 from runs.models import TokenRole
-from runs.selectors import queue_depths, stop_quality
+from runs.selectors import queue_depths
 from runs.tokens import api_token_authenticate
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,6 +1,6 @@
 """Channels publisher for run changes (registered in `console.apps`).
 
-Group names and channel layers are the contract between publishers and consumers:
+Group names (`runs.groups`) and channel layers are the contract between publishers and consumers:
 - `run_<id>`: viewers of one run (browser) — every change, with its sequence number;
 - `team_<team_id>`: the runs page of a team — every change of any of its runs;
 - `user_<user_id>`: every browser socket of one user — `access.changed` when the user's
@@ -30,6 +30,8 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 from django.utils.crypto import salted_hmac
 
+from runs.groups import agent_group, run_group, team_group, user_group
+
 logger = logging.getLogger(__name__)
 
 # The event loop of the daphne process we run in (set by `manage.py serve`). The in-memory
@@ -58,22 +60,6 @@ def _route_detached_thread_to_bound_loop() -> None:
 
 # The channel-layer alias of browser frames; `console.consumers` listens on the same one.
 VIEWER_LAYER = "viewers"
-
-
-def run_group(run_id: str) -> str:
-    return f"run_{run_id}"
-
-
-def team_group(team_id: int | str) -> str:
-    return f"team_{team_id}"
-
-
-def user_group(user_id: int | str) -> str:
-    return f"user_{user_id}"
-
-
-def agent_group(run_id: str) -> str:
-    return f"agent_{run_id}"
 
 
 # A process with no event loop to route to (a Celery worker, a management command) publishes

@@ -31,6 +31,7 @@ class StopPacket(models.Model):
 class ResolutionTarget(models.TextChoices):
     TOOL_CALL = "tool_call", "Tool call"
     OUTBOX = "outbox", "Outbox item"
+    WORKER = "worker", "Fenced worker"
 
 
 class ResolutionDecision(models.TextChoices):

@@ -40,6 +40,11 @@ def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
     )
 
 
+def stop_packet_for_settled_run(run: Run, stop_request: StopRequest) -> StopPacket:
+    """`runs.hooks` stop_settled: the packet of the stop that just settled."""
+    return stop_packet_build(run=run, stop_request=stop_request)
+
+
 # Only the columns the packet keeps are read: the packet is built inside the settling
 # transaction with the run row locked, and loading whole rows (each step's `detail` JSON, every
 # call's `arguments`) made a 5,000-step stop wait ~400 ms between drained and stopped

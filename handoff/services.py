@@ -1,65 +1,169 @@
-"""What a handoff can do: take over, resolve unknowns, accept, complete, return, close.
+"""What happens after a stop, on the handoff side: resolve unknowns, hand off to a human, accept,
+complete, return to automation, close.
 
-Takeover and resolution share the stop's settle logic, so they live in `runs.services` and
-are re-exported here; the handoff's own transitions lock the run row first like every other.
+`handoff` sits above `runs` (docs/ARCHITECTURE.md, "Layers"): every function here opens the run's
+`locked_run` transaction (run row first, then the handoff: the one lock order) and moves the
+run through the public runs services. The three moments of a runs transition that are handoff's
+work — the stop packet, opening a handoff for a clean takeover, ending open handoffs on a direct
+resume or close — are registered in `runs.hooks` by `handoff.apps` and run in that transaction.
+Taking over (`runs.services.run_takeover`) and deciding frozen outbox items or unapplied steering
+(`runs.services.outbox_release` / `outbox_discard` / `steering_decide`) are runs transitions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from handoff.models import Handoff, HandoffStatus
+from handoff.models import (
+    Handoff,
+    HandoffStatus,
+    Resolution,
+    ResolutionDecision,
+    ResolutionTarget,
+    StopPacket,
+)
 from runs.actors import Actor
-from runs.errors import Forbidden, IllegalTransition, NotFound
+from runs.errors import Forbidden, IllegalTransition, InvalidInput, NotFound
+from runs.hooks import HandoffOpened
 from runs.ledger import ledger_append
-from runs.models import RunStatus
-from runs.services import (  # noqa: F401  (re-exported: the handoff's whole story in one place)
-    _changed,
-    _close_locked,
-    _lock_run,
-    _move,
-    _resume_locked,
-    outbox_discard,
-    outbox_release,
-    resolution_record,
+from runs.models import Run, RunStatus, StopRequest
+from runs.services import (
+    RESOLVABLE_STATUSES,
+    locked_run,
+    resolution_apply,
+    run_close_locked,
     run_dirty_reasons,
-    run_takeover,
-    steering_decide,
+    run_move,
+    run_resume_locked,
+    run_touch,
 )
 
 OPEN_HANDOFF = (HandoffStatus.OPEN, HandoffStatus.ACCEPTED)
 
 
-def _lock_handoff(handoff_id: int) -> tuple[Handoff, object]:
+# --------------------------------------------------------------------------------------------
+# resolutions
+
+
+@dataclass
+class ResolveResult:
+    target: str
+    target_id: str
+    decision: str
+    created: bool
+    run_status: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolution_record(
+    *, run_id: str, target: str, target_id: str, decision: str, evidence: str, actor: Actor
+) -> ResolveResult:
+    """A reviewer decides one unknown: applied / not applied / compensated, with evidence.
+
+    Deciding twice the same way is a retry (created=False); deciding otherwise is refused.
+    """
+    if target not in ResolutionTarget.values:
+        raise InvalidInput("target must be tool_call, outbox or worker", field="target")
+    if decision not in ResolutionDecision.values:
+        raise InvalidInput(
+            f"decision must be one of {', '.join(ResolutionDecision.values)}", field="decision"
+        )
+    if not evidence.strip():
+        raise InvalidInput("evidence is required: say how you know", field="evidence")
+    with locked_run(run_id) as run:
+        existing = Resolution.objects.filter(run=run, target=target, target_id=target_id).first()
+        if existing is not None:
+            if existing.decision != decision:
+                raise IllegalTransition.for_run(
+                    run, f"{target} {target_id} was already resolved as {existing.decision}"
+                )
+            return ResolveResult(target, target_id, decision, created=False, run_status=run.status)
+        if run.status not in RESOLVABLE_STATUSES:
+            raise IllegalTransition.for_run(run, f"a {run.status} run has nothing to resolve yet")
+        try:
+            with transaction.atomic():
+                Resolution.objects.create(
+                    run=run,
+                    target=target,
+                    target_id=target_id,
+                    decision=decision,
+                    evidence=evidence,
+                    by=actor.name,
+                )
+        except IntegrityError:
+            raise IllegalTransition.for_run(run, "already resolved") from None
+        resolution_apply(
+            run,
+            target=target,
+            target_id=target_id,
+            decision=decision,
+            evidence=evidence,
+            actor=actor,
+        )
+        return ResolveResult(target, target_id, decision, created=True, run_status=run.status)
+
+
+# --------------------------------------------------------------------------------------------
+# handoffs
+
+
+def handoff_open_for_takeover(
+    run: Run, stop_request: StopRequest, actor: Actor, note: str, packet: Any
+) -> HandoffOpened:
+    """`runs.hooks` hand_off: a takeover settled clean, so a human gets the run (and its packet).
+
+    The person who asked for the takeover is the assignee, if a user asked.
+    """
+    if packet is None:
+        packet = StopPacket.objects.filter(run=run, stop_epoch=run.stop_epoch).first()
+    requester = stop_request.requested_by if stop_request.actor_kind == "user" else ""
+    assignee = get_user_model().objects.filter(username=requester).first() if requester else None
+    handoff = Handoff.objects.create(
+        run=run,
+        stop_packet=packet,
+        assignee=assignee,
+        created_by=actor.name,
+        note=note or stop_request.note,
+    )
+    return HandoffOpened(
+        handoff_id=handoff.pk, assignee=assignee.get_username() if assignee else None
+    )
+
+
+def handoffs_end_open(run: Run, status: str) -> None:
+    """`runs.hooks` handoffs_end: a handed-off run resumed or closed directly ends its handoff."""
+    Handoff.objects.filter(run=run, status__in=OPEN_HANDOFF).update(
+        status=status, closed_at=timezone.now()
+    )
+
+
+@contextmanager
+def _locked_handoff(handoff_id: int) -> Iterator[tuple[Handoff, Run]]:
     run_id = Handoff.objects.filter(pk=handoff_id).values_list("run_id", flat=True).first()
     if run_id is None:
         raise NotFound(f"handoff {handoff_id} does not exist")
-    run = _lock_run(run_id)  # run first, then the handoff: the one lock order
-    handoff = Handoff.objects.select_for_update().get(pk=handoff_id)
-    return handoff, run
+    with locked_run(run_id) as run:  # run first, then the handoff: the one lock order
+        yield Handoff.objects.select_for_update().get(pk=handoff_id), run
 
 
-def _require_open(handoff: Handoff, run: object) -> None:
+def _require_open(handoff: Handoff, run: Run) -> None:
     if handoff.status not in OPEN_HANDOFF:
-        raise IllegalTransition(
-            f"the handoff is {handoff.status}",
-            status=getattr(run, "status", None),
-            stop_epoch=getattr(run, "stop_epoch", None),
-        )
-    if getattr(run, "status", None) != RunStatus.HANDED_OFF:
-        raise IllegalTransition(
-            "the run is not handed off",
-            status=getattr(run, "status", None),
-            stop_epoch=getattr(run, "stop_epoch", None),
-        )
+        raise IllegalTransition.for_run(run, f"the handoff is {handoff.status}")
+    if run.status != RunStatus.HANDED_OFF:
+        raise IllegalTransition.for_run(run, "the run is not handed off")
 
 
 def handoff_accept(*, handoff_id: int, user: AbstractBaseUser, actor: Actor) -> Handoff:
     """A human takes ownership; accepting twice is a no-op, someone else's is refused."""
-    with transaction.atomic(durable=True):
-        handoff, run = _lock_handoff(handoff_id)
+    with _locked_handoff(handoff_id) as (handoff, run):
         _require_open(handoff, run)
         if handoff.status == HandoffStatus.ACCEPTED:
             if handoff.assignee_id != user.pk:
@@ -70,24 +174,20 @@ def handoff_accept(*, handoff_id: int, user: AbstractBaseUser, actor: Actor) -> 
         handoff.accepted_at = timezone.now()
         handoff.save(update_fields=["status", "assignee", "accepted_at"])
         ledger_append(
-            run=run,  # type: ignore[arg-type]
-            actor=actor,
-            action="handoff.accepted",
-            payload={"handoff_id": handoff.pk},
+            run=run, actor=actor, action="handoff.accepted", payload={"handoff_id": handoff.pk}
         )
-        _changed(run, kind="handoff.accepted")  # type: ignore[arg-type]
+        run_touch(run, kind="handoff.accepted")
     return handoff
 
 
 def handoff_complete(*, handoff_id: int, actor: Actor, note: str = "") -> Handoff:
     """The human finished the work by hand: handed_off → completed."""
-    with transaction.atomic(durable=True):
-        handoff, run = _lock_handoff(handoff_id)
+    with _locked_handoff(handoff_id) as (handoff, run):
         _require_open(handoff, run)
         _end_handoff(handoff, HandoffStatus.COMPLETED, note)
-        run.finished_at = timezone.now()  # type: ignore[attr-defined]
-        _move(
-            run,  # type: ignore[arg-type]
+        run.finished_at = timezone.now()
+        run_move(
+            run,
             RunStatus.COMPLETED,
             actor=actor,
             action="handoff.completed",
@@ -107,17 +207,17 @@ def handoff_return(
     note: str = "",
 ) -> Handoff:
     """Give the run back to automation: pending at a new epoch, from a checkpoint if chosen."""
-    with transaction.atomic(durable=True):
-        handoff, run = _lock_handoff(handoff_id)
+    with _locked_handoff(handoff_id) as (handoff, run):
         _require_open(handoff, run)
-        if run_dirty_reasons(run):  # type: ignore[arg-type]
+        if run_dirty_reasons(run):
             raise IllegalTransition("resolve the run's unknown side effects first")
         _end_handoff(handoff, HandoffStatus.RETURNED, note)
-        _resume_locked(
-            run,  # type: ignore[arg-type]
+        run_resume_locked(
+            run,
             actor=actor,
             checkpoint=checkpoint,
             carry_over_steering=carry_over_steering,
+            note=note,
             via="returned_to_automation",
         )
     return handoff
@@ -125,11 +225,10 @@ def handoff_return(
 
 def handoff_close(*, handoff_id: int, actor: Actor, note: str = "") -> Handoff:
     """Close without resuming: handed_off → cancelled."""
-    with transaction.atomic(durable=True):
-        handoff, run = _lock_handoff(handoff_id)
+    with _locked_handoff(handoff_id) as (handoff, run):
         _require_open(handoff, run)
         _end_handoff(handoff, HandoffStatus.CLOSED, note)
-        _close_locked(run, actor=actor, note=note or "closed from handoff")  # type: ignore[arg-type]
+        run_close_locked(run, actor=actor, note=note or "closed from handoff")
     return handoff
 
 

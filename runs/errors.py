@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, Self
+
+
+class _RunState(Protocol):
+    status: str
+    stop_epoch: int
 
 
 class DomainError(Exception):
@@ -17,6 +22,11 @@ class DomainError(Exception):
         self.status = status
         self.stop_epoch = stop_epoch
         self.extra = extra
+
+    @classmethod
+    def for_run(cls, run: _RunState, detail: str, **extra: Any) -> Self:
+        """The error about `run` as it is now: the answer carries its status and stop epoch."""
+        return cls(detail, status=run.status, stop_epoch=run.stop_epoch, **extra)
 
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"error": self.code, "detail": self.detail}

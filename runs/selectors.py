@@ -1,4 +1,7 @@
-"""Read queries shared by the API, the console and the metrics endpoint."""
+"""Read queries over runs records shared by the API, the console and the metrics endpoint.
+
+Figures that also count handoffs (`stop_quality`) are in `handoff.selectors`.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +10,13 @@ from typing import Any
 
 from django.db.models import Count, F, Q, QuerySet
 
-from handoff.models import Handoff, HandoffStatus
 from runs.models import (
     Approval,
     ApprovalStatus,
     ExecutionRecord,
     LedgerEntry,
     OutboxItem,
-    RejectedWrite,
     Run,
-    StopRequest,
 )
 
 
@@ -29,7 +29,7 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return ordered[rank]
 
 
-def _latency_summary(samples_ms: list[float]) -> dict[str, Any]:
+def latency_summary(samples_ms: list[float]) -> dict[str, Any]:
     return {
         "count": len(samples_ms),
         "p50_ms": percentile(samples_ms, 0.50),
@@ -38,50 +38,8 @@ def _latency_summary(samples_ms: list[float]) -> dict[str, Any]:
     }
 
 
-def _team_filter(queryset: QuerySet[Any], team_ids: list[int] | None, path: str) -> QuerySet[Any]:
+def team_filter(queryset: QuerySet[Any], team_ids: list[int] | None, path: str) -> QuerySet[Any]:
     return queryset if team_ids is None else queryset.filter(**{f"{path}__in": team_ids})
-
-
-def stop_quality(
-    *, since: datetime, until: datetime, team_ids: list[int] | None = None
-) -> dict[str, Any]:
-    """The five stop-quality figures of DESIGN §7 for stops requested in [since, until)."""
-    stops = _team_filter(
-        StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until),
-        team_ids,
-        "run__team_id",
-    )
-    stop_rows = list(
-        stops.values("requested_at", "stopped_at", "signal_delivered_at", "outcome_state")
-    )
-    to_stopped = [
-        (row["stopped_at"] - row["requested_at"]).total_seconds() * 1000
-        for row in stop_rows
-        if row["stopped_at"]
-    ]
-    to_signal = [
-        (row["signal_delivered_at"] - row["requested_at"]).total_seconds() * 1000
-        for row in stop_rows
-        if row["signal_delivered_at"]
-    ]
-    return {
-        "period": {"since": since.isoformat(), "until": until.isoformat()},
-        "stops": len(stop_rows),
-        "stopped_cleanly": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_cleanly"),
-        "stopped_dirty": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_dirty"),
-        "stop_latency": {
-            "to_stopped": _latency_summary(to_stopped),
-            "to_worker_signal": _latency_summary(to_signal),
-        },
-        "side_effect_leakage": side_effect_leakage(since=since, until=until, team_ids=team_ids),
-        "late_writes_rejected": _team_filter(
-            RejectedWrite.objects.filter(at__gte=since, at__lt=until), team_ids, "run__team_id"
-        ).count(),
-        "interruptions_recovered_cleanly": interruptions_recovered(
-            since=since, until=until, team_ids=team_ids
-        ),
-        "handoff_completion": handoff_completion(since=since, until=until, team_ids=team_ids),
-    }
 
 
 def side_effect_leakage(
@@ -89,7 +47,7 @@ def side_effect_leakage(
 ) -> dict[str, int]:
     """Permits or dispatch claims that started after a stop of their epoch was recorded (must be 0)."""
     permits = (
-        _team_filter(
+        team_filter(
             ExecutionRecord.objects.filter(
                 run__stop_requests__epoch_before=F("permit_epoch"),
                 run__stop_requests__requested_at__lt=F("permitted_at"),
@@ -103,7 +61,7 @@ def side_effect_leakage(
         .count()
     )
     dispatches = (
-        _team_filter(
+        team_filter(
             OutboxItem.objects.filter(
                 run__stop_requests__epoch_before=F("claim_epoch"),
                 run__stop_requests__requested_at__lt=F("claimed_at"),
@@ -127,7 +85,7 @@ def interruptions_recovered(
     *, since: datetime, until: datetime, team_ids: list[int] | None = None
 ) -> dict[str, Any]:
     """Of runs interrupted in the period, the share that later stopped cleanly or resumed with no unknowns."""
-    interrupted = _team_filter(
+    interrupted = team_filter(
         LedgerEntry.objects.filter(action="run.interrupted", at__gte=since, at__lt=until),
         team_ids,
         "run__team_id",
@@ -159,21 +117,6 @@ def interruptions_recovered(
     }
 
 
-def handoff_completion(
-    *, since: datetime, until: datetime, team_ids: list[int] | None = None
-) -> dict[str, Any]:
-    handoffs = _team_filter(
-        Handoff.objects.filter(created_at__gte=since, created_at__lt=until),
-        team_ids,
-        "run__team_id",
-    )
-    total = handoffs.count()
-    done = handoffs.filter(
-        status__in=(HandoffStatus.COMPLETED, HandoffStatus.RETURNED, HandoffStatus.CLOSED)
-    ).count()
-    return {"handoffs": total, "finished": done, "rate": (done / total) if total else None}
-
-
 def runs_for_teams(team_ids: list[int] | None) -> QuerySet[Run]:
     runs = Run.objects.select_related("team")
     return runs if team_ids is None else runs.filter(team_id__in=team_ids)
@@ -185,14 +128,14 @@ def queue_depths(*, team_ids: list[int] | None = None) -> dict[str, int]:
     Two aggregate queries, one per table, instead of a COUNT per gauge.
     """
     outbox_states = ("pending", "dispatching", "frozen", "unknown")
-    outbox = _team_filter(
+    outbox = team_filter(
         OutboxItem.objects.filter(status__in=outbox_states), team_ids, "run__team_id"
     ).aggregate(
         **{f"outbox_{state}": Count("pk", filter=Q(status=state)) for state in outbox_states}
     )
     # status IN (...) lets PostgreSQL use run_status_created_idx instead of reading every run
     run_states = ("cancel_requested", "draining", "stopped_dirty")
-    runs = _team_filter(Run.objects.filter(status__in=run_states), team_ids, "team_id").aggregate(
+    runs = team_filter(Run.objects.filter(status__in=run_states), team_ids, "team_id").aggregate(
         runs_stopping=Count("pk", filter=Q(status__in=run_states[:2])),
         runs_stopped_dirty=Count("pk", filter=Q(status="stopped_dirty")),
     )
@@ -215,7 +158,7 @@ def approvals_list(
     """The inbox and the API list: waiting ones soonest deadline first, decided ones newest
     first. Filters are exact except `tool` (a substring of what is held: the tool name, or the
     outbox transport and destination). Uses the partial `approval_*waiting_idx` indexes."""
-    approvals = _team_filter(Approval.objects.all(), team_ids, "team_id")
+    approvals = team_filter(Approval.objects.all(), team_ids, "team_id")
     if status:
         approvals = approvals.filter(status=status)
     if agent:
@@ -233,7 +176,7 @@ def approvals_list(
 
 
 def approvals_waiting_count(*, team_ids: list[int] | None) -> int:
-    return _team_filter(
+    return team_filter(
         Approval.objects.filter(status=ApprovalStatus.WAITING), team_ids, "team_id"
     ).count()
 
@@ -253,7 +196,7 @@ def approval_figures(
 ) -> dict[str, Any]:
     """Time to decision (by a person: approved or rejected) and the outcome counts, for
     approvals requested in [since, until)."""
-    approvals = _team_filter(
+    approvals = team_filter(
         Approval.objects.filter(requested_at__gte=since, requested_at__lt=until),
         team_ids,
         "team_id",
@@ -269,7 +212,7 @@ def approval_figures(
         counts[row["status"]] += 1
     return {
         "requested": len(rows),
-        "time_to_decision": _latency_summary(decided_ms),
+        "time_to_decision": latency_summary(decided_ms),
         "approved": counts[ApprovalStatus.APPROVED],
         "approved_with_edits": sum(
             1 for row in rows if row["status"] == ApprovalStatus.APPROVED and row["edited"]

@@ -5,7 +5,9 @@ vanished before acknowledging it is delivered again once the broker's visibility
 and that is safe, because the services re-check state under the run lock: a redelivered `dispatch_outbox_item` finds its item already `dispatching`, `sent` or
 `unknown` and does nothing — the claim, not Celery, is what prevents a second send.
 
-Beat runs the periodic ones (see `console.celery.beat_schedule`); `install_dispatch_kick`
+Tasks are `@shared_task`s: they bind to the project's Celery app (`console.celery`, loaded by
+`console.apps`) without runs importing the console. Beat runs the periodic ones (see
+`console.celery.beat_schedule`); `install_dispatch_kick`
 additionally queues a dispatch the moment an enqueue commits, so dispatch latency does not wait
 for the next beat.
 """
@@ -17,7 +19,8 @@ import os
 import threading
 from typing import Any
 
-from console.celery import app
+from celery import shared_task
+
 from runs import dispatch, notify, services
 
 logger = logging.getLogger(__name__)
@@ -25,48 +28,48 @@ logger = logging.getLogger(__name__)
 TASK_OPTIONS: dict[str, Any] = {"acks_late": True, "ignore_result": True}
 
 
-@app.task(name="runs.tasks.dispatch_outbox_item", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.dispatch_outbox_item", **TASK_OPTIONS)
 def dispatch_outbox_item(item_id: int) -> str | None:
     item = dispatch.dispatch_one(item_id)
     return item.status if item is not None else None
 
 
-@app.task(name="runs.tasks.dispatch_pending", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.dispatch_pending", **TASK_OPTIONS)
 def dispatch_pending(limit: int = 100) -> int:
     return dispatch.dispatch_pending(limit=limit)
 
 
-@app.task(name="runs.tasks.reap_stuck_dispatches", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.reap_stuck_dispatches", **TASK_OPTIONS)
 def reap_stuck_dispatches() -> int:
     return dispatch.reap_stuck_dispatches()
 
 
-@app.task(name="runs.tasks.reap_expired_leases", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.reap_expired_leases", **TASK_OPTIONS)
 def reap_expired_leases() -> int:
     return dispatch.reap_expired_leases()
 
 
-@app.task(name="runs.tasks.fence_overdue_stops", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.fence_overdue_stops", **TASK_OPTIONS)
 def fence_overdue_stops() -> int:
     return dispatch.fence_overdue_stops()
 
 
-@app.task(name="runs.tasks.enforce_budgets", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.enforce_budgets", **TASK_OPTIONS)
 def enforce_budgets() -> int:
     return dispatch.enforce_budgets()
 
 
-@app.task(name="runs.tasks.expire_lease", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.expire_lease", **TASK_OPTIONS)
 def expire_lease(lease_id: int) -> str | None:
     return services.lease_expire(lease_id=lease_id)
 
 
-@app.task(name="runs.tasks.fence_overdue_stop", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.fence_overdue_stop", **TASK_OPTIONS)
 def fence_overdue_stop(run_id: str) -> bool:
     return services.run_fence_overdue(run_id=run_id)
 
 
-@app.task(name="runs.tasks.enforce_budget", **TASK_OPTIONS)
+@shared_task(name="runs.tasks.enforce_budget", **TASK_OPTIONS)
 def enforce_budget(run_id: str) -> bool:
     return services.run_enforce_budget(run_id=run_id) is not None
 
@@ -80,6 +83,7 @@ KICK_LIMIT = 100
 _kick_wanted = threading.Event()
 _kicker_lock = threading.Lock()
 _kicker: tuple[int, threading.Thread] | None = None  # (pid, thread): a forked child starts its own
+_kick_task: Any = None
 
 
 def _kick_dispatch(event: dict[str, Any]) -> None:
@@ -92,6 +96,10 @@ def _kick_dispatch(event: dict[str, Any]) -> None:
     """
     if event.get("kind") not in KICK_KINDS:
         return
+    global _kick_task
+    # A shared task is looked up in the *current* Celery app, which Celery keeps per thread:
+    # resolve it here, in the thread that committed, not on the kicker thread.
+    _kick_task = dispatch_pending._get_current_object()  # type: ignore[attr-defined]
     _kick_wanted.set()
     _ensure_kicker()
 
@@ -111,7 +119,7 @@ def _kicker_loop() -> None:
         _kick_wanted.wait()
         _kick_wanted.clear()
         try:
-            dispatch_pending.apply_async(kwargs={"limit": KICK_LIMIT}, retry=False, expires=60)
+            _kick_task.apply_async(kwargs={"limit": KICK_LIMIT}, retry=False, expires=60)
         except Exception:
             logger.warning(
                 "could not queue a dispatch kick; beat will dispatch instead", exc_info=True

@@ -25,6 +25,7 @@ from console.views.common import (
     wants_fragment,
 )
 from console.views.decisions import check_outbox_decision, outbox_decision
+from handoff import services as handoff_services
 from handoff.models import ResolutionDecision, StopPacket
 from runs import services
 from runs.models import Role, Run
@@ -125,7 +126,7 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     target_id = request.POST.get("target_id", "")
 
     def record(data: dict[str, Any]) -> str:
-        result = services.resolution_record(
+        result = handoff_services.resolution_record(
             run_id=run.pk,
             target=data["target"],
             target_id=data["target_id"],

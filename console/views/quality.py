@@ -10,7 +10,7 @@ from console.access import request_access, visible_teams
 from console.forms import QualityPeriodForm
 from console.selectors import quality_series
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
-from runs.selectors import stop_quality
+from handoff.selectors import stop_quality
 
 TEMPLATE = "console/quality.html"
 

@@ -29,13 +29,13 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from console.realtime import agent_group
 from runs import services
 from runs.actors import Actor
 from runs.api.permissions import plausible_run_id
 from runs.api.ratelimit import denial_record
 from runs.api.selectors import current_stop_signal
 from runs.errors import DomainError
+from runs.groups import agent_group
 from runs.models import ApiToken, Run
 from runs.tokens import api_token_authenticate
 

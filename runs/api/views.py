@@ -24,6 +24,8 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
+from handoff import selectors as handoff_selectors
+from handoff import services as handoff_services
 from runs import selectors as run_selectors
 from runs import services
 from runs.api import schema as _schema  # noqa: F401  (registers the bearer auth scheme)
@@ -514,7 +516,7 @@ class ResolutionsView(ApiView):
     def post(self, request: Request, run_id: str) -> Response:
         run = self.run(run_id, Capability.REVIEW)
         data = self.parse(s.ResolutionIn)
-        result = services.resolution_record(
+        result = handoff_services.resolution_record(
             run_id=run.pk,
             target=data["target"],
             target_id=data["id"],
@@ -642,7 +644,7 @@ class StopQualityView(ApiView):
         since, until = _period(
             self.parse(s.PeriodQuery, request.query_params), default=timedelta(hours=24)
         )
-        figures = run_selectors.stop_quality(
+        figures = handoff_selectors.stop_quality(
             since=since, until=until, team_ids=self.caller.team_ids(Capability.READ)
         )
         return Response(s.StopQualityOut(figures).data)

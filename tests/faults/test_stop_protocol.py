@@ -43,6 +43,7 @@ from runs.models import (
 )
 from safestop_agent import AgentRun, Refused
 from tests.runs.factories import make_running
+from tests.support.run_factories import run_complete
 from tests.support.stack import WorkerThread, actions, leased, planned, racer, wait_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -525,7 +526,7 @@ def test_completion_arriving_with_the_stop(transactional_db, team):
         threads = [
             racer(
                 barrier,
-                lambda run_id=run.pk, n=attempt: services.run_complete(
+                lambda run_id=run.pk, n=attempt: run_complete(
                     run_id=run_id, epoch=1, actor=AGENT, result={"report": n}
                 ),
                 results,

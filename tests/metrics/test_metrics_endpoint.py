@@ -10,13 +10,15 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from handoff.models import Handoff
+from handoff.selectors import stop_quality
 from runs import services
 from runs.actors import Actor
 from runs.errors import StaleEpoch
 from runs.models import RejectedWrite, Run, RunStatus, StopReason, StopRequest
-from runs.selectors import queue_depths, stop_quality
+from runs.selectors import queue_depths
 from runs.tokens import api_token_create, api_token_revoke
 from tests.runs.factories import SYSTEM, make_run, make_running
+from tests.support.run_factories import run_interrupt
 
 pytestmark = pytest.mark.django_db
 
@@ -122,9 +124,7 @@ def scenario(team, other_team, bob, settings):
     )
 
     interrupted, _ = make_running(team)
-    services.run_interrupt(
-        run_id=interrupted.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM
-    )
+    run_interrupt(run_id=interrupted.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
     services.run_resume(run_id=interrupted.pk, actor=reviewer)
 
     taken = make_run(team)
@@ -218,7 +218,7 @@ def test_staff_see_every_team_and_a_token_only_its_own(
 
 
 def test_figures_equal_the_stop_quality_api_for_the_same_scope(client, reviewer_token, scenario):
-    """The endpoint renders `runs.selectors.stop_quality`; nothing is computed twice."""
+    """The endpoint renders `handoff.selectors.stop_quality`; nothing is computed twice."""
     samples = parse(client.get(URL, **reviewer_token.header).content.decode())
     now = timezone.now()
     figures = stop_quality(

@@ -17,6 +17,7 @@ from runs.errors import RunNotRunning, StaleEpoch
 from runs.models import ExecutionRecord, LedgerEntry, Run, RunStatus, StopReason, StopRequest
 from runs.selectors import side_effect_leakage
 from tests.runs.factories import make_running
+from tests.support.run_factories import run_complete
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -137,7 +138,7 @@ def test_completion_vs_stop_has_exactly_one_winner(team, pool):
         run, _lease = make_running(team)
         complete, stop = _race(
             pool,
-            lambda run=run, n=n: services.run_complete(
+            lambda run=run, n=n: run_complete(
                 run_id=run.pk, epoch=1, actor=AGENT, result={"rows": n}
             ),
             lambda run=run: services.run_stop(

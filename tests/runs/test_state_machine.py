@@ -23,6 +23,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from handoff.services import resolution_record
 from runs import services
 from runs.actors import Actor
 from runs.errors import DomainError
@@ -37,6 +38,7 @@ from runs.models import (
     StopReason,
 )
 from runs.tokens import team_ensure
+from tests.support.run_factories import run_complete
 
 pytestmark = pytest.mark.django_db
 
@@ -168,11 +170,7 @@ class StopProtocol(RuleBasedStateMachine):
     @rule()
     def complete(self) -> None:
         if self.lease is not None:
-            self._try(
-                lambda: services.run_complete(
-                    run_id=self.run.pk, epoch=self.lease.epoch, actor=AGENT
-                )
-            )
+            self._try(lambda: run_complete(run_id=self.run.pk, epoch=self.lease.epoch, actor=AGENT))
 
     @rule()
     def dispatch_one(self) -> None:
@@ -195,7 +193,7 @@ class StopProtocol(RuleBasedStateMachine):
         ).first()
         if record is not None:
             self._try(
-                lambda: services.resolution_record(
+                lambda: resolution_record(
                     run_id=self.run.pk,
                     target="tool_call",
                     target_id=record.tool_call_id,
@@ -207,7 +205,7 @@ class StopProtocol(RuleBasedStateMachine):
         lease = Lease.objects.filter(run_id=self.run.pk, fenced_unconfirmed=True).first()
         if lease is not None:
             self._try(
-                lambda: services.resolution_record(
+                lambda: resolution_record(
                     run_id=self.run.pk,
                     target="worker",
                     target_id=lease.token,

@@ -6,6 +6,7 @@ import pytest
 
 from handoff import services as handoff_services
 from handoff.models import Handoff, HandoffStatus, StopPacket
+from handoff.services import resolution_record
 from runs import services
 from runs.actors import Actor
 from runs.errors import IllegalTransition, LeaseHeld, LeaseRevoked, RunNotRunning, StaleEpoch
@@ -20,6 +21,7 @@ from runs.models import (
     StopReason,
 )
 from tests.runs.factories import SYSTEM, make_run, make_running, reload
+from tests.support.run_factories import run_complete, run_fail, run_interrupt, run_suspend
 
 pytestmark = pytest.mark.django_db
 
@@ -53,13 +55,11 @@ def test_a_held_lease_refuses_a_second_worker(team):
 
 def test_complete_fail_and_suspend_are_distinct_states(team):
     completed, lease = make_running(team)
-    services.run_complete(run_id=completed.pk, epoch=lease.epoch, actor=SYSTEM, result={"ok": True})
+    run_complete(run_id=completed.pk, epoch=lease.epoch, actor=SYSTEM, result={"ok": True})
     failed, lease2 = make_running(team)
-    services.run_fail(run_id=failed.pk, epoch=lease2.epoch, actor=SYSTEM, error="tool broke")
+    run_fail(run_id=failed.pk, epoch=lease2.epoch, actor=SYSTEM, error="tool broke")
     suspended, lease3 = make_running(team)
-    services.run_suspend(
-        run_id=suspended.pk, epoch=lease3.epoch, actor=SYSTEM, reason="awaiting approval"
-    )
+    run_suspend(run_id=suspended.pk, epoch=lease3.epoch, actor=SYSTEM, reason="awaiting approval")
     stopped = make_run(team)
     services.run_stop(run_id=stopped.pk, reason=StopReason.USER_STOP, actor=ALICE)
     statuses = {reload(r).status for r in (completed, failed, suspended, stopped)}
@@ -75,7 +75,7 @@ def test_complete_fail_and_suspend_are_distinct_states(team):
 
 def test_suspended_run_releases_its_lease_and_resumes_to_pending_at_a_new_epoch(team):
     run, lease = make_running(team)
-    services.run_suspend(run_id=run.pk, epoch=lease.epoch, actor=SYSTEM, reason="awaiting approval")
+    run_suspend(run_id=run.pk, epoch=lease.epoch, actor=SYSTEM, reason="awaiting approval")
     lease.refresh_from_db()
     assert lease.released_at is not None
     resumed = services.run_resume(run_id=run.pk, actor=ALICE)
@@ -279,7 +279,7 @@ def test_resolving_the_last_unknown_cleans_the_run_and_a_takeover_hands_it_off(t
     services.run_takeover(run_id=run.pk, actor=Actor.for_user(bob), note="I'll finish this")
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=1, actor=SYSTEM)
     assert reload(run).status == RunStatus.STOPPED_DIRTY
-    services.resolution_record(
+    resolution_record(
         run_id=run.pk,
         target="tool_call",
         target_id="call_9",
@@ -300,7 +300,7 @@ def test_a_second_resolution_with_another_decision_is_refused(team):
     )
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=1, actor=SYSTEM)
-    services.resolution_record(
+    resolution_record(
         run_id=run.pk,
         target="tool_call",
         target_id="c",
@@ -308,7 +308,7 @@ def test_a_second_resolution_with_another_decision_is_refused(team):
         evidence="bank statement",
         actor=ALICE,
     )
-    again = services.resolution_record(
+    again = resolution_record(
         run_id=run.pk,
         target="tool_call",
         target_id="c",
@@ -318,7 +318,7 @@ def test_a_second_resolution_with_another_decision_is_refused(team):
     )
     assert not again.created
     with pytest.raises(IllegalTransition):
-        services.resolution_record(
+        resolution_record(
             run_id=run.pk,
             target="tool_call",
             target_id="c",
@@ -374,11 +374,11 @@ def test_stopped_cleanly_run_can_be_resumed_or_closed_but_a_dirty_one_cannot(tea
 
 def test_illegal_transitions_are_refused_with_their_code(team):
     run, lease = make_running(team)
-    services.run_complete(run_id=run.pk, epoch=1, actor=SYSTEM)
+    run_complete(run_id=run.pk, epoch=1, actor=SYSTEM)
     for attempt in (
         lambda: services.run_resume(run_id=run.pk, actor=ALICE),
         lambda: services.run_close(run_id=run.pk, actor=ALICE),
-        lambda: services.run_interrupt(run_id=run.pk, reason="x", actor=SYSTEM),
+        lambda: run_interrupt(run_id=run.pk, reason="x", actor=SYSTEM),
     ):
         with pytest.raises(IllegalTransition) as refused:
             attempt()
@@ -388,7 +388,7 @@ def test_illegal_transitions_are_refused_with_their_code(team):
 
 def test_stop_after_completion_is_answered_already_finished_and_logged(team):
     run, _lease = make_running(team)
-    services.run_complete(run_id=run.pk, epoch=1, actor=SYSTEM)
+    run_complete(run_id=run.pk, epoch=1, actor=SYSTEM)
     outcome = services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
     assert outcome.already_finished and outcome.stop_request is None
     assert reload(run).status == RunStatus.COMPLETED
@@ -424,7 +424,7 @@ def test_interrupt_records_the_interruption_point(team):
     services.permit_request(
         run_id=run.pk, epoch=1, tool_call_id="c1", tool="deploy", side_effect="write", actor=SYSTEM
     )
-    services.run_interrupt(
+    run_interrupt(
         run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM, detail="db down"
     )
     run = reload(run)
@@ -433,7 +433,7 @@ def test_interrupt_records_the_interruption_point(team):
     assert run.interruption["calls_in_flight"] == ["c1"]
     with pytest.raises(IllegalTransition):
         services.run_resume(run_id=run.pk, actor=ALICE)  # the unknown write must be resolved first
-    services.resolution_record(
+    resolution_record(
         run_id=run.pk,
         target="tool_call",
         target_id="c1",
@@ -546,7 +546,7 @@ def test_an_interruption_freezes_pending_outbox_and_a_reviewer_can_release_it(te
         idempotency_key="mail-1",
         actor=SYSTEM,
     )
-    services.run_interrupt(run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
+    run_interrupt(run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
     item.refresh_from_db()
     assert item.status == OutboxStatus.FROZEN
     assert reload(run).interruption["frozen_outbox"] == 1
@@ -568,7 +568,7 @@ def test_a_suspended_runs_pending_outbox_goes_out_after_resume(team):
         idempotency_key="mail-1",
         actor=SYSTEM,
     )
-    services.run_suspend(run_id=run.pk, epoch=1, actor=SYSTEM, reason="awaiting approval")
+    run_suspend(run_id=run.pk, epoch=1, actor=SYSTEM, reason="awaiting approval")
     assert services.outbox_claim(item_id=item.pk, dispatcher="d") is None  # suspended: no dispatch
     services.run_resume(run_id=run.pk, actor=ALICE)
     services.lease_acquire(run_id=run.pk, worker_id="w2", ttl_seconds=30, actor=SYSTEM)

@@ -11,6 +11,7 @@ from typing import Any
 from runs import services
 from runs.actors import Actor
 from runs.models import Lease, Run, Team
+from tests.support.run_factories import run_complete, run_fail
 
 AGENT = Actor(kind="api_client", id="1", name="agent-1")
 SYSTEM = Actor.system("test")
@@ -190,15 +191,13 @@ def handed_off(team: Team, *, by: Actor, **kwargs: Any) -> Run:
 
 def completed(team: Team, **kwargs: Any) -> Run:
     run, lease = running(team, **kwargs)
-    services.run_complete(run_id=run.pk, epoch=lease.epoch, actor=AGENT, result={"ok": True})
+    run_complete(run_id=run.pk, epoch=lease.epoch, actor=AGENT, result={"ok": True})
     run.refresh_from_db()
     return run
 
 
 def failed(team: Team, **kwargs: Any) -> Run:
     run, lease = running(team, **kwargs)
-    services.run_fail(
-        run_id=run.pk, epoch=lease.epoch, actor=AGENT, error={"message": "model refused"}
-    )
+    run_fail(run_id=run.pk, epoch=lease.epoch, actor=AGENT, error={"message": "model refused"})
     run.refresh_from_db()
     return run

@@ -1,0 +1,73 @@
+"""Read queries over handoff records, and the stop-quality figures that combine them with the
+runs figures (`runs.selectors`). Used by the API, the console and the metrics endpoint."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from handoff.models import Handoff, HandoffStatus
+from runs.models import RejectedWrite, StopRequest
+from runs.selectors import (
+    interruptions_recovered,
+    latency_summary,
+    side_effect_leakage,
+    team_filter,
+)
+
+
+def stop_quality(
+    *, since: datetime, until: datetime, team_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """The five stop-quality figures of DESIGN §7 for stops requested in [since, until)."""
+    stops = team_filter(
+        StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until),
+        team_ids,
+        "run__team_id",
+    )
+    stop_rows = list(
+        stops.values("requested_at", "stopped_at", "signal_delivered_at", "outcome_state")
+    )
+    to_stopped = [
+        (row["stopped_at"] - row["requested_at"]).total_seconds() * 1000
+        for row in stop_rows
+        if row["stopped_at"]
+    ]
+    to_signal = [
+        (row["signal_delivered_at"] - row["requested_at"]).total_seconds() * 1000
+        for row in stop_rows
+        if row["signal_delivered_at"]
+    ]
+    return {
+        "period": {"since": since.isoformat(), "until": until.isoformat()},
+        "stops": len(stop_rows),
+        "stopped_cleanly": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_cleanly"),
+        "stopped_dirty": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_dirty"),
+        "stop_latency": {
+            "to_stopped": latency_summary(to_stopped),
+            "to_worker_signal": latency_summary(to_signal),
+        },
+        "side_effect_leakage": side_effect_leakage(since=since, until=until, team_ids=team_ids),
+        "late_writes_rejected": team_filter(
+            RejectedWrite.objects.filter(at__gte=since, at__lt=until), team_ids, "run__team_id"
+        ).count(),
+        "interruptions_recovered_cleanly": interruptions_recovered(
+            since=since, until=until, team_ids=team_ids
+        ),
+        "handoff_completion": handoff_completion(since=since, until=until, team_ids=team_ids),
+    }
+
+
+def handoff_completion(
+    *, since: datetime, until: datetime, team_ids: list[int] | None = None
+) -> dict[str, Any]:
+    handoffs = team_filter(
+        Handoff.objects.filter(created_at__gte=since, created_at__lt=until),
+        team_ids,
+        "run__team_id",
+    )
+    total = handoffs.count()
+    done = handoffs.filter(
+        status__in=(HandoffStatus.COMPLETED, HandoffStatus.RETURNED, HandoffStatus.CLOSED)
+    ).count()
+    return {"handoffs": total, "finished": done, "rate": (done / total) if total else None}

@@ -1,0 +1,79 @@
+"""Where an app above `runs` does its part of a runs transition, inside that transaction.
+
+Apps depend one way, `console` → `handoff` → `runs`: runs imports neither (docs/ARCHITECTURE.md,
+"Layers"). Three moments of the stop belong to handoff but must happen in the transaction of the
+runs transition, under its run lock (DESIGN §4):
+
+- a stop settles → its stop packet is built, a snapshot of exactly the state it ended in;
+- a takeover reaches `stopped_cleanly` → a handoff opens (the run moves to `handed_off`);
+- a handed-off run is resumed or closed directly → its open handoffs end with it.
+
+`handoff.apps.HandoffConfig.ready` registers the handlers (`register`). Handlers run under the
+run row lock: they only write their own records, never publish, never call out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from runs.actors import Actor
+from runs.models import Run, StopRequest
+
+
+@dataclass(frozen=True)
+class HandoffOpened:
+    """What the `handed_off` ledger entry says about the handoff that was opened."""
+
+    handoff_id: int
+    assignee: str | None
+
+
+StopSettled = Callable[[Run, StopRequest], Any]
+"""Build the packet of the run's current stop epoch; returns it, opaque to runs."""
+
+HandOff = Callable[[Run, StopRequest, Actor, str, Any], HandoffOpened]
+"""Open a handoff for a clean takeover: (run, stop_request, actor, note, packet or None)."""
+
+HandoffsEnd = Callable[[Run, str], None]
+"""End the run's open handoffs: (run, "returned" | "closed")."""
+
+
+@dataclass(frozen=True)
+class Hooks:
+    stop_settled: StopSettled
+    hand_off: HandOff
+    handoffs_end: HandoffsEnd
+
+
+_hooks: Hooks | None = None
+
+
+def register(hooks: Hooks) -> None:
+    global _hooks
+    _hooks = hooks
+
+
+def _registered() -> Hooks:
+    if _hooks is None:
+        raise ImproperlyConfigured(
+            "no stop hooks registered: the handoff app must be in INSTALLED_APPS"
+        )
+    return _hooks
+
+
+def stop_settled(run: Run, stop_request: StopRequest) -> Any:
+    return _registered().stop_settled(run, stop_request)
+
+
+def hand_off(
+    run: Run, stop_request: StopRequest, *, actor: Actor, note: str, packet: Any
+) -> HandoffOpened:
+    return _registered().hand_off(run, stop_request, actor, note, packet)
+
+
+def handoffs_end(run: Run, status: str) -> None:
+    _registered().handoffs_end(run, status)

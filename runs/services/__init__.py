@@ -1,0 +1,142 @@
+"""Every write to a run and its children: one function per transition of DESIGN §2.
+
+Each public function:
+1. opens `locked_run(run_id)`: `transaction.atomic(durable=True)` whose first query locks the run
+   row, so the stop, a permit, a dispatch claim and a completion on one run are serialised —
+   there is no gap between "checked: still running" and "started the tool";
+2. re-checks the status and epoch and raises a typed `runs.errors` error for anything illegal
+   (`SomeError.for_run(run, detail)` carries the run's status and epoch into the answer);
+3. bumps `stop_epoch` where DESIGN says so (stop, takeover, resume);
+4. writes its ledger entry in the same transaction;
+5. publishes "run changed" on commit (`runs.notify`), never while the lock is held.
+
+Lock order everywhere: run, then its children (lease, execution records, outbox items).
+
+One module per record family; callers import from here (`from runs import services`). The
+`*_locked` names and `run_move` / `run_touch` are for code that already holds the run lock
+inside `locked_run` (handoff's own transitions).
+"""
+
+from __future__ import annotations
+
+from runs.services._base import (
+    IN_FLIGHT_OUTBOX,
+    OPEN_EXECUTION_STATES,
+    TRANSITIONS,
+    locked_run,
+    run_move,
+    run_touch,
+)
+from runs.services.budget import (
+    run_enforce_budget,
+    runs_over_budget_ids,
+)
+from runs.services.create import (
+    PlannedStep,
+    run_create,
+    run_create_or_get,
+)
+from runs.services.events import (
+    EVENT_TYPES,
+    EventAnswer,
+    events_ingest,
+)
+from runs.services.leases import (
+    HeartbeatAnswer,
+    lease_acquire,
+    lease_expire,
+    lease_heartbeat,
+    lease_release,
+)
+from runs.services.lifecycle import (
+    RESUMABLE_STATUSES,
+    StopOutcome,
+    run_acknowledge_stop,
+    run_close,
+    run_close_locked,
+    run_dirty_reasons,
+    run_drained,
+    run_fence_overdue,
+    run_resume,
+    run_resume_locked,
+    run_stop,
+    run_takeover,
+    stop_signal_delivered,
+)
+from runs.services.outbox import (
+    OUTBOX_OUTCOMES,
+    TRANSPORTS,
+    outbox_claim,
+    outbox_claim_next,
+    outbox_discard,
+    outbox_enqueue,
+    outbox_reap_stuck,
+    outbox_record_outcome,
+    outbox_release,
+    parse_outbox_id,
+    validate_outbox_destination,
+)
+from runs.services.resolutions import (
+    RESOLVABLE_STATUSES,
+    resolution_apply,
+)
+from runs.services.steering import (
+    steering_decide,
+    steering_queue,
+)
+from runs.services.tool_calls import (
+    permit_request,
+    tool_result_report,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "EventAnswer",
+    "HeartbeatAnswer",
+    "IN_FLIGHT_OUTBOX",
+    "OPEN_EXECUTION_STATES",
+    "OUTBOX_OUTCOMES",
+    "PlannedStep",
+    "RESOLVABLE_STATUSES",
+    "RESUMABLE_STATUSES",
+    "StopOutcome",
+    "TRANSITIONS",
+    "TRANSPORTS",
+    "events_ingest",
+    "lease_acquire",
+    "lease_expire",
+    "lease_heartbeat",
+    "lease_release",
+    "locked_run",
+    "outbox_claim",
+    "outbox_claim_next",
+    "outbox_discard",
+    "outbox_enqueue",
+    "outbox_reap_stuck",
+    "outbox_record_outcome",
+    "outbox_release",
+    "parse_outbox_id",
+    "permit_request",
+    "resolution_apply",
+    "run_acknowledge_stop",
+    "run_close",
+    "run_close_locked",
+    "run_create",
+    "run_create_or_get",
+    "run_dirty_reasons",
+    "run_drained",
+    "run_enforce_budget",
+    "run_fence_overdue",
+    "run_move",
+    "run_resume",
+    "run_resume_locked",
+    "run_stop",
+    "run_takeover",
+    "run_touch",
+    "runs_over_budget_ids",
+    "steering_decide",
+    "steering_queue",
+    "stop_signal_delivered",
+    "tool_result_report",
+    "validate_outbox_destination",
+]

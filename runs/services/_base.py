@@ -1,0 +1,278 @@
+"""The mechanics every transition shares: the transition table, the run lock, the status move
+with its ledger entry and notification, the entrance check, and the lease and tool-result
+helpers several record families use. Private to `runs.services`; code outside runs that writes
+under the run lock (handoff) uses the public names at the end of this module.
+
+Lock order everywhere: run, then its children (lease, execution records, outbox items).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from runs import notify
+from runs.actors import Actor
+from runs.errors import (
+    IllegalTransition,
+    NotFound,
+    RunNotRunning,
+    StaleEpoch,
+)
+from runs.ledger import ledger_append
+from runs.models import (
+    ExecutionRecord,
+    ExecutionState,
+    Lease,
+    OutboxStatus,
+    RejectedWrite,
+    Run,
+    RunStatus,
+    SideEffect,
+    SideEffectState,
+    StopRequest,
+)
+
+OPEN_EXECUTION_STATES = (ExecutionState.PERMITTED, ExecutionState.RUNNING)
+IN_FLIGHT_OUTBOX = (OutboxStatus.DISPATCHING, OutboxStatus.UNKNOWN)
+
+# DESIGN §2, the legal moves. Anything not listed is refused with `illegal_transition`.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.PENDING: frozenset({RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED}),
+    RunStatus.RUNNING: frozenset(
+        {
+            RunStatus.COMPLETED,
+            RunStatus.FAILED,
+            RunStatus.SUSPENDED,
+            RunStatus.INTERRUPTED,
+            RunStatus.CANCEL_REQUESTED,
+        }
+    ),
+    RunStatus.SUSPENDED: frozenset({RunStatus.PENDING, RunStatus.CANCEL_REQUESTED}),
+    RunStatus.INTERRUPTED: frozenset({RunStatus.PENDING, RunStatus.CANCEL_REQUESTED}),
+    RunStatus.CANCEL_REQUESTED: frozenset({RunStatus.DRAINING, RunStatus.STOPPED_DIRTY}),
+    RunStatus.DRAINING: frozenset({RunStatus.STOPPED_CLEANLY, RunStatus.STOPPED_DIRTY}),
+    RunStatus.STOPPED_DIRTY: frozenset({RunStatus.STOPPED_CLEANLY}),
+    RunStatus.STOPPED_CLEANLY: frozenset(
+        {RunStatus.HANDED_OFF, RunStatus.PENDING, RunStatus.CANCELLED}
+    ),
+    RunStatus.HANDED_OFF: frozenset({RunStatus.COMPLETED, RunStatus.PENDING, RunStatus.CANCELLED}),
+    RunStatus.COMPLETED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+}
+
+
+def _lock_run(run_id: str) -> Run:
+    """The first query of every transition: the run row, locked, so transitions serialise."""
+    try:
+        return (
+            Run.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("team")
+            .get(pk=run_id)
+        )
+    except Run.DoesNotExist:
+        raise NotFound(f"run {run_id} does not exist") from None
+
+
+@contextmanager
+def locked_run(run_id: str) -> Iterator[Run]:
+    """The opening of every transition: a durable transaction whose first query locks the run.
+
+    Durable, so no caller can wrap a transition in a longer transaction and hold the lock (or
+    delay the commit that publishes the change) past the transition itself.
+    """
+    with transaction.atomic(durable=True):
+        yield _lock_run(run_id)
+
+
+def _touch(run: Run, *fields: str) -> None:
+    # Safe as a Python increment: every caller holds the run row lock.
+    run.change_seq += 1
+    run.save(update_fields=[*fields, "change_seq", "updated_at"])
+
+
+def _move(
+    run: Run,
+    to: str,
+    *,
+    actor: Actor,
+    action: str,
+    reason: str = "",
+    payload: dict[str, Any] | None = None,
+    fields: tuple[str, ...] = (),
+) -> None:
+    """Change status (checked against TRANSITIONS), ledger it, and notify on commit."""
+    before = run.status
+    if to not in TRANSITIONS[before]:
+        raise IllegalTransition.for_run(run, f"a {before} run cannot move to {to}")
+    run.status = to
+    _touch(run, "status", *fields)
+    ledger_append(
+        run=run,
+        actor=actor,
+        action=action,
+        reason=reason,
+        payload={"from": before, "to": to, "stop_epoch": run.stop_epoch, **(payload or {})},
+    )
+    notify.run_changed(run, kind=action)
+
+
+def _changed(run: Run, *, kind: str, fields: tuple[str, ...] = ()) -> None:
+    """A change to the run's children (no status change): bump the sequence and notify."""
+    _touch(run, *fields)
+    notify.run_changed(run, kind=kind)
+
+
+def _record_rejected_write(run: Run, *, kind: str, epoch: int, code: str) -> None:
+    """Stale-epoch writes are refused *and counted* (stop-quality figure: late writes)."""
+    RejectedWrite.objects.create(
+        run=run, kind=kind, epoch=epoch, run_epoch=run.stop_epoch, code=code
+    )
+    Run.objects.filter(pk=run.pk).update(late_writes_rejected=F("late_writes_rejected") + 1)
+
+
+def _reject_late_write(
+    run_id: str, *, kind: str, epoch: int, error: StaleEpoch | RunNotRunning
+) -> None:
+    """Count a refused write in its own short transaction, then raise the refusal."""
+    if isinstance(error, StaleEpoch):
+        with transaction.atomic():
+            run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+            _record_rejected_write(run, kind=kind, epoch=epoch, code=error.code)
+    raise error
+
+
+def _live_lease(run: Run) -> Lease | None:
+    return Lease.objects.filter(run=run, released_at__isnull=True).first()
+
+
+def _lease_is_current(lease: Lease | None, run: Run, now: Any) -> bool:
+    return lease is not None and lease.epoch == run.stop_epoch and lease.expires_at > now
+
+
+def _check_work_may_start(run: Run, epoch: int, *, now: Any) -> StaleEpoch | RunNotRunning | None:
+    """The entrance: only a running run, at its current epoch, with a live current lease."""
+    if epoch != run.stop_epoch:
+        return StaleEpoch.for_run(
+            run, f"epoch {epoch} is not the run's current epoch {run.stop_epoch}"
+        )
+    if run.status != RunStatus.RUNNING:
+        return RunNotRunning.for_run(run, f"the run is {run.status}; no new work may start")
+    if not _lease_is_current(_live_lease(run), run, now):
+        return RunNotRunning.for_run(run, "the run has no live lease at this epoch")
+    return None
+
+
+def _release_lease(lease: Lease, *, reason: str, now: Any, fenced: bool = False) -> None:
+    lease.released_at = now
+    lease.release_reason = reason
+    lease.fenced_unconfirmed = fenced
+    lease.save(update_fields=["released_at", "release_reason", "fenced_unconfirmed"])
+
+
+def _find_lease(run: Run, lease_token: str) -> Lease:
+    lease = Lease.objects.filter(run=run, token=lease_token).first()
+    if lease is None:
+        raise NotFound(f"lease {lease_token} does not belong to run {run.pk}")
+    return lease
+
+
+def _current_stop_request(run: Run) -> StopRequest:
+    stop_request = StopRequest.objects.filter(run=run).order_by("-epoch_after").first()
+    if stop_request is None:
+        raise IllegalTransition.for_run(run, "the run has no stop request")
+    return stop_request
+
+
+_RESULT_STATES = {
+    ExecutionState.RUNNING,
+    ExecutionState.SUCCEEDED,
+    ExecutionState.FAILED,
+    ExecutionState.NOT_STARTED,
+    ExecutionState.UNKNOWN,
+}
+
+
+_SIDE_EFFECT_AFTER: dict[str, str] = {
+    ExecutionState.SUCCEEDED: SideEffectState.APPLIED,
+    ExecutionState.FAILED: SideEffectState.NOT_APPLIED,
+    ExecutionState.NOT_STARTED: SideEffectState.NOT_APPLIED,
+    ExecutionState.UNKNOWN: SideEffectState.PENDING_VERIFICATION,
+    ExecutionState.RUNNING: SideEffectState.PENDING_VERIFICATION,
+}
+
+
+def _apply_tool_result(
+    run: Run,
+    record: ExecutionRecord,
+    *,
+    execution_state: str,
+    operation_id: str,
+    observation: str,
+    output_truncated: bool,
+    remote_cancel_state: str,
+    source: str,
+    recovery_action: str,
+    actor: Actor,
+    now: Any,
+) -> None:
+    after_stop = run.stop_epoch > record.permit_epoch
+    keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved
+    if keeps_state:
+        # Seed 001 §6 row 9: a verified success (or a reviewer's decision) stands with its own
+        # evidence; a later, contradicting report (e.g. a drain saying "unknown") is kept as a
+        # fact in the ledger only, and does not make the success look "reported after stop".
+        ledger_append(
+            run=run,
+            actor=actor,
+            action="tool.result",
+            payload={
+                "tool_call_id": record.tool_call_id,
+                "reported": execution_state,
+                "kept": record.execution_state,
+                "reported_after_stop": after_stop,
+                "side_effect_state": record.side_effect_state,
+                "ignored_observation": observation[:500],
+            },
+        )
+        _changed(run, kind="tool.result")
+        return
+    record.last_observation = observation or record.last_observation
+    record.observed_at = now
+    record.observation_source = source
+    record.output_truncated = record.output_truncated or output_truncated
+    record.operation_id = operation_id or record.operation_id
+    record.recovery_action = recovery_action or record.recovery_action
+    if remote_cancel_state:
+        record.remote_cancel_state = remote_cancel_state
+    record.reported_after_stop = record.reported_after_stop or after_stop
+    record.execution_state = execution_state
+    if record.side_effect == SideEffect.WRITE:
+        record.side_effect_state = _SIDE_EFFECT_AFTER[execution_state]
+    if execution_state != ExecutionState.RUNNING:
+        record.finished_at = now
+    record.save()
+    ledger_append(
+        run=run,
+        actor=actor,
+        action="tool.result",
+        payload={
+            "tool_call_id": record.tool_call_id,
+            "reported": execution_state,
+            "kept": record.execution_state,
+            "reported_after_stop": after_stop,
+            "side_effect_state": record.side_effect_state,
+        },
+    )
+    _changed(run, kind="tool.result")
+
+
+# For code outside runs that changes a run inside `locked_run` (handoff's own transitions): the
+# same checked, ledgered, notified move, and the same "children changed" bump.
+run_move = _move
+run_touch = _changed

@@ -1,0 +1,620 @@
+"""The stop and everything after it: stop, takeover, acknowledge, drain, settle, fence,
+interrupt, resume, close, hand off (DESIGN §2; docs/ARCHITECTURE.md, "The flow of a stop").
+
+These call each other under one run lock, so they live together. The handoff app's part that
+belongs in the same transaction (the stop packet, opening and ending handoffs) runs through
+`runs.hooks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from runs import hooks, notify
+from runs.actors import Actor
+from runs.errors import (
+    IllegalTransition,
+    InvalidInput,
+    LeaseRevoked,
+    StaleEpoch,
+)
+from runs.ledger import ledger_append
+from runs.models import (
+    STOPPABLE_STATUSES,
+    STOPPED_STATUSES,
+    STOPPING_STATUSES,
+    TERMINAL_STATUSES,
+    Checkpoint,
+    ExecutionRecord,
+    ExecutionState,
+    Lease,
+    LeaseReleaseReason,
+    OutboxItem,
+    OutboxStatus,
+    RemoteCancelState,
+    Run,
+    RunStatus,
+    SideEffect,
+    SideEffectState,
+    SteeringMessage,
+    SteeringStatus,
+    Step,
+    StepStatus,
+    StopReason,
+    StopRequest,
+)
+from runs.services._base import (
+    _RESULT_STATES,
+    IN_FLIGHT_OUTBOX,
+    OPEN_EXECUTION_STATES,
+    _apply_tool_result,
+    _changed,
+    _current_stop_request,
+    _find_lease,
+    _live_lease,
+    _move,
+    _release_lease,
+    locked_run,
+)
+
+
+@dataclass
+class StopOutcome:
+    stop_request: StopRequest | None
+    created: bool
+    already_finished: bool = False
+    status: str = ""
+    stop_epoch: int = 0
+
+
+def run_stop(
+    *, run_id: str, reason: str, actor: Actor, note: str = "", takeover: bool = False
+) -> StopOutcome:
+    """Record a stop: close the entrance, freeze the outbox, bump the epoch, signal the worker.
+
+    Idempotent: a repeat returns the same StopRequest and writes nothing. A stop that arrives
+    after the run finished is answered "already finished", logged, and changes nothing.
+    """
+    if reason not in StopReason.values:
+        raise InvalidInput(f"reason must be one of {', '.join(StopReason.values)}", field="reason")
+    takeover = takeover or reason == StopReason.MANUAL_TAKEOVER
+    with locked_run(run_id) as run:
+        now = timezone.now()
+        if run.status in TERMINAL_STATUSES:
+            ledger_append(
+                run=run,
+                actor=actor,
+                action="stop.ignored",
+                reason=reason,
+                payload={"status": run.status, "why": "already finished"},
+            )
+            return StopOutcome(
+                None, False, already_finished=True, status=run.status, stop_epoch=run.stop_epoch
+            )
+        if run.status not in STOPPABLE_STATUSES:
+            stop_request = _current_stop_request(run)
+            if takeover and not stop_request.takeover:
+                _upgrade_to_takeover(run, stop_request, actor=actor, now=now)
+            return StopOutcome(stop_request, False, status=run.status, stop_epoch=run.stop_epoch)
+        stop_request = _stop_locked(
+            run, reason=reason, note=note, actor=actor, now=now, takeover=takeover
+        )
+        return StopOutcome(stop_request, True, status=run.status, stop_epoch=run.stop_epoch)
+
+
+def run_takeover(*, run_id: str, actor: Actor, note: str = "") -> StopOutcome:
+    """Take over = a stop with reason manual_takeover that ends in handed_off once clean."""
+    with locked_run(run_id) as run:
+        if run.status == RunStatus.STOPPED_CLEANLY:
+            now = timezone.now()
+            stop_request = _current_stop_request(run)
+            _hand_off_locked(run, stop_request, actor=actor, now=now, note=note)
+            return StopOutcome(stop_request, False, status=run.status, stop_epoch=run.stop_epoch)
+    return run_stop(
+        run_id=run_id, reason=StopReason.MANUAL_TAKEOVER, actor=actor, note=note, takeover=True
+    )
+
+
+def _upgrade_to_takeover(run: Run, stop_request: StopRequest, *, actor: Actor, now: Any) -> None:
+    stop_request.takeover = True
+    stop_request.save(update_fields=["takeover"])
+    ledger_append(
+        run=run,
+        actor=actor,
+        action="stop.takeover_requested",
+        reason=StopReason.MANUAL_TAKEOVER,
+        payload={"stop_request_id": stop_request.pk},
+    )
+    if run.status == RunStatus.STOPPED_CLEANLY:
+        _hand_off_locked(run, stop_request, actor=actor, now=now)
+    else:
+        _changed(run, kind="stop.takeover_requested")
+
+
+def _stop_locked(
+    run: Run, *, reason: str, note: str, actor: Actor, now: Any, takeover: bool = False
+) -> StopRequest:
+    """1. close the entrance and bump the epoch; 2. freeze the outbox; 3. flag calls in flight;
+    4. mark unapplied steering; 5. ledger + signal on commit; 6. with no live lease, drain and
+    settle at once, in this same transaction."""
+    epoch_before = run.stop_epoch
+    run.stop_epoch = epoch_before + 1
+    run.stop_reason = reason
+    run.stop_requested_by = actor.name
+    run.stop_requested_at = now
+    stop_request = StopRequest.objects.create(
+        run=run,
+        requested_by=actor.name,
+        actor_kind=actor.kind,
+        reason=reason,
+        note=note,
+        takeover=takeover,
+        requested_at=now,
+        epoch_before=epoch_before,
+        epoch_after=run.stop_epoch,
+    )
+    frozen = _freeze_outbox(run, now=now)
+    ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES).update(
+        cancel_requested=True, remote_cancel_state=RemoteCancelState.REQUESTED
+    )
+    SteeringMessage.objects.filter(
+        run=run, status__in=(SteeringStatus.QUEUED, SteeringStatus.CARRIED_OVER)
+    ).update(status=SteeringStatus.UNAPPLIED_AT_STOP)
+    _move(
+        run,
+        RunStatus.CANCEL_REQUESTED,
+        actor=actor,
+        action="run.stop_requested",
+        reason=reason,
+        payload={
+            "stop_request_id": stop_request.pk,
+            "epoch_before": epoch_before,
+            "note": note,
+            "frozen_outbox": frozen,
+            "takeover": takeover,
+        },
+        fields=("stop_epoch", "stop_reason", "stop_requested_by", "stop_requested_at"),
+    )
+    notify.stop_signal(run, stop_request)
+    lease = _live_lease(run)
+    if lease is None or lease.expires_at <= now:
+        if lease is not None:
+            _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
+        _move(
+            run,
+            RunStatus.DRAINING,
+            actor=Actor.system(),
+            action="run.draining",
+            reason="no_live_lease",
+        )
+        stop_request.drained_at = now
+        stop_request.save(update_fields=["drained_at"])
+        _settle_locked(run, actor=Actor.system(), now=now)
+    return stop_request
+
+
+def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -> Run:
+    """The worker noticed the signal: cancel_requested → draining."""
+    with locked_run(run_id) as run:
+        if run.status == RunStatus.CANCEL_REQUESTED:
+            _acknowledge_locked(
+                run, _current_stop_request(run), actor=actor, now=timezone.now(), via=via
+            )
+    return run
+
+
+def _acknowledge_locked(
+    run: Run, stop_request: StopRequest, *, actor: Actor, now: Any, via: str
+) -> None:
+    stop_request.acknowledged_at = now
+    stop_request.signal_delivered_at = stop_request.signal_delivered_at or now
+    stop_request.save(update_fields=["acknowledged_at", "signal_delivered_at"])
+    _move(
+        run,
+        RunStatus.DRAINING,
+        actor=actor,
+        action="run.draining",
+        reason="worker_ack",
+        payload={"via": via},
+    )
+
+
+def stop_signal_delivered(*, run_id: str, stop_epoch: int) -> None:
+    """The push reached a worker's socket: record when (stop-quality: time to the worker)."""
+    StopRequest.objects.filter(
+        run_id=run_id, epoch_after=stop_epoch, signal_delivered_at__isnull=True
+    ).update(signal_delivered_at=timezone.now())
+
+
+def run_drained(
+    *,
+    run_id: str,
+    lease_token: str,
+    epoch: int,
+    actor: Actor,
+    observations: list[dict[str, Any]] | None = None,
+) -> Run:
+    """The worker says it has stopped; its observations are recorded as facts, then settle."""
+    with locked_run(run_id) as run:
+        lease = _find_lease(run, lease_token)
+        if epoch != lease.epoch:
+            raise StaleEpoch.for_run(
+                run, f"the lease was acquired at epoch {lease.epoch}, not {epoch}"
+            )
+        if (
+            run.status in STOPPED_STATUSES
+            or run.status in TERMINAL_STATUSES
+            or run.status == RunStatus.HANDED_OFF
+        ):
+            return run  # a retry after the stop already settled
+        if run.status not in STOPPING_STATUSES:
+            raise IllegalTransition.for_run(run, f"a {run.status} run has no stop to drain")
+        if lease.released_at is not None and lease.fenced_unconfirmed:
+            raise LeaseRevoked.for_run(run, "the lease was fenced off")
+        _drained_locked(
+            run, lease, observations=observations or [], actor=actor, now=timezone.now()
+        )
+    return run
+
+
+def _drained_locked(
+    run: Run, lease: Lease, *, observations: list[dict[str, Any]], actor: Actor, now: Any
+) -> None:
+    stop_request = _current_stop_request(run)
+    for observation in observations:
+        _apply_drain_observation(run, observation, actor=actor, now=now)
+    stop_request.drained_at = now
+    stop_request.drain_observations = observations[:200]
+    stop_request.save(update_fields=["drained_at", "drain_observations"])
+    if lease.released_at is None:
+        _release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
+    if run.status == RunStatus.CANCEL_REQUESTED:
+        _acknowledge_locked(run, stop_request, actor=actor, now=now, via="drained")
+    _settle_locked(run, actor=actor, now=now)
+
+
+def _apply_drain_observation(
+    run: Run, observation: dict[str, Any], *, actor: Actor, now: Any
+) -> None:
+    tool_call_id = str(observation.get("tool_call_id", ""))
+    state = str(observation.get("execution_state", ""))
+    if not tool_call_id or state not in _RESULT_STATES:
+        return
+    record = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
+    if record is None:
+        return
+    _apply_tool_result(
+        run,
+        record,
+        execution_state=state,
+        operation_id=str(observation.get("operation_id", "")),
+        observation=str(observation.get("observation", ""))[:10_000],
+        output_truncated=bool(observation.get("output_truncated", False)),
+        remote_cancel_state=str(observation.get("remote_cancel_state", "")),
+        source="drain",
+        recovery_action=str(observation.get("recovery_action", "")),
+        actor=actor,
+        now=now,
+    )
+
+
+def run_fence_overdue(*, run_id: str, actor: Actor | None = None) -> bool:
+    """Drain watchdog: past SAFESTOP_DRAIN_DEADLINE_SECONDS the worker is fenced, the run dirty."""
+    actor = actor or Actor.system("drain-watchdog")
+    with locked_run(run_id) as run:
+        if run.status not in STOPPING_STATUSES or run.stop_requested_at is None:
+            return False
+        now = timezone.now()
+        deadline = run.stop_requested_at + timedelta(
+            seconds=settings.SAFESTOP_DRAIN_DEADLINE_SECONDS
+        )
+        if now < deadline:
+            return False
+        lease = _live_lease(run)
+        if lease is not None:
+            _release_lease(lease, reason=LeaseReleaseReason.REVOKED_BY_STOP, now=now, fenced=True)
+        _settle_locked(run, actor=actor, now=now, forced_dirty_reason=StopReason.DRAIN_DEADLINE)
+    return True
+
+
+def _settle_locked(run: Run, *, actor: Actor, now: Any, forced_dirty_reason: str = "") -> None:
+    """The clean/dirty decision, then the stop packet (and the handoff for a takeover).
+
+    1. calls still permitted/running never reported: `unknown` (never assumed failed);
+    2. the lease is released, or revoked and fenced;
+    3. dirty if anything is unknown: a write whose outcome is unconfirmed, an outbox item in
+       flight or unknown, a worker fenced without confirming, or a forced reason;
+    4. the packet is built once for this epoch; a clean takeover ends in handed_off.
+    """
+    stop_request = _current_stop_request(run)
+    open_calls = list(
+        ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES)
+    )
+    _mark_outcomes_unknown(open_calls, now=now, source="stop")
+    lease = _live_lease(run)
+    if lease is not None:
+        _release_lease(
+            lease,
+            reason=LeaseReleaseReason.REVOKED_BY_STOP,
+            now=now,
+            fenced=bool(forced_dirty_reason),
+        )
+    if run.status == RunStatus.CANCEL_REQUESTED and not forced_dirty_reason:
+        _move(run, RunStatus.DRAINING, actor=actor, action="run.draining", reason="settling")
+    reasons = run_dirty_reasons(run)
+    if forced_dirty_reason and forced_dirty_reason not in reasons:
+        reasons.insert(0, forced_dirty_reason)
+    to = RunStatus.STOPPED_DIRTY if reasons else RunStatus.STOPPED_CLEANLY
+    run.stopped_at = now
+    stop_request.stopped_at = now
+    stop_request.outcome_state = to
+    stop_request.dirty_reasons = reasons
+    stop_request.save(update_fields=["stopped_at", "outcome_state", "dirty_reasons"])
+    _move(
+        run,
+        to,
+        actor=actor,
+        action=f"run.{to}",
+        reason=forced_dirty_reason or run.stop_reason,
+        payload={"dirty_reasons": reasons, "stop_request_id": stop_request.pk},
+        fields=("stopped_at",),
+    )
+    packet = hooks.stop_settled(run, stop_request)
+    if to == RunStatus.STOPPED_CLEANLY and stop_request.takeover:
+        _hand_off_locked(run, stop_request, actor=Actor.system(), now=now, packet=packet)
+
+
+def run_dirty_reasons(run: Run) -> list[str]:
+    """What is still unknown about this run's side effects (empty means clean)."""
+    reasons = []
+    if ExecutionRecord.objects.filter(
+        run=run,
+        side_effect=SideEffect.WRITE,
+        side_effect_state=SideEffectState.PENDING_VERIFICATION,
+        resolved=False,
+    ).exists():
+        reasons.append("unconfirmed_side_effects")
+    if OutboxItem.objects.filter(run=run, status__in=IN_FLIGHT_OUTBOX, resolved=False).exists():
+        reasons.append("outbox_in_flight")
+    if Lease.objects.filter(run=run, fenced_unconfirmed=True).exists():
+        reasons.append("worker_unconfirmed")
+    return reasons
+
+
+def _settle_dirty_if_resolved(run: Run, *, actor: Actor, now: Any) -> None:
+    """stopped_dirty → stopped_cleanly once the last unknown is resolved (by a fact or a human)."""
+    if run.status != RunStatus.STOPPED_DIRTY or run_dirty_reasons(run):
+        return
+    _move(
+        run,
+        RunStatus.STOPPED_CLEANLY,
+        actor=actor,
+        action="run.stopped_cleanly",
+        reason="all_unknowns_resolved",
+    )
+    stop_request = _current_stop_request(run)
+    stop_request.outcome_state = RunStatus.STOPPED_CLEANLY
+    stop_request.save(update_fields=["outcome_state"])
+    if stop_request.takeover:
+        _hand_off_locked(run, stop_request, actor=actor, now=now)
+
+
+def _hand_off_locked(
+    run: Run,
+    stop_request: StopRequest,
+    *,
+    actor: Actor,
+    now: Any,
+    note: str = "",
+    packet: Any = None,
+) -> None:
+    opened = hooks.hand_off(run, stop_request, actor=actor, note=note, packet=packet)
+    _move(
+        run,
+        RunStatus.HANDED_OFF,
+        actor=actor,
+        action="run.handed_off",
+        reason=StopReason.MANUAL_TAKEOVER,
+        payload={"handoff_id": opened.handoff_id, "assignee": opened.assignee},
+    )
+
+
+def _interrupt_locked(
+    run: Run,
+    *,
+    reason: str,
+    actor: Actor,
+    now: Any,
+    detail: str = "",
+    lease_already_closed: bool = False,
+) -> None:
+    lease = _live_lease(run)
+    if lease is not None and not lease_already_closed:
+        _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
+    in_flight = list(
+        ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES)
+    )
+    _mark_outcomes_unknown(in_flight, now=now, source="interruption")
+    # An interruption is a failure: what the worker queued is not sent on anyone's say-so but a
+    # reviewer's (release), and a later resume (new epoch) cannot strand it as `pending`.
+    frozen = _freeze_outbox(run, now=now)
+    current = Step.objects.filter(run=run, status=StepStatus.RUNNING).order_by("-seq").first()
+    run.interruption = {
+        "reason": reason,
+        "detail": detail,
+        "at": now.isoformat(),
+        "current_step": {"seq": current.seq, "key": current.key} if current else None,
+        "calls_in_flight": [record.tool_call_id for record in in_flight],
+        "frozen_outbox": frozen,
+        "worker_id": lease.worker_id if lease else None,
+    }
+    _move(
+        run,
+        RunStatus.INTERRUPTED,
+        actor=actor,
+        action="run.interrupted",
+        reason=reason,
+        payload={"calls_in_flight": run.interruption["calls_in_flight"]},
+        fields=("interruption",),
+    )
+
+
+def _mark_outcomes_unknown(records: list[ExecutionRecord], *, now: Any, source: str) -> None:
+    """Calls whose result never arrived are `unknown` — never retried, never assumed failed."""
+    for record in records:
+        record.execution_state = ExecutionState.UNKNOWN
+        record.observed_at = now
+        record.observation_source = source
+        if record.side_effect == SideEffect.WRITE:
+            record.side_effect_state = SideEffectState.PENDING_VERIFICATION
+        record.save(
+            update_fields=[
+                "execution_state",
+                "observed_at",
+                "observation_source",
+                "side_effect_state",
+            ]
+        )
+
+
+def _freeze_outbox(run: Run, *, now: Any) -> int:
+    """Freeze the run's pending items; returns how many. Called under the run lock, which every
+    enqueue also takes, so no item can slip in between. One set-based UPDATE, not a read of
+    every id followed by an UPDATE with a 1,000-element IN list (docs/BENCHMARKS.md)."""
+    return OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
+        status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
+    )
+
+
+RESUMABLE_STATUSES = (
+    RunStatus.STOPPED_CLEANLY,
+    RunStatus.SUSPENDED,
+    RunStatus.INTERRUPTED,
+    RunStatus.HANDED_OFF,
+)
+
+
+def run_resume(
+    *,
+    run_id: str,
+    actor: Actor,
+    checkpoint: str = "",
+    carry_over_steering: bool = False,
+    note: str = "",
+    via: str = "resume",
+) -> Run:
+    """Back to pending at a new epoch, so no callback of an older round can touch the new one."""
+    with locked_run(run_id) as run:
+        if run.status not in RESUMABLE_STATUSES:
+            raise IllegalTransition.for_run(run, f"a {run.status} run cannot be resumed")
+        if run_dirty_reasons(run):
+            raise IllegalTransition.for_run(
+                run, "resolve the run's unknown side effects before resuming it"
+            )
+        _resume_locked(
+            run,
+            actor=actor,
+            checkpoint=checkpoint,
+            carry_over_steering=carry_over_steering,
+            note=note,
+            via=via,
+        )
+    return run
+
+
+def _resume_locked(
+    run: Run, *, actor: Actor, checkpoint: str, carry_over_steering: bool, note: str, via: str
+) -> None:
+    if run.status == RunStatus.HANDED_OFF:
+        hooks.handoffs_end(run, "returned")
+    if run.status == RunStatus.SUSPENDED:
+        # Suspension is waiting, not failure: items queued before it go out once the run runs
+        # again, so they move to the new epoch with it (interruptions and stops froze theirs).
+        OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
+            enqueue_epoch=run.stop_epoch + 1
+        )
+    if checkpoint:
+        if not Checkpoint.objects.filter(run=run, label=checkpoint).exists():
+            raise InvalidInput(f"no checkpoint {checkpoint!r} on this run", field="checkpoint")
+        run.resume_from = checkpoint
+    unapplied = SteeringMessage.objects.filter(run=run, status=SteeringStatus.UNAPPLIED_AT_STOP)
+    steering = unapplied.update(
+        status=SteeringStatus.CARRIED_OVER if carry_over_steering else SteeringStatus.DISCARDED
+    )
+    run.stop_epoch += 1
+    run.stop_reason = ""
+    run.stop_requested_by = ""
+    run.stop_requested_at = None
+    run.stopped_at = None
+    run.interruption = {}
+    _move(
+        run,
+        RunStatus.PENDING,
+        actor=actor,
+        action=f"run.{via}",
+        reason=via,
+        payload={
+            "resume_from": run.resume_from,
+            "steering_carried_over" if carry_over_steering else "steering_discarded": steering,
+            "note": note,
+        },
+        fields=(
+            "stop_epoch",
+            "resume_from",
+            "stop_reason",
+            "stop_requested_by",
+            "stop_requested_at",
+            "stopped_at",
+            "interruption",
+        ),
+    )
+
+
+def run_close(*, run_id: str, actor: Actor, note: str = "") -> Run:
+    """stopped_cleanly | handed_off → cancelled: stopped and closed without resuming."""
+    with locked_run(run_id) as run:
+        if run.status not in (RunStatus.STOPPED_CLEANLY, RunStatus.HANDED_OFF):
+            raise IllegalTransition.for_run(
+                run,
+                f"a {run.status} run cannot be closed"
+                + (
+                    " until its unknowns are resolved"
+                    if run.status == RunStatus.STOPPED_DIRTY
+                    else ""
+                ),
+            )
+        _close_locked(run, actor=actor, note=note)
+    return run
+
+
+def _close_locked(run: Run, *, actor: Actor, note: str) -> None:
+    if run.status == RunStatus.HANDED_OFF:
+        hooks.handoffs_end(run, "closed")
+    now = timezone.now()
+    run.finished_at = now
+    SteeringMessage.objects.filter(run=run, status=SteeringStatus.UNAPPLIED_AT_STOP).update(
+        status=SteeringStatus.DISCARDED
+    )
+    OutboxItem.objects.filter(run=run, status=OutboxStatus.FROZEN).update(
+        status=OutboxStatus.DISCARDED, updated_at=now
+    )
+    _move(
+        run,
+        RunStatus.CANCELLED,
+        actor=actor,
+        action="run.closed",
+        reason=note[:60],
+        payload={"note": note},
+        fields=("finished_at",),
+    )
+
+
+# For handoff's own transitions, which end in a runs transition inside their `locked_run`: the
+# handoff is returned to automation (resume) or closed (close) in the same transaction.
+run_resume_locked = _resume_locked
+run_close_locked = _close_locked

@@ -1,0 +1,329 @@
+"""The outbox: side effects the server dispatches for the agent. Enqueue (at the entrance),
+claim (serialised with the stop on the run row), outcome, the reaper, and a reviewer's
+release / discard of frozen items.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F, Q
+from django.utils import timezone
+
+from runs.actors import Actor
+from runs.errors import (
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    RunNotRunning,
+    StaleEpoch,
+)
+from runs.ledger import ledger_append
+from runs.models import (
+    STOPPED_STATUSES,
+    TERMINAL_STATUSES,
+    ExecutionRecord,
+    OutboxItem,
+    OutboxStatus,
+    RunStatus,
+)
+from runs.services._base import (
+    IN_FLIGHT_OUTBOX,
+    _changed,
+    _check_work_may_start,
+    _reject_late_write,
+    locked_run,
+)
+from runs.services.lifecycle import _settle_dirty_if_resolved
+
+TRANSPORTS = ("webhook", "email")
+
+
+def _webhook_host_allowed(destination: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(destination)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    allowed = {host.lower() for host in settings.SAFESTOP_WEBHOOK_ALLOWED_HOSTS}
+    host = parts.hostname.lower()
+    with_port = f"{host}:{parts.port}" if parts.port else host
+    return with_port in allowed or (parts.port is None and host in allowed)
+
+
+def validate_outbox_destination(transport: str, destination: str) -> None:
+    if transport not in TRANSPORTS:
+        raise InvalidInput(f"transport must be one of {', '.join(TRANSPORTS)}", field="transport")
+    if transport == "webhook" and not _webhook_host_allowed(destination):
+        raise InvalidInput(
+            "webhook destination is not an http(s) URL on SAFESTOP_WEBHOOK_ALLOWED_HOSTS",
+            field="destination",
+        )
+    if transport == "email" and ("@" not in destination or len(destination) > 254):
+        raise InvalidInput("email destination must be an address", field="destination")
+
+
+def outbox_enqueue(
+    *,
+    run_id: str,
+    epoch: int,
+    transport: str,
+    destination: str,
+    payload: dict[str, Any],
+    idempotency_key: str,
+    actor: Actor,
+    tool_call_id: str = "",
+) -> tuple[OutboxItem, bool]:
+    """Queue a side effect for the server to dispatch. A retry returns the first item."""
+    validate_outbox_destination(transport, destination)
+    if not idempotency_key:
+        raise InvalidInput("idempotency_key is required", field="idempotency_key")
+    refusal: StaleEpoch | RunNotRunning | None
+    with locked_run(run_id) as run:
+        existing = OutboxItem.objects.filter(run=run, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing, False
+        refusal = _check_work_may_start(run, epoch, now=timezone.now())
+        if refusal is None:
+            record = (
+                ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
+                if tool_call_id
+                else None
+            )
+            item = OutboxItem.objects.create(
+                run=run,
+                execution_record=record,
+                transport=transport,
+                destination=destination,
+                payload=payload,
+                idempotency_key=idempotency_key,
+                enqueue_epoch=epoch,
+            )
+            ledger_append(
+                run=run,
+                actor=actor,
+                action="outbox.enqueued",
+                payload={
+                    "outbox_id": item.public_id,
+                    "transport": transport,
+                    "idempotency_key": idempotency_key,
+                },
+            )
+            _changed(run, kind="outbox.enqueued")
+            return item, True
+    _reject_late_write(run_id, kind="outbox", epoch=epoch, error=refusal)
+    raise refusal
+
+
+def outbox_claim(*, item_id: int, dispatcher: str) -> OutboxItem | None:
+    """Claim one item for sending, or None. Serialises with the stop on the run row.
+
+    An item is either claimed here before the stop commits (then it is in flight and its
+    outcome is recorded), or frozen by the stop — never sent after it.
+    """
+    # Which run owns it never changes: read outside the transaction, whose first query is the lock.
+    run_id = OutboxItem.objects.filter(pk=item_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return None
+    with locked_run(run_id) as run:
+        item = OutboxItem.objects.select_for_update().get(pk=item_id)
+        released = item.status == OutboxStatus.RELEASED
+        open_for_dispatch = (
+            item.status == OutboxStatus.PENDING
+            and run.status == RunStatus.RUNNING
+            and item.enqueue_epoch == run.stop_epoch
+        )
+        if not (released or open_for_dispatch):
+            return None
+        now = timezone.now()
+        item.status = OutboxStatus.DISPATCHING
+        item.claimed_at = now
+        item.claimed_by = dispatcher[:120]
+        item.claim_epoch = run.stop_epoch
+        item.attempts += 1
+        item.save(
+            update_fields=[
+                "status",
+                "claimed_at",
+                "claimed_by",
+                "claim_epoch",
+                "attempts",
+                "updated_at",
+            ]
+        )
+        ledger_append(
+            run=run,
+            actor=Actor.system(dispatcher[:150]),
+            action="outbox.claimed",
+            payload={"outbox_id": item.public_id, "epoch": run.stop_epoch, "released": released},
+        )
+        _changed(run, kind="outbox.claimed")
+    return item
+
+
+def outbox_claim_next(*, dispatcher: str, batch: int = 20) -> OutboxItem | None:
+    """The dispatcher's scan: the oldest claimable item (uses the `outbox_pending_idx` index).
+
+    Only items `outbox_claim` could accept are candidates: a pending item left at an older
+    epoch (its run was interrupted, then resumed) can never be claimed, and `batch` of them at
+    the head of the queue would otherwise hide every newer item from every dispatcher.
+    """
+    candidates = list(
+        OutboxItem.objects.filter(
+            Q(
+                status=OutboxStatus.PENDING,
+                run__status=RunStatus.RUNNING,
+                enqueue_epoch=F("run__stop_epoch"),
+            )
+            | Q(
+                status=OutboxStatus.RELEASED,
+                run__status__in=(
+                    RunStatus.RUNNING,
+                    *STOPPED_STATUSES,
+                    RunStatus.HANDED_OFF,
+                    RunStatus.CANCEL_REQUESTED,
+                    RunStatus.DRAINING,
+                ),
+            )
+        )
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:batch]
+    )
+    for item_id in candidates:
+        item = outbox_claim(item_id=item_id, dispatcher=dispatcher)
+        if item is not None:
+            return item
+    return None
+
+
+OUTBOX_OUTCOMES = (OutboxStatus.SENT, OutboxStatus.FAILED, OutboxStatus.UNKNOWN)
+
+
+def outbox_record_outcome(
+    *,
+    item_id: int,
+    outcome: str,
+    dispatcher: str = "dispatcher",
+    response_status: int | None = None,
+    error: str = "",
+) -> OutboxItem:
+    """What the transport said. A late answer for an item reaped to `unknown` is still a fact."""
+    if outcome not in OUTBOX_OUTCOMES:
+        raise InvalidInput(f"outcome must be one of {OUTBOX_OUTCOMES}")
+    # Which run owns it never changes: read outside the transaction, whose first query is the lock.
+    run_id = OutboxItem.objects.filter(pk=item_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        raise NotFound(f"outbox item {item_id} does not exist")
+    with locked_run(run_id) as run:
+        item = OutboxItem.objects.select_for_update().get(pk=item_id)
+        if item.status not in IN_FLIGHT_OUTBOX or item.resolved:
+            return item  # already settled (by a reviewer, or a duplicate answer)
+        if item.status == OutboxStatus.UNKNOWN and outcome == OutboxStatus.UNKNOWN:
+            return item
+        now = timezone.now()
+        item.status = outcome
+        item.response_status = response_status
+        item.last_error = error[:2000]
+        if outcome == OutboxStatus.SENT:
+            item.sent_at = now
+        item.save(
+            update_fields=["status", "response_status", "last_error", "sent_at", "updated_at"]
+        )
+        ledger_append(
+            run=run,
+            actor=Actor.system(dispatcher[:150]),
+            action=f"outbox.{outcome}",
+            payload={
+                "outbox_id": item.public_id,
+                "response_status": response_status,
+                "error": error[:200],
+            },
+        )
+        _changed(run, kind=f"outbox.{outcome}")
+        _settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
+    return item
+
+
+def outbox_reap_stuck(*, item_id: int, older_than_seconds: float) -> bool:
+    """A dispatcher that died mid-send leaves `dispatching`: make it `unknown`, never re-send."""
+    # Which run owns it never changes: read outside the transaction, whose first query is the lock.
+    run_id = OutboxItem.objects.filter(pk=item_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return False
+    with locked_run(run_id) as run:
+        item = OutboxItem.objects.select_for_update().get(pk=item_id)
+        now = timezone.now()
+        if item.status != OutboxStatus.DISPATCHING or item.claimed_at is None:
+            return False
+        if (now - item.claimed_at).total_seconds() < older_than_seconds:
+            return False
+        item.status = OutboxStatus.UNKNOWN
+        item.last_error = (
+            f"dispatcher {item.claimed_by} gave no outcome within {older_than_seconds:.0f}s"
+        )
+        item.save(update_fields=["status", "last_error", "updated_at"])
+        ledger_append(
+            run=run,
+            actor=Actor.system("outbox-reaper"),
+            action="outbox.unknown",
+            reason="dispatch_deadline",
+            payload={"outbox_id": item.public_id, "claimed_by": item.claimed_by},
+        )
+        _changed(run, kind="outbox.unknown")
+    return True
+
+
+def outbox_release(*, run_id: str, item_id: int, actor: Actor, note: str = "") -> OutboxItem:
+    """A reviewer lets one frozen item go out after all (ledgered)."""
+    return _decide_frozen(
+        run_id=run_id, item_id=item_id, actor=actor, to=OutboxStatus.RELEASED, note=note
+    )
+
+
+def outbox_discard(*, run_id: str, item_id: int, actor: Actor, note: str = "") -> OutboxItem:
+    return _decide_frozen(
+        run_id=run_id, item_id=item_id, actor=actor, to=OutboxStatus.DISCARDED, note=note
+    )
+
+
+def _decide_frozen(*, run_id: str, item_id: int, actor: Actor, to: str, note: str) -> OutboxItem:
+    with locked_run(run_id) as run:
+        item = OutboxItem.objects.select_for_update().filter(run=run, pk=item_id).first()
+        if item is None:
+            raise NotFound(f"outbox item {item_id} is not on run {run_id}")
+        if item.status == to:
+            return item  # a double click decides once
+        if item.status != OutboxStatus.FROZEN:
+            raise IllegalTransition.for_run(
+                run, f"only a frozen item can be {to}; this one is {item.status}"
+            )
+        if run.status not in (
+            *STOPPED_STATUSES,
+            RunStatus.INTERRUPTED,
+            RunStatus.HANDED_OFF,
+            *TERMINAL_STATUSES,
+        ):
+            raise IllegalTransition.for_run(
+                run, "frozen items are decided once the run has stopped"
+            )
+        item.status = to
+        item.save(update_fields=["status", "updated_at"])
+        ledger_append(
+            run=run,
+            actor=actor,
+            action=f"outbox.{to}",
+            reason=note[:60],
+            payload={"outbox_id": item.public_id, "note": note},
+        )
+        _changed(run, kind=f"outbox.{to}")
+    return item
+
+
+def parse_outbox_id(value: str | int) -> int:
+    text = str(value)
+    if text.startswith("outbox_"):
+        text = text[len("outbox_") :]
+    if not text.isdigit():
+        raise InvalidInput(f"{value!r} is not an outbox item id", field="id")
+    return int(text)

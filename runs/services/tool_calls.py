@@ -1,0 +1,199 @@
+"""Tool calls: the permit (the intent, written under the run lock before the call starts) and
+the result (accepted after a stop, as a fact).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from runs.actors import Actor
+from runs.errors import (
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    RunNotRunning,
+    StaleEpoch,
+)
+from runs.ledger import ledger_append
+from runs.models import (
+    ExecutionRecord,
+    RecoveryPolicy,
+    Run,
+    SideEffect,
+    SideEffectState,
+    Step,
+    StepStatus,
+)
+from runs.services._base import (
+    _RESULT_STATES,
+    _apply_tool_result,
+    _changed,
+    _check_work_may_start,
+    _reject_late_write,
+    locked_run,
+)
+from runs.services.budget import _budget_exceeded
+from runs.services.lifecycle import _settle_dirty_if_resolved, _stop_locked
+
+
+def permit_request(
+    *,
+    run_id: str,
+    epoch: int,
+    tool_call_id: str,
+    tool: str,
+    actor: Actor,
+    side_effect: str = SideEffect.NONE,
+    arguments: dict[str, Any] | None = None,
+    idempotency_key: str = "",
+    operation_id: str = "",
+    recovery_policy: str = "",
+    step_key: str = "",
+) -> tuple[ExecutionRecord, bool]:
+    """Grant a start permit for one tool call, or refuse it. Returns (record, created).
+
+    The permit *is* the intent record: it is written under the run lock, so a stop recorded a
+    microsecond earlier refuses it, and a stop a microsecond later finds it as in-flight work.
+    """
+    refusal: StaleEpoch | RunNotRunning | None = None
+    with locked_run(run_id) as run:
+        now = timezone.now()
+        refusal = _check_work_may_start(run, epoch, now=now)
+        if refusal is None:
+            existing = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
+            if existing is not None:
+                if existing.permit_epoch != epoch:
+                    raise IllegalTransition.for_run(
+                        run,
+                        f"tool call {tool_call_id} was already permitted at epoch {existing.permit_epoch}",
+                    )
+                return existing, False
+            budget_reason = _budget_exceeded(run, now=now, adding_tool_call=True)
+            if budget_reason:
+                _stop_locked(
+                    run,
+                    reason=budget_reason,
+                    note="budget enforced at permit",
+                    actor=Actor.system("budget"),
+                    now=now,
+                )
+                refusal = RunNotRunning.for_run(
+                    run, f"the run's budget is exhausted ({budget_reason}); it is stopping"
+                )
+            else:
+                record = _create_permit(
+                    run,
+                    epoch=epoch,
+                    tool_call_id=tool_call_id,
+                    tool=tool,
+                    side_effect=side_effect,
+                    arguments=arguments or {},
+                    idempotency_key=idempotency_key,
+                    operation_id=operation_id,
+                    recovery_policy=recovery_policy,
+                    step_key=step_key,
+                    actor=actor,
+                )
+                return record, True
+    assert refusal is not None
+    _reject_late_write(run_id, kind="permit", epoch=epoch, error=refusal)
+    raise refusal
+
+
+def _create_permit(
+    run: Run,
+    *,
+    epoch: int,
+    tool_call_id: str,
+    tool: str,
+    side_effect: str,
+    arguments: dict[str, Any],
+    idempotency_key: str,
+    operation_id: str,
+    recovery_policy: str,
+    step_key: str,
+    actor: Actor,
+) -> ExecutionRecord:
+    step = _step_for_call(run, step_key)
+    record = ExecutionRecord.objects.create(
+        run=run,
+        step=step,
+        tool_call_id=tool_call_id,
+        tool=tool,
+        arguments=arguments,
+        side_effect=side_effect,
+        idempotency_key=idempotency_key,
+        operation_id=operation_id,
+        permit_epoch=epoch,
+        recovery_policy=recovery_policy or RecoveryPolicy.MANUAL_CONFIRMATION,
+        side_effect_state=(
+            SideEffectState.PENDING_VERIFICATION
+            if side_effect == SideEffect.WRITE
+            else SideEffectState.NONE
+        ),
+    )
+    run.tool_calls_count += 1
+    _changed(run, kind="tool.permitted", fields=("tool_calls_count",))
+    ledger_append(
+        run=run,
+        actor=actor,
+        action="tool.permitted",
+        payload={
+            "tool_call_id": tool_call_id,
+            "tool": tool,
+            "side_effect": side_effect,
+            "epoch": epoch,
+        },
+    )
+    return record
+
+
+def _step_for_call(run: Run, step_key: str) -> Step | None:
+    if step_key:
+        return Step.objects.filter(run=run, key=step_key).first()
+    return Step.objects.filter(run=run, status=StepStatus.RUNNING).order_by("-seq").first()
+
+
+def tool_result_report(
+    *,
+    run_id: str,
+    tool_call_id: str,
+    execution_state: str,
+    actor: Actor,
+    operation_id: str = "",
+    observation: str = "",
+    output_truncated: bool = False,
+    remote_cancel_state: str = "",
+    source: str = "worker",
+    recovery_action: str = "",
+) -> ExecutionRecord:
+    """Record the outcome of a permitted call. Accepted after a stop, as a fact.
+
+    Two facts are never overwritten: a verified success, and a reviewer's resolution.
+    """
+    if execution_state not in _RESULT_STATES:
+        raise InvalidInput(
+            f"execution_state must be one of {sorted(_RESULT_STATES)}", field="execution_state"
+        )
+    with locked_run(run_id) as run:
+        record = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
+        if record is None:
+            raise NotFound(f"tool call {tool_call_id} was never permitted on run {run_id}")
+        now = timezone.now()
+        _apply_tool_result(
+            run,
+            record,
+            execution_state=execution_state,
+            operation_id=operation_id,
+            observation=observation,
+            output_truncated=output_truncated,
+            remote_cancel_state=remote_cancel_state,
+            source=source,
+            recovery_action=recovery_action,
+            actor=actor,
+            now=now,
+        )
+        _settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
+    return record
