@@ -3,6 +3,8 @@
 - `SafestopClient` speaks the wire contract; `client.lease(...)` gives an `AgentRun`.
 - `AgentRun` holds the lease, listens for stops (websocket push + heartbeat),
   and guards tool calls (`run.tool_call(...)`): permit before, outcome after.
+- A tool call a reviewer must approve first (DESIGN §10) waits inside
+  `run.tool_call(...)`; a rejection raises `ApprovalRejected` with the message.
 - `CancelToken` / `Cancelled`: cooperative cancellation; `retry` waits on it.
 - `collect_tool_calls` never lets half a streamed tool call run.
 - `run_process` stops a whole process tree and never hangs on a held pipe.
@@ -12,9 +14,10 @@ This package never imports Django: it runs inside agent processes.
 
 from __future__ import annotations
 
+from .approvals import ApprovalDecision
 from .cancel import Cancelled, CancelRequest, CancelToken
 from .client import SafestopClient
-from .errors import ApiError, Refused
+from .errors import ApiError, ApprovalRejected, NoPermit, Refused
 from .process import ProcessResult, run_process
 from .retry import is_transient, retry
 from .stream import (
@@ -29,11 +32,14 @@ from .worker import AgentRun, ToolCall
 __all__ = [
     "AgentRun",
     "ApiError",
+    "ApprovalDecision",
+    "ApprovalRejected",
     "CancelRequest",
     "CancelToken",
     "Cancelled",
     "CompleteToolCall",
     "DiscardedToolCall",
+    "NoPermit",
     "ProcessResult",
     "Refused",
     "SafestopClient",

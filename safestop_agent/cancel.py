@@ -7,8 +7,12 @@ the code that is about to start work by the fastest path available.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger("safestop_agent")
 
 
 class Cancelled(Exception):
@@ -48,6 +52,7 @@ class CancelToken:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._request: CancelRequest | None = None
+        self._callbacks: list[Callable[[], object]] = []
 
     def cancel(
         self,
@@ -62,7 +67,28 @@ class CancelToken:
             self._request = CancelRequest(reason, stop_epoch, requested_by)
             # Set the event last, inside the lock: a waiter woken by it always sees the request.
             self._event.set()
-            return True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _call_quietly(callback)
+        return True
+
+    def on_cancel(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call `callback` once when the token is cancelled (at once if it already is).
+
+        For code that waits on something else as well (an approval, a queue)
+        and must wake on a stop too. Returns a function that unregisters it.
+        """
+        with self._lock:
+            if self._request is None:
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        _call_quietly(callback)
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], object]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
     @property
     def cancelled(self) -> bool:
@@ -100,3 +126,11 @@ class CancelToken:
     def __repr__(self) -> str:
         state = f"cancelled reason={self.reason!r}" if self.cancelled else "active"
         return f"<CancelToken {state}>"
+
+
+def _call_quietly(callback: Callable[[], object]) -> None:
+    # The stop itself must be recorded whatever a waiter's wake-up hook does.
+    try:
+        callback()
+    except Exception:
+        log.exception("safestop: cancel callback failed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 # 409 codes that mean "the server refuses to let this work start or move on":
@@ -43,3 +44,38 @@ class ApiError(Exception):
 
 class Refused(ApiError):
     """409 refusal: the run is stopped, the epoch is stale or the lease was revoked."""
+
+
+class ApprovalRejected(Exception):
+    """A reviewer did not approve: the call never started and never will.
+
+    `status` is the approval's: `rejected` (a reviewer said no), `expired` (no
+    decision before the deadline: deny by default) or `void` (a stop, takeover
+    or lost lease ended the wait). `message` is the reviewer's text for the
+    agent, so the model can be told why; `approval` is what the server sent.
+    """
+
+    def __init__(
+        self, message: str, status: str, approval: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(f"approval {status}: {message}" if message else f"approval {status}")
+        self.message = message
+        self.status = status
+        self.approval: Mapping[str, Any] = approval or {}
+
+    @property
+    def approval_id(self) -> str | None:
+        value = self.approval.get("approval_id") or self.approval.get("id")
+        return str(value) if value else None
+
+
+class NoPermit(Exception):
+    """The server answered a permit request without a `permit_id` and nothing to wait on.
+
+    A call never starts without a permit id (DESIGN §10): such an answer means
+    "not yet", and the agent fails closed.
+    """
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__(f"no permit_id in the permit answer: {answer!r}"[:500])
+        self.answer = answer

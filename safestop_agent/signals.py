@@ -1,7 +1,9 @@
 """The two ways a stop reaches a worker: the websocket push and the lease heartbeat.
 
 Both run in daemon threads and do one thing with what they learn: hand the
-stop signal to a callback that sets the run's `CancelToken`. The push is the
+stop signal to a callback that sets the run's `CancelToken`. The push socket
+also carries other frames (an approval's decision, DESIGN §10); those go to a
+second callback. The push is the
 fast path (milliseconds); the heartbeat is the path that always works, even
 when websockets are blocked, and it also notices a lost lease.
 """
@@ -22,6 +24,7 @@ from .errors import ApiError
 log = logging.getLogger("safestop_agent")
 
 SignalHandler = Callable[[Mapping[str, Any]], object]
+FrameHandler = Callable[[dict[str, Any]], object]
 LeaseLostHandler = Callable[[str, "int | None"], None]
 
 
@@ -106,6 +109,7 @@ class PushListener:
         url: str,
         bearer_token: str,
         on_signal: SignalHandler,
+        on_frame: FrameHandler | None = None,
         min_backoff: float = 0.2,
         max_backoff: float = 10.0,
         poll_seconds: float = 0.5,
@@ -114,6 +118,7 @@ class PushListener:
         self.url = url
         self._headers = {"Authorization": f"Bearer {bearer_token}"}
         self._on_signal = on_signal
+        self._on_frame = on_frame
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
         self._poll_seconds = poll_seconds
@@ -174,10 +179,18 @@ class PushListener:
                 message = connection.recv(timeout=self._poll_seconds)
             except TimeoutError:
                 continue
-            signal = stop_signal_in(message)
+            frame = frame_in(message)
+            if frame is None:
+                continue
+            signal = stop_signal_of(frame)
             if signal is not None:
                 self._on_signal(signal)
                 self._acknowledge(connection, signal)
+            elif self._on_frame is not None:
+                try:
+                    self._on_frame(frame)
+                except Exception:  # one bad frame must not cost the stop channel
+                    log.exception("safestop push: frame handler failed")
 
     def _acknowledge(self, connection: Any, signal: Mapping[str, Any]) -> None:
         # Telling the server at once that the worker saw the stop moves the run
@@ -188,16 +201,25 @@ class PushListener:
             log.debug("safestop push: ack not sent", exc_info=True)
 
 
-def stop_signal_in(message: str | bytes) -> dict[str, Any] | None:
-    """The stop signal in a pushed frame: the frame itself, or its `signal` member."""
+def frame_in(message: str | bytes) -> dict[str, Any] | None:
+    """A pushed message as a JSON object, or None."""
     try:
         frame = json.loads(message)
     except ValueError:
         return None
-    if not isinstance(frame, dict):
-        return None
+    return frame if isinstance(frame, dict) else None
+
+
+def stop_signal_in(message: str | bytes) -> dict[str, Any] | None:
+    """The stop signal in a pushed message (see `stop_signal_of`)."""
+    frame = frame_in(message)
+    return None if frame is None else stop_signal_of(frame)
+
+
+def stop_signal_of(frame: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The stop signal in a pushed frame: the frame itself, or its `signal` member."""
     if frame.get("type") == "cancel_requested":
-        return frame
+        return dict(frame)
     signal = frame.get("signal")
     if isinstance(signal, dict) and signal.get("type") == "cancel_requested":
         return signal

@@ -14,7 +14,7 @@ This module knows nothing of workers: `worker.py` builds on it, and
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal, Self, TypedDict
+from typing import Any, Literal, NotRequired, Self, TypedDict
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import httpx
@@ -38,6 +38,9 @@ StopReason = Literal[
     "drain_deadline",
 ]
 Decision = Literal["applied", "not_applied", "compensated"]
+Risk = Literal["low", "medium", "high"]
+ApprovalStatus = Literal["waiting", "approved", "rejected", "expired", "void"]
+ReviewDecision = Literal["approve", "reject"]
 
 
 class RunInfo(TypedDict, total=False):
@@ -67,16 +70,58 @@ class HeartbeatAnswer(TypedDict):
     signal: StopSignal | None
 
 
+class ApprovalRef(TypedDict, total=False):
+    """The approval a permit or an outbox item waits for (DESIGN §10)."""
+
+    id: str
+    status: ApprovalStatus
+    deadline: str
+    rule: Any
+
+
 class PermitInfo(TypedDict):
-    permit_id: str
+    """A permit (201), or a 202 that waits for `approval` and has no `permit_id` yet.
+
+    Never start a call without a `permit_id`.
+    """
+
+    permit_id: NotRequired[str]
     tool_call_id: str
     epoch: int
+    approval: NotRequired[ApprovalRef]
 
 
 class OutboxItemInfo(TypedDict):
+    """An outbox item; `status` is `awaiting_approval` (with `approval`) while a reviewer decides."""
+
     id: str
     status: str
-    idempotency_key: str
+    idempotency_key: NotRequired[str]
+    approval: NotRequired[ApprovalRef]
+
+
+class ApprovalInfo(TypedDict, total=False):
+    """`GET /api/v1/approvals/{id}/`: `arguments` are the final ones (edited or the originals)."""
+
+    id: str
+    run_id: str
+    epoch: int
+    target: Literal["tool_call", "outbox"]
+    tool_call_id: str | None
+    outbox_id: str | None
+    tool: str
+    status: ApprovalStatus
+    rule: Any
+    summary: str
+    risk: str
+    original_arguments: Any
+    arguments: Any
+    message: str
+    decided_by: str | None
+    decided_at: str | None
+    requested_at: str
+    deadline: str | None
+    permit_id: str | None
 
 
 class StopRequestInfo(TypedDict):
@@ -203,7 +248,12 @@ class WireClient:
         operation_id: str | None = None,
         recovery_policy: RecoveryPolicy | None = None,
         step_key: str | None = None,
+        needs_approval: bool = False,
+        summary: str | None = None,
+        risk: Risk | None = None,
+        arguments_schema: Mapping[str, Any] | None = None,
     ) -> PermitInfo:
+        """Ask to start one tool call. The answer may wait for an approval: see `PermitInfo`."""
         body: JSON = {
             "epoch": epoch,
             "tool_call_id": tool_call_id,
@@ -217,6 +267,7 @@ class WireClient:
                 operation_id=operation_id,
                 recovery_policy=recovery_policy,
                 step_key=step_key,
+                **_approval_fields(needs_approval, summary, risk, arguments_schema),
             )
         )
         return self._request("POST", _run_path(run_id, "permits/"), json=body)
@@ -257,14 +308,20 @@ class WireClient:
         destination: str,
         payload: Any,
         idempotency_key: str,
+        needs_approval: bool = False,
+        summary: str | None = None,
+        risk: Risk | None = None,
+        arguments_schema: Mapping[str, Any] | None = None,
     ) -> OutboxItemInfo:
-        body = {
+        """Hand a side effect to the server; it may wait in `awaiting_approval` first."""
+        body: JSON = {
             "epoch": epoch,
             "transport": transport,
             "destination": destination,
             "payload": payload,
             "idempotency_key": idempotency_key,
         }
+        body.update(_present(**_approval_fields(needs_approval, summary, risk, arguments_schema)))
         return self._request("POST", _run_path(run_id, "outbox/"), json=body)
 
     def drained(
@@ -319,6 +376,48 @@ class WireClient:
 
     def steer(self, run_id: str, text: str) -> JSON:
         return self._request("POST", _run_path(run_id, "steering/"), json={"text": text})
+
+    # -- approvals (DESIGN §10) -----------------------------------------------------
+
+    def get_approval(self, approval_id: str) -> ApprovalInfo:
+        """One approval; an agent token may read its own runs' approvals."""
+        return self._request("GET", _approval_path(approval_id))
+
+    def iter_approvals(
+        self,
+        *,
+        status: ApprovalStatus | None = None,
+        run: str | None = None,
+        agent: str | None = None,
+    ) -> Iterator[ApprovalInfo]:
+        """Reviewers: the team's approvals, every page of them."""
+        return self._pages("/api/v1/approvals/", _present(status=status, run=run, agent=agent))
+
+    def list_approvals(
+        self,
+        *,
+        status: ApprovalStatus | None = None,
+        run: str | None = None,
+        agent: str | None = None,
+    ) -> list[ApprovalInfo]:
+        return list(self.iter_approvals(status=status, run=run, agent=agent))
+
+    def decide_approval(
+        self,
+        approval_id: str,
+        decision: ReviewDecision,
+        *,
+        message: str = "",
+        arguments: Any = None,
+    ) -> ApprovalInfo:
+        """Reviewers: approve (with edited `arguments` if given) or reject with a `message`.
+
+        409 `already_decided` / `approval_void` / `stale_epoch` raise `ApiError`.
+        """
+        body: JSON = {"decision": decision, "message": message}
+        if arguments is not None:
+            body["arguments"] = arguments
+        return self._request("POST", _approval_path(approval_id, "decide/"), json=body)
 
     # -- audit ---------------------------------------------------------------------
 
@@ -416,6 +515,25 @@ def _cursor_of(next_url: Any) -> str | None:
 
 def _run_path(run_id: str, suffix: str = "") -> str:
     return f"/api/v1/runs/{quote(run_id, safe='')}/{suffix}"
+
+
+def _approval_path(approval_id: str, suffix: str = "") -> str:
+    return f"/api/v1/approvals/{quote(approval_id, safe='')}/{suffix}"
+
+
+def _approval_fields(
+    needs_approval: bool,
+    summary: str | None,
+    risk: str | None,
+    arguments_schema: Mapping[str, Any] | None,
+) -> JSON:
+    """The optional approval request fields, `None` where not given (dropped by `_present`)."""
+    return {
+        "needs_approval": True if needs_approval else None,
+        "summary": summary,
+        "risk": risk,
+        "arguments_schema": dict(arguments_schema) if arguments_schema is not None else None,
+    }
 
 
 def _present(**fields: Any) -> JSON:

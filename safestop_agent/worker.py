@@ -10,6 +10,9 @@ The rules this module keeps (DESIGN §1, seed §3–§5):
 
 - No tool starts without a permit asked at this lease's epoch; a refused permit
   sets the token and raises `Cancelled` before the tool body runs.
+- No tool starts without a `permit_id`. A call that needs approval (DESIGN §10)
+  waits for the reviewer's decision, still obeying the token; it runs with the
+  approved (possibly edited) arguments, or raises `ApprovalRejected`.
 - Every permitted call reports an outcome. A write whose outcome nobody saw is
   reported `unknown`, never `failed`: it may have happened.
 - Facts (results, completed steps) are retried and sent even after a stop; new
@@ -22,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -31,16 +35,25 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from .approvals import (
+    NOT_GIVEN,
+    ApprovalBoard,
+    ApprovalDecision,
+    decision_from_approval,
+    decision_from_frame,
+)
 from .cancel import Cancelled, CancelToken
-from .errors import REFUSAL_CODES, ApiError, Refused
+from .errors import REFUSAL_CODES, ApiError, ApprovalRejected, NoPermit, Refused
 from .retry import retry
 from .signals import HeartbeatLoop, PushListener
 from .wire import (
     EventAnswer,
     ExecutionState,
     OutboxItemInfo,
+    PermitInfo,
     RecoveryPolicy,
     RemoteCancelState,
+    Risk,
     SideEffect,
     WireClient,
 )
@@ -56,6 +69,13 @@ StepKind = Literal["model_call", "tool_read", "tool_write", "external_action"]
 # and every one carries a client id (event_id, tool_call_id), so a repeat is harmless.
 FACT_ATTEMPTS = 4
 FACT_BASE_DELAY = 0.2
+
+# While a call waits for approval its decision is pushed at once; the approval's
+# GET is asked this often in case a push was missed (DESIGN §10: the fallback).
+APPROVAL_POLL_SECONDS = 3.0
+# A stop voids the approvals that wait, and its signal may reach us just after
+# the void: wait this long for it, so a stop surfaces as `Cancelled`.
+VOID_GRACE_SECONDS = 1.0
 
 _UNSET: Any = object()
 
@@ -78,7 +98,16 @@ class ToolCall:
     operation_id: str | None = None
     recovery_policy: RecoveryPolicy | None = None
     step_key: str | None = None
+    needs_approval: bool = False
+    summary: str | None = None
+    risk: Risk | None = None
+    arguments_schema: Mapping[str, Any] | None = None
     permit: Mapping[str, Any] = field(default_factory=dict)
+    # Approval (DESIGN §10): the approval the call waited for, and its decision.
+    # `arguments` become the approved ones; `original_arguments` keeps the model's.
+    approval: Mapping[str, Any] | None = None
+    decision: ApprovalDecision | None = None
+    original_arguments: Any = field(default=None, init=False)
     observations: list[str] = field(default_factory=list)
     output_truncated: bool = False
     remote_cancel_state: RemoteCancelState | None = None
@@ -86,6 +115,14 @@ class ToolCall:
     declared_state: ExecutionState | None = None
     reported: bool = False
     _result: Any = field(default=_UNSET, repr=False)
+
+    def __post_init__(self) -> None:
+        self.original_arguments = self.arguments
+
+    @property
+    def arguments_edited(self) -> bool:
+        """True when a reviewer approved different arguments than the model asked for."""
+        return self.decision is not None and self.arguments != self.original_arguments
 
     @property
     def result(self) -> Any:
@@ -223,6 +260,7 @@ class AgentRun:
         push: bool = True,
         heartbeat_interval: float | None = None,
         token: CancelToken | None = None,
+        approval_poll_interval: float = APPROVAL_POLL_SECONDS,
     ) -> None:
         self.client = client
         self.run_id = run_id
@@ -241,6 +279,9 @@ class AgentRun:
         self._open_steps = threading.local()
         self._heartbeat: HeartbeatLoop | None = None
         self._listener: PushListener | None = None
+        self.approval_poll_interval = approval_poll_interval
+        # Decisions heard on the push socket or by polling, for calls that wait.
+        self.approvals = ApprovalBoard()
 
     # -- lease lifecycle -------------------------------------------------------------
 
@@ -278,6 +319,7 @@ class AgentRun:
                 url=self.client.push_url(self.run_id),
                 bearer_token=self.client.token,
                 on_signal=self.handle_stop_signal,
+                on_frame=self.handle_push_frame,
                 name=f"safestop-push-{self.run_id}",
             )
             self._listener.start()
@@ -333,6 +375,12 @@ class AgentRun:
             requested_by=signal.get("requested_by"),
         )
 
+    def handle_push_frame(self, frame: Mapping[str, Any]) -> None:
+        """A pushed frame that is not a stop: an approval's decision is posted for its waiter."""
+        decision = decision_from_frame(frame)
+        if decision is not None:
+            self.approvals.post(decision)
+
     def _refused(self, error: Refused) -> Cancelled:
         """Learn of the stop from a refusal: set the token and build the `Cancelled` to raise."""
         self.token.cancel(reason=error.code, stop_epoch=error.stop_epoch)
@@ -359,8 +407,20 @@ class AgentRun:
         idempotency_key: str | None = None,
         operation_id: str | None = None,
         recovery_policy: RecoveryPolicy | None = None,
+        needs_approval: bool = False,
+        summary: str | None = None,
+        risk: Risk | None = None,
+        arguments_schema: Mapping[str, Any] | None = None,
     ) -> _ToolCallScope:
-        """Guard one tool call: permit before, outcome after (see `outcome_of`)."""
+        """Guard one tool call: permit before, outcome after (see `outcome_of`).
+
+        If the server's rules (or `needs_approval=True`) put the call before a
+        reviewer, entering the block waits for the decision: the body then runs
+        with `call.arguments` as approved (possibly edited), or never runs and
+        `ApprovalRejected` carries the reviewer's message. `summary`, `risk`
+        and `arguments_schema` (JSON Schema that edits must satisfy) are shown
+        to the reviewer.
+        """
         call = ToolCall(
             tool=tool,
             arguments=arguments,
@@ -370,6 +430,10 @@ class AgentRun:
             operation_id=operation_id,
             recovery_policy=recovery_policy,
             step_key=self.current_step_key(),
+            needs_approval=needs_approval,
+            summary=summary,
+            risk=risk,
+            arguments_schema=arguments_schema,
         )
         return _ToolCallScope(self, call)
 
@@ -377,13 +441,16 @@ class AgentRun:
         """Ask the server's permission to start `call`; raise `Cancelled` if refused.
 
         The server grants permits under the same lock that records a stop, so
-        a granted permit means the call started before any stop (seed §4).
+        a granted permit means the call started before any stop (seed §4). An
+        answer without a `permit_id` is "not yet": the call waits for its
+        approval (`ApprovalRejected` if it is not given) or, with nothing to
+        wait for, fails closed with `NoPermit`.
         """
         _, epoch = self._require_lease()
         # A call still queued when the stop arrived never starts (seed §6, first row).
         self.token.raise_if_cancelled()
         try:
-            call.permit = retry(
+            answer: Mapping[str, Any] = retry(
                 lambda: self.client.request_permit(
                     self.run_id,
                     epoch=epoch,
@@ -395,7 +462,131 @@ class AgentRun:
                     operation_id=call.operation_id,
                     recovery_policy=call.recovery_policy,
                     step_key=call.step_key,
+                    needs_approval=call.needs_approval,
+                    summary=call.summary,
+                    risk=call.risk,
+                    arguments_schema=call.arguments_schema,
                 ),
+                token=self.token,
+                attempts=3,
+                base_delay=FACT_BASE_DELAY,
+                retry_if=_is_network_error,
+            )
+            if not answer.get("permit_id"):
+                answer = self._wait_for_permit(call, answer)
+            # The last moment a stop can still keep the body from running.
+            self.token.raise_if_cancelled()
+        except Refused as error:
+            raise self._refused(error) from error
+        except ApprovalRejected:
+            # The server settled the call when it was rejected, expired or voided.
+            raise
+        except Exception:
+            # No answer (network, or a stop during the retry backoff or the
+            # approval wait), or no permit id: the permit may exist server-side,
+            # but the call certainly never started.
+            self._report_not_started(call)
+            raise
+        call.permit = answer
+        with self._lock:
+            self.tool_calls.append(call)
+
+    def _wait_for_permit(self, call: ToolCall, answer: Mapping[str, Any]) -> PermitInfo:
+        """Wait for the approval a 202 names; the approved permit, or raise (see `ask_permit`)."""
+        approval = answer.get("approval")
+        approval_id = approval.get("id") if isinstance(approval, Mapping) else None
+        if not isinstance(approval, Mapping) or not approval_id:
+            raise NoPermit(answer)
+        call.approval = dict(approval)
+        decision = self.wait_for_approval(
+            str(approval_id), poll_now=approval.get("status") not in (None, "waiting")
+        )
+        call.decision = decision
+        call.approval = {**call.approval, **decision.source, "status": decision.status}
+        if decision.status == "void" and self.token.wait(VOID_GRACE_SECONDS):
+            self.token.raise_if_cancelled()
+        if not decision.approved:
+            raise ApprovalRejected(decision.message, decision.status, call.approval)
+        permit_id, arguments = decision.permit_id, decision.arguments
+        if permit_id is None or arguments is NOT_GIVEN:
+            # The decision did not carry everything: the approval itself does.
+            current = self._get_approval(str(approval_id))
+            permit_id = permit_id or current.get("permit_id")
+            if arguments is NOT_GIVEN:
+                arguments = current.get("arguments", NOT_GIVEN)
+        if not permit_id:
+            raise NoPermit(call.approval)
+        if arguments is not NOT_GIVEN:
+            call.arguments = arguments
+        epoch = answer.get("epoch")
+        return {
+            "permit_id": str(permit_id),
+            "tool_call_id": call.tool_call_id,
+            "epoch": epoch if isinstance(epoch, int) else self._require_lease()[1],
+            "approval": dict(call.approval),  # type: ignore[typeddict-item]
+        }
+
+    def wait_for_approval(
+        self, approval_id: str, *, timeout: float | None = None, poll_now: bool = False
+    ) -> ApprovalDecision:
+        """Block until approval `approval_id` is decided; return the decision.
+
+        The decision comes from the push socket at once, or from polling the
+        approval's GET every `approval_poll_interval` seconds (at once if
+        `poll_now`). A stop ends the wait with `Cancelled` (the server voids
+        the approval). `timeout` (seconds) raises `TimeoutError`; by default
+        the wait lasts until the server decides, which its deadline bounds.
+
+        Tool calls wait by themselves; call this for an outbox item answered
+        `awaiting_approval` (`item["approval"]["id"]`) when the agent should
+        know the outcome before going on. It never raises for a rejection:
+        look at `decision.status` and `decision.message`.
+        """
+        started = time.monotonic()
+        next_poll = started if poll_now else started + self.approval_poll_interval
+        wake = threading.Event()
+        forget_post = self.approvals.on_post(wake.set)
+        forget_cancel = self.token.on_cancel(wake.set)
+        try:
+            while True:
+                wake.clear()
+                self.token.raise_if_cancelled()
+                decision = self.approvals.get(approval_id)
+                if decision is not None:
+                    return decision
+                now = time.monotonic()
+                if now >= next_poll:
+                    polled = self._poll_approval(approval_id)
+                    if polled is not None:
+                        self.approvals.post(polled)
+                        continue
+                    next_poll = now + self.approval_poll_interval
+                wake_at = next_poll
+                if timeout is not None:
+                    if now - started >= timeout:
+                        raise TimeoutError(f"approval {approval_id} still waiting after {timeout}s")
+                    wake_at = min(wake_at, started + timeout)
+                wake.wait(max(0.0, wake_at - now))
+        finally:
+            forget_post()
+            forget_cancel()
+
+    def _poll_approval(self, approval_id: str) -> ApprovalDecision | None:
+        """The approval's decision if it has one; None while it waits or the server is unreachable."""
+        try:
+            return decision_from_approval(self.client.get_approval(approval_id))
+        except Refused as error:
+            raise self._refused(error) from error
+        except (ApiError, httpx.TransportError) as error:
+            if not _is_network_error(error):
+                raise
+            log.info("safestop: approval %s not polled: %r", approval_id, error)
+            return None
+
+    def _get_approval(self, approval_id: str) -> Mapping[str, Any]:
+        try:
+            return retry(
+                lambda: self.client.get_approval(approval_id),
                 token=self.token,
                 attempts=3,
                 base_delay=FACT_BASE_DELAY,
@@ -403,13 +594,6 @@ class AgentRun:
             )
         except Refused as error:
             raise self._refused(error) from error
-        except Exception:
-            # No answer (network, or a stop during the retry backoff): the permit
-            # may exist server-side, but the call certainly never started.
-            self._report_not_started(call)
-            raise
-        with self._lock:
-            self.tool_calls.append(call)
 
     def _report_not_started(self, call: ToolCall) -> None:
         try:
@@ -579,8 +763,18 @@ class AgentRun:
         payload: Any,
         *,
         idempotency_key: str | None = None,
+        needs_approval: bool = False,
+        summary: str | None = None,
+        risk: Risk | None = None,
     ) -> OutboxItemInfo:
-        """Hand a side effect to the server to dispatch; refused (→ `Cancelled`) after a stop."""
+        """Hand a side effect to the server to dispatch; refused (→ `Cancelled`) after a stop.
+
+        The answer is returned as the server gave it. An item a reviewer must
+        approve first (a team rule, or `needs_approval=True`) answers
+        `{"status": "awaiting_approval", "approval": {...}}`: the server
+        dispatches it once approved and never otherwise. To know the outcome
+        before going on, `run.wait_for_approval(item["approval"]["id"])`.
+        """
         _, epoch = self._require_lease()
         self.token.raise_if_cancelled()
         key = idempotency_key or f"outbox_{uuid.uuid4().hex}"
@@ -593,6 +787,9 @@ class AgentRun:
                     destination=destination,
                     payload=payload,
                     idempotency_key=key,
+                    needs_approval=needs_approval,
+                    summary=summary,
+                    risk=risk,
                 ),
                 token=self.token,
                 attempts=3,
