@@ -65,7 +65,8 @@ def decision_from_frame(frame: Mapping[str, Any]) -> ApprovalDecision | None:
         approval_id=str(approval_id),
         status=status,
         message=str(frame.get("message") or ""),
-        arguments=frame.get("arguments", NOT_GIVEN),
+        # A frame's `arguments: null` says nothing: the approval's GET has the final ones.
+        arguments=_given(frame.get("arguments")),
         permit_id=_text_or_none(frame.get("permit_id")),
         tool_call_id=_text_or_none(frame.get("tool_call_id")),
         source=dict(frame),
@@ -128,6 +129,10 @@ class ApprovalBoard:
                     self._wakers.remove(wake)
 
         return forget
+
+
+def _given(value: Any) -> Any:
+    return NOT_GIVEN if value is None else value
 
 
 def _text_or_none(value: Any) -> str | None:

@@ -367,12 +367,14 @@ def test_a_202_for_an_approval_already_decided_is_checked_at_once(
     assert call.arguments == {"amount": 100}
 
 
+@pytest.mark.parametrize("arguments", ["absent", None])
 def test_a_pushed_approval_without_arguments_takes_them_from_the_approval(
-    client: SafestopClient, api: FakeApi
+    client: SafestopClient, api: FakeApi, arguments: Any
 ) -> None:
     api.overrides[APPROVAL_PATH] = approval_answers("approved")
-    frame = decided("approve", permit_id="permit_5")
-    del frame["arguments"]
+    frame = decided("approve", permit_id="permit_5", arguments=arguments)
+    if arguments == "absent":
+        del frame["arguments"]
     with leased(client) as run:
         decide_later(run, api, lambda: run.handle_push_frame(frame))
         with run.tool_call("pay", {"amount": 120}, tool_call_id="call_pay") as call:
