@@ -474,10 +474,21 @@ class AgentRun:
             )
             if not answer.get("permit_id"):
                 answer = self._wait_for_permit(call, answer)
+            elif isinstance(answer.get("approval"), Mapping) and "arguments" in answer:
+                # A permit asked again after its approval carries the approved arguments.
+                call.approval = dict(answer["approval"])
+                call.arguments = answer["arguments"]
             # The last moment a stop can still keep the body from running.
             self.token.raise_if_cancelled()
         except Refused as error:
             raise self._refused(error) from error
+        except ApiError as error:
+            closed = _closed_approval(error)
+            if closed is None:
+                self._report_not_started(call)
+                raise
+            # Asked again after a rejection, expiry or void: the server settled the call.
+            raise closed from error
         except ApprovalRejected:
             # The server settled the call when it was rejected, expired or voided.
             raise
@@ -829,6 +840,16 @@ class AgentRun:
         )
         self.drained_sent = True
         return answer or {}
+
+
+def _closed_approval(error: ApiError) -> ApprovalRejected | None:
+    """A 409 `approval_closed` (a permit asked again once its approval ended) as the rejection."""
+    if error.status_code != 409 or error.code != "approval_closed":
+        return None
+    approval = error.body.get("approval") if isinstance(error.body, Mapping) else None
+    approval = approval if isinstance(approval, Mapping) else {}
+    status = str(approval.get("status") or "rejected")
+    return ApprovalRejected(str(approval.get("message") or ""), status, approval)
 
 
 def _answer_for(answer: Any, event_id: str) -> EventAnswer:

@@ -541,3 +541,45 @@ def test_a_cancel_callback_runs_once_and_at_once_when_already_cancelled() -> Non
     forget()
     token.on_cancel(lambda: calls.append("late"))
     assert calls == ["first", "late"]
+
+
+# -- a permit asked again (a retry after a lost answer) ----------------------------------
+
+
+def test_a_permit_granted_after_approval_carries_the_approved_arguments(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    fake_api.overrides["permits/"] = lambda request, body: httpx.Response(
+        201,
+        json={
+            "permit_id": "permit_3",
+            "tool_call_id": body["tool_call_id"],
+            "epoch": 3,
+            "arguments": {"amount": 10},
+            "approval": {"id": "appr_1", "status": "approved"},
+        },
+    )
+    with leased(client) as run, run.tool_call("pay", {"amount": 99}, tool_call_id="c") as call:
+        assert call.arguments == {"amount": 10}
+        call.result = "ok"
+    assert call.original_arguments == {"amount": 99}
+
+
+def test_a_permit_asked_again_after_a_rejection_raises_approval_rejected(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    fake_api.overrides["permits/"] = lambda request, body: httpx.Response(
+        409,
+        json={
+            "error": "approval_closed",
+            "detail": "the approval was rejected",
+            "approval": {"id": "appr_1", "status": "rejected", "message": "not this customer"},
+        },
+    )
+    with leased(client) as run:
+        with pytest.raises(ApprovalRejected) as caught:
+            with run.tool_call("pay", {}, side_effect="write", tool_call_id="call_pay"):
+                pytest.fail("must not run")  # pragma: no cover
+    assert (caught.value.status, caught.value.message) == ("rejected", "not this customer")
+    assert results_for(fake_api, "call_pay") == []
+    assert not run.token.cancelled
