@@ -33,6 +33,10 @@ def beat_schedule(interval: float) -> dict[str, dict[str, object]]:
         "reap-expired-leases": entry("runs.tasks.reap_expired_leases", every),
         "fence-overdue-stops": entry("runs.tasks.fence_overdue_stops", every),
         "enforce-budgets": entry("runs.tasks.enforce_budgets", max(every, 1.0)),
+        "expire-overdue-approvals": entry("runs.tasks.expire_overdue_approvals", max(every, 1.0)),
+        "escalate-waiting-approvals": entry(
+            "runs.tasks.escalate_waiting_approvals", max(every, 5.0)
+        ),
         "reap-stuck-dispatches": entry("runs.tasks.reap_stuck_dispatches", max(every, 5.0)),
     }
 

@@ -108,6 +108,12 @@ def publish(event: dict[str, Any]) -> None:
     # forward it (docs/BENCHMARKS.md, fan-out).
     message = {**event, "type": "run.updated", "frame": browser_frame(event)}
     sends: list[tuple[Any, str, dict[str, Any]]] = []
+    if event.get("kind") == "approval_decided":
+        # For the worker only: viewers hear of the decision from its own run.updated frame.
+        if workers is not None:
+            sends.append((workers, agent_group(event["run_id"]), event))
+        _send(sends)
+        return
     if event.get("kind") == "stop_signal" and workers is not None:
         # Workers: the reliable layer only (see the module docstring).
         sends.append((workers, agent_group(event["run_id"]), {**event, "type": "stop.signal"}))

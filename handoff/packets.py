@@ -6,6 +6,8 @@ from typing import Any
 
 from handoff.models import StopPacket
 from runs.models import (
+    Approval,
+    ApprovalStatus,
     Artifact,
     ExecutionRecord,
     Lease,
@@ -200,9 +202,36 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
                 run=run, status=SteeringStatus.UNAPPLIED_AT_STOP
             )
         ],
+        # DESIGN §10: held at the stop, voided by it, never executed.
+        "approvals_void_at_stop": _approvals_void_at_stop(run, stop_request),
         "reported_after_stop": list(run.late_reports),
         "late_writes_rejected": run.late_writes_rejected,
     }
+
+
+def _approvals_void_at_stop(run: Run, stop_request: StopRequest) -> list[dict[str, Any]]:
+    approvals = Approval.objects.filter(
+        run=run, epoch=stop_request.epoch_before, status=ApprovalStatus.VOID
+    ).select_related("execution_record", "outbox_item")
+    return [
+        {
+            "id": approval.public_id,
+            "target": approval.target,
+            "tool_call_id": (
+                approval.execution_record.tool_call_id if approval.execution_record else None
+            ),
+            "outbox_id": approval.outbox_item.public_id if approval.outbox_item else None,
+            "tool": approval.subject,
+            "summary": approval.summary,
+            "risk": approval.risk,
+            "rule": approval.rule_name or None,
+            "arguments": approval.arguments,
+            "requested_at": _iso(approval.requested_at),
+            "voided_at": _iso(approval.decided_at),
+            "executed": False,
+        }
+        for approval in approvals.order_by("requested_at", "id")
+    ]
 
 
 def _record_summary(record: dict[str, Any]) -> dict[str, Any]:

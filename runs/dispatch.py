@@ -185,6 +185,24 @@ def enforce_budgets() -> int:
     )
 
 
+def expire_overdue_approvals() -> int:
+    """Deny by default (DESIGN §10): waiting approvals past their deadline expire as
+    rejections; the held call never runs. Scans through `approval_waiting_idx`."""
+    expired, _ = services.approvals_due_ids()
+    return _each(
+        expired, lambda pk: services.approval_expire(approval_id=pk), what="approval deadline"
+    )
+
+
+def escalate_waiting_approvals() -> int:
+    """Approvals still waiting at their rule's escalate-after are marked escalated; the
+    ledger entry is what notifications deliver (`approval_escalate_idx`)."""
+    _, escalate = services.approvals_due_ids()
+    return _each(
+        escalate, lambda pk: services.approval_escalate(approval_id=pk), what="approval escalation"
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # one tick of everything (the embedded loop; Celery beat schedules the parts separately)
 
@@ -196,6 +214,8 @@ class TickReport:
     stops_fenced: int = 0
     dispatched: int = 0
     dispatches_reaped: int = 0
+    approvals_expired: int = 0
+    approvals_escalated: int = 0
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -206,6 +226,8 @@ class TickReport:
             + self.stops_fenced
             + self.dispatched
             + self.dispatches_reaped
+            + self.approvals_expired
+            + self.approvals_escalated
         )
 
 
@@ -223,6 +245,8 @@ def run_periodic_work(
         ("leases_expired", reap_expired_leases),
         ("budgets_enforced", enforce_budgets),
         ("stops_fenced", fence_overdue_stops),
+        ("approvals_expired", expire_overdue_approvals),
+        ("approvals_escalated", escalate_waiting_approvals),
         (
             "dispatched",
             lambda: dispatch_pending(

@@ -322,6 +322,11 @@ class ExecutionRecord(models.Model):
         return f"{self.tool_call_id} {self.tool} ({self.execution_state})"
 
     @property
+    def permit_id(self) -> str:
+        """The id a client starts the call with; a held call has none until approved."""
+        return f"permit_{self.pk}"
+
+    @property
     def is_unconfirmed_side_effect(self) -> bool:
         return self.side_effect_state == SideEffectState.PENDING_VERIFICATION
 

@@ -75,3 +75,39 @@ def signal_payload(stop_request: Any) -> dict[str, Any]:
         "stop_request_id": stop_request.pk,
         "requested_at": stop_request.requested_at.isoformat(),
     }
+
+
+_DECISION_OF_STATUS = {
+    "approved": "approve",
+    "rejected": "reject",
+    "expired": "expire",
+    "void": "void",
+}
+
+
+def approval_decided(run: Any, approval: Any) -> None:
+    """The decision pushed to the run's worker the moment it commits (DESIGN §10), on the
+    same path as the stop signal. The approval's GET is the worker's fallback."""
+    record = approval.execution_record
+    decision = {
+        "type": "approval.decided",
+        "approval_id": approval.public_id,
+        "tool_call_id": record.tool_call_id if record is not None else None,
+        "outbox_id": approval.outbox_item.public_id if approval.outbox_item_id else None,
+        "decision": _DECISION_OF_STATUS[approval.status],
+        "status": approval.status,
+        "arguments": approval.arguments if approval.status == "approved" else None,
+        "message": approval.message,
+        "permit_id": (
+            record.permit_id if record is not None and approval.status == "approved" else None
+        ),
+        "epoch": approval.epoch,
+    }
+    event = {
+        "type": "approval.decided",
+        "kind": "approval_decided",
+        "run_id": run.pk,
+        "team": run.team_id,
+        "decision": decision,
+    }
+    transaction.on_commit(lambda: _deliver(event))

@@ -59,6 +59,16 @@ def enforce_budgets() -> int:
     return dispatch.enforce_budgets()
 
 
+@shared_task(name="runs.tasks.expire_overdue_approvals", **TASK_OPTIONS)
+def expire_overdue_approvals() -> int:
+    return dispatch.expire_overdue_approvals()
+
+
+@shared_task(name="runs.tasks.escalate_waiting_approvals", **TASK_OPTIONS)
+def escalate_waiting_approvals() -> int:
+    return dispatch.escalate_waiting_approvals()
+
+
 @shared_task(name="runs.tasks.expire_lease", **TASK_OPTIONS)
 def expire_lease(lease_id: int) -> str | None:
     return services.lease_expire(lease_id=lease_id)

@@ -2,13 +2,17 @@
 
 A worker connects with its bearer token (`Authorization: Bearer ...` header, or `?token=`
 for clients that cannot set headers) and no Origin — agents are not browsers; the token is
-what authorises them, per run. The socket carries one thing: the stop signal, the moment the
+what authorises them, per run. The socket carries the stop signal, the moment the
 stop commits (`runs.notify.stop_signal` → `console.realtime` → group `agent_<run_id>`).
 
 Frames sent:
 - `{"type": "cancel_requested", "reason", "requested_by", "stop_epoch", "stop_request_id",
   "requested_at", "run_id"}` — on a stop, and at once on connect if the run is already
   stopping or stopped (a worker that reconnects must not miss it);
+- `{"type": "approval.decided", "approval_id", "tool_call_id", "outbox_id", "decision",
+  "status", "arguments", "message", "permit_id", "epoch", "run_id"}` — the moment a decision on
+  one of the run's approvals commits (approve, reject, expire, void; DESIGN §10). Not replayed
+  on connect: a worker that reconnects reads the approval (`GET /api/v1/approvals/{id}/`);
 - `{"type": "ack", "status", "stop_epoch"}` after the worker's `{"type": "ack"}`;
 - `{"type": "pong"}`, `{"type": "error", "error", "detail"}`.
 
@@ -124,6 +128,10 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
     async def stop_signal(self, event: dict[str, Any]) -> None:
         """Group message from `console.realtime.publish` once a stop of this run committed."""
         await self._deliver(event["signal"], record=True)
+
+    async def approval_decided(self, event: dict[str, Any]) -> None:
+        """Group message once a decision on one of this run's approvals committed."""
+        await self.send_json({**event["decision"], "run_id": self.run_id})
 
     async def _deliver(self, signal: dict[str, Any], *, record: bool) -> None:
         await self.send_json({**signal, "type": "cancel_requested", "run_id": self.run_id})

@@ -27,6 +27,17 @@ from runs.services._base import (
     run_move,
     run_touch,
 )
+from runs.services.approvals import (
+    DECISIONS,
+    GateAnswer,
+    approval_decide,
+    approval_escalate,
+    approval_expire,
+    approval_rule_validate_glob,
+    approvals_due_ids,
+    parse_approval_id,
+    validate_arguments_schema,
+)
 from runs.services.budget import (
     run_enforce_budget,
     runs_over_budget_ids,
@@ -90,6 +101,15 @@ from runs.services.tool_calls import (
 )
 
 __all__ = [
+    "DECISIONS",
+    "GateAnswer",
+    "approval_decide",
+    "approval_escalate",
+    "approval_expire",
+    "approval_rule_validate_glob",
+    "approvals_due_ids",
+    "parse_approval_id",
+    "validate_arguments_schema",
     "EVENT_TYPES",
     "EventAnswer",
     "HeartbeatAnswer",

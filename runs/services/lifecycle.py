@@ -61,6 +61,7 @@ from runs.services._base import (
     _release_lease,
     locked_run,
 )
+from runs.services.approvals import void_waiting_approvals_locked
 
 
 @dataclass
@@ -139,9 +140,10 @@ def _upgrade_to_takeover(run: Run, stop_request: StopRequest, *, actor: Actor, n
 def _stop_locked(
     run: Run, *, reason: str, note: str, actor: Actor, now: Any, takeover: bool = False
 ) -> StopRequest:
-    """1. close the entrance and bump the epoch; 2. freeze the outbox; 3. flag calls in flight;
-    4. mark unapplied steering; 5. ledger + signal on commit; 6. with no live lease, drain and
-    settle at once, in this same transaction."""
+    """1. close the entrance and bump the epoch; 2. void waiting approvals (a stop never waits
+    on one: the held call never starts, a held item is frozen); 3. freeze the outbox; 4. flag
+    calls in flight; 5. mark unapplied steering; 6. ledger + signal on commit; 7. with no live
+    lease, drain and settle at once, in this same transaction."""
     epoch_before = run.stop_epoch
     run.stop_epoch = epoch_before + 1
     run.stop_reason = reason
@@ -157,6 +159,9 @@ def _stop_locked(
         requested_at=now,
         epoch_before=epoch_before,
         epoch_after=run.stop_epoch,
+    )
+    voided = void_waiting_approvals_locked(
+        run, now=now, why=f"the run was stopped ({reason})", actor=actor
     )
     frozen = _freeze_outbox(run, now=now)
     ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES).update(
@@ -176,6 +181,7 @@ def _stop_locked(
             "epoch_before": epoch_before,
             "note": note,
             "frozen_outbox": frozen,
+            "approvals_voided": voided,
             "takeover": takeover,
         },
         fields=("stop_epoch", "stop_reason", "stop_requested_by", "stop_requested_at"),
@@ -440,6 +446,10 @@ def _interrupt_locked(
         ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES)
     )
     _mark_outcomes_unknown(in_flight, now=now, source="interruption")
+    # A lost worker cannot run an approved call: what was waiting is void, never started.
+    void_waiting_approvals_locked(
+        run, now=now, why=f"the run was interrupted ({reason})", actor=actor
+    )
     # An interruption is a failure: what the worker queued is not sent on anyone's say-so but a
     # reviewer's (release), and a later resume (new epoch) cannot strand it as `pending`.
     frozen = _freeze_outbox(run, now=now)

@@ -35,6 +35,12 @@ from runs.services._base import (
     _reject_late_write,
     locked_run,
 )
+from runs.services.approvals import (
+    approval_request_locked,
+    gate_for_item,
+    validate_arguments_schema,
+    validate_risk,
+)
 from runs.services.lifecycle import _settle_dirty_if_resolved
 
 TRANSPORTS = ("webhook", "email")
@@ -74,9 +80,19 @@ def outbox_enqueue(
     idempotency_key: str,
     actor: Actor,
     tool_call_id: str = "",
+    needs_approval: bool = False,
+    summary: str = "",
+    risk: str = "",
+    arguments_schema: dict[str, Any] | None = None,
 ) -> tuple[OutboxItem, bool]:
-    """Queue a side effect for the server to dispatch. A retry returns the first item."""
+    """Queue a side effect for the server to dispatch. A retry returns the first item.
+
+    An item a team rule (or `needs_approval`) holds waits `awaiting_approval`, which no
+    dispatcher claims, with a waiting `Approval` (`item.approval`) over its payload (DESIGN §10).
+    """
     validate_outbox_destination(transport, destination)
+    schema = validate_arguments_schema(arguments_schema)
+    validate_risk(risk)
     if not idempotency_key:
         raise InvalidInput("idempotency_key is required", field="idempotency_key")
     refusal: StaleEpoch | RunNotRunning | None
@@ -84,8 +100,12 @@ def outbox_enqueue(
         existing = OutboxItem.objects.filter(run=run, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing, False
-        refusal = _check_work_may_start(run, epoch, now=timezone.now())
+        now = timezone.now()
+        refusal = _check_work_may_start(run, epoch, now=now)
         if refusal is None:
+            gate = gate_for_item(
+                run, transport=transport, destination=destination, needs_approval=needs_approval
+            )
             record = (
                 ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
                 if tool_call_id
@@ -99,6 +119,9 @@ def outbox_enqueue(
                 payload=payload,
                 idempotency_key=idempotency_key,
                 enqueue_epoch=epoch,
+                status=(
+                    OutboxStatus.AWAITING_APPROVAL if gate is not None else OutboxStatus.PENDING
+                ),
             )
             ledger_append(
                 run=run,
@@ -108,9 +131,21 @@ def outbox_enqueue(
                     "outbox_id": item.public_id,
                     "transport": transport,
                     "idempotency_key": idempotency_key,
+                    "held": gate is not None,
                 },
             )
             _changed(run, kind="outbox.enqueued")
+            if gate is not None:
+                approval_request_locked(
+                    run,
+                    gate=gate,
+                    actor=actor,
+                    now=now,
+                    item=item,
+                    summary=summary,
+                    risk=risk,
+                    arguments_schema=schema,
+                )
             return item, True
     _reject_late_write(run_id, kind="outbox", epoch=epoch, error=refusal)
     raise refusal

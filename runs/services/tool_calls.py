@@ -19,6 +19,7 @@ from runs.errors import (
 from runs.ledger import ledger_append
 from runs.models import (
     ExecutionRecord,
+    ExecutionState,
     RecoveryPolicy,
     Run,
     SideEffect,
@@ -33,6 +34,13 @@ from runs.services._base import (
     _check_work_may_start,
     _reject_late_write,
     locked_run,
+)
+from runs.services.approvals import (
+    approval_request_locked,
+    gate_for_call,
+    refuse_if_approval_closed,
+    validate_arguments_schema,
+    validate_risk,
 )
 from runs.services.budget import _budget_exceeded
 from runs.services.lifecycle import _settle_dirty_if_resolved, _stop_locked
@@ -51,12 +59,23 @@ def permit_request(
     operation_id: str = "",
     recovery_policy: str = "",
     step_key: str = "",
+    needs_approval: bool = False,
+    summary: str = "",
+    risk: str = "",
+    arguments_schema: dict[str, Any] | None = None,
 ) -> tuple[ExecutionRecord, bool]:
     """Grant a start permit for one tool call, or refuse it. Returns (record, created).
 
     The permit *is* the intent record: it is written under the run lock, so a stop recorded a
     microsecond earlier refuses it, and a stop a microsecond later finds it as in-flight work.
+
+    A call that a team rule (or the agent's `needs_approval`) holds is recorded the same way
+    but `awaiting_approval`, with a waiting `Approval` (`record.approval`): no permit exists
+    until a reviewer approves it (DESIGN §10). Asked again, a held call answers the same
+    record; one whose approval was rejected, expired or voided raises `ApprovalClosed`.
     """
+    schema = validate_arguments_schema(arguments_schema)
+    validate_risk(risk)
     refusal: StaleEpoch | RunNotRunning | None = None
     with locked_run(run_id) as run:
         now = timezone.now()
@@ -69,6 +88,7 @@ def permit_request(
                         run,
                         f"tool call {tool_call_id} was already permitted at epoch {existing.permit_epoch}",
                     )
+                refuse_if_approval_closed(existing, run)
                 return existing, False
             budget_reason = _budget_exceeded(run, now=now, adding_tool_call=True)
             if budget_reason:
@@ -83,8 +103,12 @@ def permit_request(
                     run, f"the run's budget is exhausted ({budget_reason}); it is stopping"
                 )
             else:
+                gate = gate_for_call(
+                    run, tool=tool, side_effect=side_effect, needs_approval=needs_approval
+                )
                 record = _create_permit(
                     run,
+                    held=gate is not None,
                     epoch=epoch,
                     tool_call_id=tool_call_id,
                     tool=tool,
@@ -96,6 +120,17 @@ def permit_request(
                     step_key=step_key,
                     actor=actor,
                 )
+                if gate is not None:
+                    approval_request_locked(
+                        run,
+                        gate=gate,
+                        actor=actor,
+                        now=now,
+                        record=record,
+                        summary=summary,
+                        risk=risk,
+                        arguments_schema=schema,
+                    )
                 return record, True
     assert refusal is not None
     _reject_late_write(run_id, kind="permit", epoch=epoch, error=refusal)
@@ -105,6 +140,7 @@ def permit_request(
 def _create_permit(
     run: Run,
     *,
+    held: bool,
     epoch: int,
     tool_call_id: str,
     tool: str,
@@ -128,18 +164,21 @@ def _create_permit(
         operation_id=operation_id,
         permit_epoch=epoch,
         recovery_policy=recovery_policy or RecoveryPolicy.MANUAL_CONFIRMATION,
+        execution_state=(ExecutionState.AWAITING_APPROVAL if held else ExecutionState.PERMITTED),
+        # A held call cannot have run yet: its write becomes unconfirmed once it is approved.
         side_effect_state=(
             SideEffectState.PENDING_VERIFICATION
-            if side_effect == SideEffect.WRITE
+            if side_effect == SideEffect.WRITE and not held
             else SideEffectState.NONE
         ),
     )
     run.tool_calls_count += 1
-    _changed(run, kind="tool.permitted", fields=("tool_calls_count",))
+    action = "tool.held" if held else "tool.permitted"
+    _changed(run, kind=action, fields=("tool_calls_count",))
     ledger_append(
         run=run,
         actor=actor,
-        action="tool.permitted",
+        action=action,
         payload={
             "tool_call_id": tool_call_id,
             "tool": tool,

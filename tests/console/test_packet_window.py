@@ -438,6 +438,7 @@ def test_stop_packet_snapshot_is_exactly_the_stop_state(team, bob):
         "unapplied_steering": [
             {"id": steering.pk, "text": "Use the Q3 numbers", "author": "agent-1"}
         ],
+        "approvals_void_at_stop": [],
         "reported_after_stop": [],
         "late_writes_rejected": 0,
     }
