@@ -27,6 +27,13 @@ from runs.services._base import (
     run_move,
     run_touch,
 )
+from runs.services.approval_rules import (
+    APPROVAL_RULE_FIELDS,
+    approval_rule_create,
+    approval_rule_delete,
+    approval_rule_update,
+    approval_rule_validate,
+)
 from runs.services.approvals import (
     DECISIONS,
     GateAnswer,
@@ -101,6 +108,11 @@ from runs.services.tool_calls import (
 )
 
 __all__ = [
+    "APPROVAL_RULE_FIELDS",
+    "approval_rule_create",
+    "approval_rule_delete",
+    "approval_rule_update",
+    "approval_rule_validate",
     "DECISIONS",
     "GateAnswer",
     "approval_decide",
