@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, time, timedelta
 from typing import Any
 
@@ -9,7 +10,14 @@ from django import forms
 from django.utils import timezone
 
 from handoff.models import ResolutionDecision
-from runs.models import RunStatus, StopReason, TokenRole
+from runs.models import (
+    ApprovalAppliesTo,
+    ApprovalRisk,
+    RunStatus,
+    SideEffect,
+    StopReason,
+    TokenRole,
+)
 
 # Reasons a person picks when pressing Stop. manual_takeover is the Take over button;
 # lease_expired and drain_deadline are the system's own and never chosen by hand.
@@ -188,3 +196,91 @@ class TokenCreateForm(forms.Form):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.fields["team"].choices = teams or []  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------------
+# approvals (DESIGN §10)
+
+APPROVAL_TABS = [
+    ("waiting", "Waiting"),
+    ("approved", "Approved"),
+    ("rejected", "Rejected"),
+    ("expired", "Expired"),
+    ("void", "Void"),
+    ("all", "All"),
+]
+
+
+class ApprovalFilterForm(forms.Form):
+    status = forms.ChoiceField(required=False, choices=APPROVAL_TABS)
+    team = forms.CharField(required=False, max_length=64)
+    agent = forms.CharField(required=False, max_length=120)
+    tool = forms.CharField(required=False, max_length=200)
+    risk = forms.ChoiceField(required=False, choices=[("", "Any risk"), *ApprovalRisk.choices])
+    run = forms.CharField(required=False, max_length=32)
+
+
+class ApprovalRuleForm(forms.Form):
+    """Types and choices only: what a glob may hold, which transports exist and how the fields
+    fit together are the service's checks (`runs.services.approval_rules`), shown on the form."""
+
+    # Posted keys that are not fields: the CSRF token, and the team on the create form.
+    ALLOWED_EXTRA = frozenset({"csrfmiddlewaretoken"})
+
+    name = forms.CharField(max_length=120)
+    enabled = forms.BooleanField(required=False, initial=True)
+    position = forms.IntegerField(min_value=0, max_value=1_000_000, initial=100)
+    applies_to = forms.ChoiceField(choices=ApprovalAppliesTo.choices, initial=ApprovalAppliesTo.ANY)
+    tool_glob = forms.CharField(required=False, max_length=200, strip=False)
+    side_effect = forms.ChoiceField(
+        required=False, choices=[("", "Any call"), (SideEffect.WRITE.value, "Writes only")]
+    )
+    agent_glob = forms.CharField(required=False, max_length=200, strip=False)
+    transport = forms.CharField(required=False, max_length=16)
+    destination_glob = forms.CharField(required=False, max_length=500, strip=False)
+    risk = forms.ChoiceField(choices=ApprovalRisk.choices, initial=ApprovalRisk.MEDIUM)
+    timeout_seconds = forms.IntegerField(min_value=1, max_value=86_400, initial=900)
+    escalate_after_seconds = forms.IntegerField(required=False, min_value=1, max_value=86_400)
+
+    def __init__(
+        self, *args: Any, teams: list[tuple[str, str]] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if teams is not None:
+            self.fields["team"] = forms.ChoiceField(choices=teams)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        unknown = sorted(set(self.data) - set(self.fields) - self.ALLOWED_EXTRA)
+        if unknown:
+            raise forms.ValidationError(f"unknown field: {', '.join(unknown)}")
+        return data
+
+    def rule_fields(self) -> dict[str, Any]:
+        """The cleaned values, as the rule services take them."""
+        return {name: self.cleaned_data[name] for name in self.fields if name != "team"}
+
+
+class ApprovalDecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    message = forms.CharField(required=False, max_length=4000)
+    # The edited arguments, as JSON text; blank means "as they are".
+    arguments = forms.CharField(required=False, max_length=200_000, strip=False)
+
+    def clean_arguments(self) -> dict[str, Any] | None:
+        text = self.cleaned_data.get("arguments") or ""
+        if not text.strip():
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise forms.ValidationError(f"not valid JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("the arguments must be a JSON object ({...})")
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("decision") == "reject" and data.get("arguments") is not None:
+            raise forms.ValidationError("a rejection carries a message, not arguments")
+        return data

@@ -6,7 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from console.views import audit, handoffs, packets, quality, run, runs, tokens
+from console.views import approvals, audit, handoffs, packets, quality, run, runs, tokens
 
 app_name = "console"
 
@@ -51,6 +51,14 @@ urlpatterns = [
     path("runs/<str:run_id>/packets/<int:epoch>/", packets.packet_page, name="packet"),
     path("runs/<str:run_id>/packets/<int:epoch>.json", packets.packet_json, name="packet_json"),
     path("runs/<str:run_id>/resolve/", packets.resolve, name="resolve"),
+    path("approvals/", approvals.inbox, name="approvals"),
+    path("approvals/rules/", approvals.rules, name="approval_rules"),
+    path("approvals/rules/<int:rule_id>/", approvals.rule_edit, name="approval_rule"),
+    path(
+        "approvals/rules/<int:rule_id>/delete/", approvals.rule_delete, name="approval_rule_delete"
+    ),
+    path("approvals/<str:approval_id>/", approvals.approval_page, name="approval"),
+    path("approvals/<str:approval_id>/decide/", approvals.approval_decide, name="approval_decide"),
     path("handoffs/", handoffs.handoffs, name="handoffs"),
     path("handoffs/<int:handoff_id>/<str:action>/", handoffs.handoff_action, name="handoff_action"),
     path("audit/", audit.audit, name="audit"),

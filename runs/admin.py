@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -19,6 +20,9 @@ from runs.actors import Actor
 from runs.errors import DomainError
 from runs.models import (
     ApiToken,
+    Approval,
+    ApprovalRisk,
+    ApprovalRule,
     Artifact,
     Checkpoint,
     EventReceipt,
@@ -292,3 +296,105 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         return {}
+
+
+class ApprovalRuleAdminForm(forms.ModelForm):
+    """The console's rule checks (`runs.services.approval_rule_validate`), as form errors."""
+
+    side_effect = forms.ChoiceField(
+        required=False, choices=[("", "Any call"), ("write", "Writes only")]
+    )
+    transport = forms.ChoiceField(
+        required=False, choices=[("", "Any transport"), *((t, t) for t in services.TRANSPORTS)]
+    )
+    risk = forms.ChoiceField(choices=ApprovalRisk.choices, initial=ApprovalRisk.MEDIUM)
+
+    class Meta:
+        model = ApprovalRule
+        fields = ["team", *services.APPROVAL_RULE_FIELDS]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        fields = {name: data[name] for name in services.APPROVAL_RULE_FIELDS if name in data}
+        try:
+            services.approval_rule_validate(**fields)
+        except DomainError as error:
+            field = error.extra.get("field")
+            self.add_error(field if field in self.fields else None, error.detail)
+        return data
+
+
+@admin.register(ApprovalRule)
+class ApprovalRuleAdmin(admin.ModelAdmin):
+    """Team configuration, edited here by staff and on the console's rules page by team admins;
+    either way through the rule services, so every change is ledgered."""
+
+    form = ApprovalRuleAdminForm
+    list_display = [
+        "name",
+        "team",
+        "position",
+        "enabled",
+        "applies_to",
+        "tool_glob",
+        "side_effect",
+        "agent_glob",
+        "transport",
+        "destination_glob",
+        "risk",
+        "timeout_seconds",
+        "escalate_after_seconds",
+    ]
+    list_filter = ["team", "enabled", "applies_to", "risk"]
+    search_fields = ["name", "tool_glob", "agent_glob", "destination_glob", "team__slug"]
+    list_select_related = ["team"]
+    ordering = ["team__slug", "position", "id"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # A rule stays with its team (its approvals and ledger entries name it).
+        return ["team", "created_by", "created_at"] if obj is not None else []
+
+    def save_model(self, request: HttpRequest, obj: ApprovalRule, form: Any, change: bool) -> None:
+        fields = {
+            name: form.cleaned_data[name]
+            for name in services.APPROVAL_RULE_FIELDS
+            if name in form.cleaned_data
+        }
+        actor = Actor.for_user(request.user)
+        if change:
+            saved = services.approval_rule_update(rule_id=obj.pk, actor=actor, **fields)
+        else:
+            saved = services.approval_rule_create(team_id=obj.team_id, actor=actor, **fields)
+        obj.pk = saved.pk
+        obj.created_by = saved.created_by
+
+    def delete_model(self, request: HttpRequest, obj: ApprovalRule) -> None:
+        services.approval_rule_delete(rule_id=obj.pk, actor=Actor.for_user(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApprovalRule]) -> None:
+        for rule_id in queryset.values_list("pk", flat=True):
+            services.approval_rule_delete(rule_id=rule_id, actor=Actor.for_user(request.user))
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    """Decided in the console or the API (`approval_decide`), never here."""
+
+    list_display = [
+        "public_id",
+        "subject",
+        "run",
+        "team",
+        "agent",
+        "status",
+        "risk",
+        "rule_name",
+        "requested_at",
+        "deadline",
+        "decided_by",
+        "decided_at",
+    ]
+    list_filter = ["status", "risk", "target", "edited", "team"]
+    search_fields = ["run__id", "subject", "agent", "rule_name", "decided_by"]
+    list_select_related = ["run", "team"]
+    date_hierarchy = "requested_at"

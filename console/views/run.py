@@ -43,6 +43,7 @@ from runs.models import (
     Run,
     RunStatus,
 )
+from runs.selectors import approvals_list
 
 TEMPLATE = "console/run.html"
 
@@ -77,6 +78,8 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "close_form": NoteForm(),
         "steering_form": SteeringForm(),
         "drain_deadline_seconds": settings.SAFESTOP_DRAIN_DEADLINE_SECONDS,
+        # Lazy: one query, only in the regions that show it (the summary).
+        "waiting_approvals": approvals_list(team_ids=None, run_id=run.pk),
     }
     context.update(extra)
     return context

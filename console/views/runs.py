@@ -11,6 +11,7 @@ from console.forms import RunFilterForm
 from console.selectors import RunFilters, runs_page
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
 from runs.models import RunStatus
+from runs.selectors import approvals_waiting_by_run
 
 TEMPLATE = "console/runs.html"
 
@@ -51,6 +52,7 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
         "result": result,
         "state_counts": state_counts,
         "status_choices": RunStatus.choices,
+        "waiting_by_run": approvals_waiting_by_run([run.pk for run in result.rows]),
     }
     if wants_fragment(request) and request.htmx.target == "runs-region":
         # The table region, and the status select (a chip click changes the status filter).

@@ -1,0 +1,446 @@
+"""Approvals (DESIGN §10): the inbox, one approval's page with its decision, the team's rules,
+and the waiting count in the navigation.
+
+- `/approvals/`: the approvals of the user's teams, waiting ones soonest deadline first (a tab
+  per decided status), filtered by team, agent, tool and risk. The table is a region refetched
+  by htmx when the team socket (the runs page's) announces a change; without JavaScript the
+  filter form is a plain GET.
+- `/approvals/<id>/`: the run's context, what is held and why, and — for a reviewer while it
+  waits — approve, approve with edited arguments, or reject with a message. The status region
+  follows the run's socket; once the approval is decided (here, elsewhere, or voided by a stop)
+  the decision region is replaced by the outcome.
+- `/approvals/rules/`: every member reads the team's rules; team admins create, edit, delete.
+
+Every write goes through a service (`approval_decide`, `approval_rule_*`); a refused one is a
+message on the form, never a 500.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.functional import SimpleLazyObject
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.access import Access, request_access, visible_teams
+from console.forms import APPROVAL_TABS, ApprovalDecisionForm, ApprovalFilterForm, ApprovalRuleForm
+from console.selectors import run_detail
+from console.views.common import (
+    HtmxHttpRequest,
+    actor_of,
+    error_text,
+    form_errors,
+    fragments,
+    page,
+    redirect_with,
+    wants_fragment,
+)
+from runs import services
+from runs.errors import DomainError, InvalidInput, NotFound
+from runs.models import (
+    Approval,
+    ApprovalRisk,
+    ApprovalRule,
+    ApprovalStatus,
+    ApprovalTarget,
+    Role,
+    Team,
+)
+from runs.selectors import approvals_list, approvals_waiting_count
+
+INBOX_TEMPLATE = "console/approvals.html"
+PAGE_TEMPLATE = "console/approval.html"
+RULES_TEMPLATE = "console/approvals_rules.html"
+RULE_TEMPLATE = "console/approval_rule.html"
+
+# The inbox shows the soonest deadlines first and stops there: 10,000 waiting approvals must
+# render as fast as 10 (issue 12). Filters narrow it.
+INBOX_LIMIT = 100
+# An approval this close to its deadline is highlighted: it expires — as a rejection — soon.
+SOON_SECONDS = 120
+# The run's latest steps shown on an approval page: what led to the call.
+RECENT_STEPS = 8
+
+
+# --------------------------------------------------------------------------------------------
+# navigation
+
+
+def approvals_nav(request: HttpRequest) -> dict[str, Any]:
+    """Context processor: the waiting count in the navigation of every page.
+
+    Lazy: the one COUNT runs only when a template shows it (the full pages), never for the
+    fragments that htmx refetches."""
+    if not getattr(request, "user", None) or not request.user.is_authenticated:
+        return {}
+    return {
+        "approvals_waiting": SimpleLazyObject(
+            lambda: approvals_waiting_count(team_ids=request_access(request).team_ids)
+        )
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# inbox
+
+
+def _team_scope(access: Access, teams: list[Team], slug: str) -> list[int] | None:
+    """The team ids the inbox reads: the filter's team if the user may see it, else all of
+    theirs (None: every team, for staff)."""
+    if slug:
+        return [team.pk for team in teams if team.slug == slug]
+    return access.team_ids
+
+
+def _agents(team_ids: list[int] | None) -> list[str]:
+    """The agents with waiting approvals, for the filter (the partial waiting index serves it)."""
+    waiting = Approval.objects.filter(status=ApprovalStatus.WAITING)
+    if team_ids is not None:
+        waiting = waiting.filter(team_id__in=team_ids)
+    return list(waiting.order_by("agent").values_list("agent", flat=True).distinct())
+
+
+@login_required
+@require_GET
+def inbox(request: HtmxHttpRequest) -> HttpResponse:
+    access = request_access(request)
+    form = ApprovalFilterForm(request.GET)
+    data = form.cleaned_data if form.is_valid() else {}
+    tab = data.get("status") or ApprovalStatus.WAITING
+    teams = visible_teams(access)
+    team_ids = _team_scope(access, teams, data.get("team") or "")
+    approvals = approvals_list(
+        team_ids=team_ids,
+        status="" if tab == "all" else tab,
+        agent=data.get("agent") or "",
+        tool=data.get("tool") or "",
+        risk=data.get("risk") or "",
+        run_id=data.get("run") or "",
+    )
+    rows = list(approvals[: INBOX_LIMIT + 1])
+    context = {
+        "form": form,
+        "filters": {key: data.get(key) or "" for key in ("team", "agent", "tool", "risk", "run")},
+        "tab": tab,
+        "tabs": APPROVAL_TABS,
+        "rows": rows[:INBOX_LIMIT],
+        "more": len(rows) > INBOX_LIMIT,
+        "limit": INBOX_LIMIT,
+        "teams": teams,
+        "agents": _agents(team_ids),
+        "risks": ApprovalRisk.choices,
+        "soon_before": timezone.now() + timedelta(seconds=SOON_SECONDS),
+        # One COUNT for the navigation and the Waiting tab (and its out-of-band twin).
+        "approvals_waiting": approvals_waiting_count(team_ids=access.team_ids),
+        "filtered": any(data.get(key) for key in ("team", "agent", "tool", "risk", "run")),
+    }
+    if wants_fragment(request) and request.htmx.target == "approvals-region":
+        # The waiting count in the navigation rides along, so it follows the table live.
+        return fragments(
+            request, INBOX_TEMPLATE, "region", context, oob=["status-input", "nav-count"]
+        )
+    return page(request, INBOX_TEMPLATE, context)
+
+
+# --------------------------------------------------------------------------------------------
+# one approval
+
+
+def _approval_for(request: HttpRequest, approval_id: str, *, need: str = Role.VIEWER) -> Approval:
+    """The approval, if the user may see its team (else 404) and holds `need` there (else 403)."""
+    try:
+        pk = services.parse_approval_id(approval_id)
+    except NotFound:
+        raise Http404("no such approval") from None
+    approval = (
+        Approval.objects.select_related("run", "team", "rule", "execution_record", "outbox_item")
+        .filter(pk=pk)
+        .first()
+    )
+    access = request_access(request)
+    if approval is None or not access.can_view(approval.team_id):
+        raise Http404("no such approval")
+    if not access.has(approval.team_id, need):
+        raise PermissionDenied(
+            f"you need the {need} role on team {approval.team.slug} to decide approvals"
+        )
+    return approval
+
+
+def _pretty(value: Any) -> str:
+    """The same layout as the editor's (approvals.js): sorted keys, two-space indent."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
+
+
+@dataclass(frozen=True)
+class DiffLine:
+    op: str  # "+", "-" or " "
+    text: str
+
+
+def arguments_diff(before: Any, after: Any) -> list[DiffLine]:
+    """A line diff of two argument objects as pretty JSON (what the reviewer changed)."""
+    lines = difflib.ndiff(_pretty(before).splitlines(), _pretty(after).splitlines())
+    return [DiffLine(line[0], line[2:]) for line in lines if line[:1] in "+- "]
+
+
+def approval_context(
+    request: HtmxHttpRequest, approval: Approval, *, full: bool = True, **extra: Any
+) -> dict[str, Any]:
+    """What the approval page shows. `full` adds the run's recent steps (the page, not the
+    regions that its socket refetches)."""
+    access = request_access(request)
+    waiting = approval.status == ApprovalStatus.WAITING
+    context: dict[str, Any] = {
+        "approval": approval,
+        "run": approval.run,
+        "record": approval.execution_record,
+        "item": approval.outbox_item,
+        "is_tool_call": approval.target == ApprovalTarget.TOOL_CALL,
+        "waiting": waiting,
+        "can_act": access.can_act(approval.team_id),
+        "can_decide": waiting and access.can_act(approval.team_id),
+        "original_pretty": _pretty(approval.original_arguments),
+        "arguments_pretty": _pretty(approval.arguments),
+        "diff": arguments_diff(approval.original_arguments, approval.arguments)
+        if approval.edited
+        else [],
+        "schema_pretty": _pretty(approval.arguments_schema) if approval.arguments_schema else "",
+        "soon": waiting and approval.deadline <= timezone.now() + timedelta(seconds=SOON_SECONDS),
+        "form": None,
+        "open_form": "",
+    }
+    if full:
+        detail = run_detail(approval.run)
+        context["steps"] = detail.steps[-RECENT_STEPS:]
+        context["steps_total"] = detail.steps_total
+    context.update(extra)
+    return context
+
+
+@login_required
+@require_GET
+def approval_page(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
+    approval = _approval_for(request, approval_id)
+    if wants_fragment(request) and request.htmx.target == "approval-status":
+        context = approval_context(request, approval, full=False)
+        # Decided meanwhile (by someone else, by the deadline, or voided by a stop): the forms
+        # give way to the outcome. While it waits, a half-typed edit is left alone.
+        oob = [] if context["waiting"] else ["decision"]
+        return fragments(request, PAGE_TEMPLATE, "status", context, oob=oob)
+    return page(request, PAGE_TEMPLATE, approval_context(request, approval))
+
+
+def _decided_message(approval: Approval) -> str:
+    if approval.status == ApprovalStatus.APPROVED:
+        how = "with your edits" if approval.edited else "as it was"
+        return f"Approved {how}: the agent may run {approval.subject} now."
+    return "Rejected: the call will never run; the agent is told why."
+
+
+@login_required
+@require_POST
+def approval_decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
+    approval = _approval_for(request, approval_id, need=Role.REVIEWER)
+    url = reverse("console:approval", args=[approval.public_id])
+    form = ApprovalDecisionForm(request.POST)
+    # Which form to reopen if it fails: the one the reviewer used.
+    open_form = "edit" if request.POST.get("arguments", "").strip() else ""
+    open_form = open_form or ("reject" if request.POST.get("decision") == "reject" else "approve")
+    error, status = "", 200
+    if not form.is_valid():
+        error, status = form_errors(form), 400
+    else:
+        try:
+            approval = services.approval_decide(
+                approval_id=approval.pk,
+                decision=form.cleaned_data["decision"],
+                actor=actor_of(request),
+                message=form.cleaned_data["message"],
+                arguments=form.cleaned_data["arguments"],
+            )
+        except DomainError as exc:
+            error, status = error_text(exc), exc.http_status
+            if isinstance(exc, InvalidInput) and exc.extra.get("field") in form.fields:
+                form.add_error(exc.extra["field"], exc.detail)
+            elif isinstance(exc, InvalidInput):
+                form.add_error(None, exc.detail)
+    if not error:
+        if not request.htmx:
+            return redirect_with(request, url, ok=_decided_message(approval))
+        approval = _approval_for(request, approval_id)
+        context = approval_context(
+            request, approval, full=False, decided_ok=_decided_message(approval)
+        )
+        return fragments(request, PAGE_TEMPLATE, "decision", context, oob=["status"])
+    if status == 400:
+        # Bad input (nothing was written): the form again, with the reviewer's text and the
+        # reason next to it.
+        # A reason about the arguments stands under the editor, not twice.
+        shown = "" if "arguments" in form.errors else error
+        extra: dict[str, Any] = {"form": form, "open_form": open_form, "decision_error": shown}
+        if not request.htmx:
+            context = approval_context(request, approval, **extra)
+            return page(request, PAGE_TEMPLATE, context, status=400)
+        context = approval_context(request, approval, full=False, **extra)
+        return fragments(request, PAGE_TEMPLATE, "decision", context)
+    # Refused (already decided, void, the run no longer running): show what is true now.
+    if not request.htmx:
+        return redirect_with(request, url, error=error)
+    approval = _approval_for(request, approval_id)
+    context = approval_context(request, approval, full=False, decision_error=error)
+    return fragments(request, PAGE_TEMPLATE, "decision", context, oob=["status"])
+
+
+# --------------------------------------------------------------------------------------------
+# rules
+
+
+def _duration(seconds: int | None) -> str:
+    if not seconds:
+        return ""
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
+
+
+@dataclass(frozen=True)
+class RuleRow:
+    rule: ApprovalRule
+    timeout: str
+    escalate_after: str
+    can_edit: bool
+
+
+def _admin_teams(access: Access, teams: list[Team]) -> list[Team]:
+    return [team for team in teams if access.can_admin(team.pk)]
+
+
+def _service_error(form: ApprovalRuleForm, error: DomainError) -> None:
+    """A service's refusal, on the field it names (a bad glob, an unknown transport…)."""
+    field = error.extra.get("field")
+    form.add_error(field if field in form.fields else None, error.detail)
+
+
+def _rules_context(request: HtmxHttpRequest, form: ApprovalRuleForm | None) -> dict[str, Any]:
+    access = request_access(request)
+    teams = visible_teams(access)
+    admin_ids = {team.pk for team in _admin_teams(access, teams)}
+    rules = ApprovalRule.objects.filter(team__in=teams).select_related("team")
+    rows = [
+        RuleRow(
+            rule,
+            _duration(rule.timeout_seconds),
+            _duration(rule.escalate_after_seconds),
+            rule.team_id in admin_ids,
+        )
+        for rule in rules.order_by("team__slug", "position", "id")
+    ]
+    return {
+        "rows": rows,
+        "teams": teams,
+        "form": form,
+        "can_create": bool(admin_ids),
+        "transports": services.TRANSPORTS,
+    }
+
+
+def _team_choices(request: HtmxHttpRequest) -> list[tuple[str, str]]:
+    access = request_access(request)
+    return [(team.slug, team.slug) for team in _admin_teams(access, visible_teams(access))]
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rules(request: HtmxHttpRequest) -> HttpResponse:
+    choices = _team_choices(request)
+    if request.method != "POST":
+        form = ApprovalRuleForm(teams=choices) if choices else None
+        return page(request, RULES_TEMPLATE, _rules_context(request, form))
+    if not choices:
+        raise PermissionDenied("approval rules are written by team admins")
+    form = ApprovalRuleForm(request.POST, teams=choices)
+    if form.is_valid():
+        team = Team.objects.get(slug=form.cleaned_data["team"])
+        try:
+            rule = services.approval_rule_create(
+                team_id=team.pk, actor=actor_of(request), **form.rule_fields()
+            )
+        except DomainError as exc:
+            _service_error(form, exc)
+        else:
+            return redirect_with(
+                request, reverse("console:approval_rules"), ok=f"Rule {rule.name!r} created."
+            )
+    context = _rules_context(request, form)
+    return page(request, RULES_TEMPLATE, {**context, "create_error": form_errors(form)}, status=400)
+
+
+def _rule_for(request: HttpRequest, rule_id: int) -> ApprovalRule:
+    """A rule the user's team owns (else 404) that the user administers (else 403)."""
+    rule = ApprovalRule.objects.select_related("team").filter(pk=rule_id).first()
+    access = request_access(request)
+    if rule is None or not access.can_view(rule.team_id):
+        raise Http404("no such rule")
+    if not access.can_admin(rule.team_id):
+        raise PermissionDenied(f"rules of team {rule.team.slug} are written by its admins")
+    return rule
+
+
+def _initial(rule: ApprovalRule) -> dict[str, Any]:
+    return {name: getattr(rule, name) for name in ApprovalRuleForm.base_fields}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rule_edit(request: HtmxHttpRequest, rule_id: int) -> HttpResponse:
+    rule = _rule_for(request, rule_id)
+    context: dict[str, Any] = {"rule": rule, "transports": services.TRANSPORTS}
+    if request.method != "POST":
+        form = ApprovalRuleForm(initial=_initial(rule))
+        return page(request, RULE_TEMPLATE, {**context, "form": form})
+    form = ApprovalRuleForm(request.POST)
+    if form.is_valid():
+        try:
+            services.approval_rule_update(
+                rule_id=rule.pk, actor=actor_of(request), **form.rule_fields()
+            )
+        except DomainError as exc:
+            _service_error(form, exc)
+        else:
+            return redirect_with(
+                request,
+                reverse("console:approval_rules"),
+                ok=f"Rule {form.cleaned_data['name']!r} saved.",
+            )
+    return page(
+        request,
+        RULE_TEMPLATE,
+        {**context, "form": form, "edit_error": form_errors(form)},
+        status=400,
+    )
+
+
+@login_required
+@require_POST
+def rule_delete(request: HtmxHttpRequest, rule_id: int) -> HttpResponse:
+    rule = _rule_for(request, rule_id)
+    try:
+        services.approval_rule_delete(rule_id=rule.pk, actor=actor_of(request))
+    except DomainError as exc:
+        return redirect_with(request, reverse("console:approval_rules"), error=exc)
+    return redirect_with(
+        request, reverse("console:approval_rules"), ok=f"Rule {rule.name!r} deleted."
+    )
