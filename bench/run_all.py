@@ -1,7 +1,8 @@
 """`make bench`: every benchmark against a real stack, then one table.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,pages,fanout] [--keep-db]
+        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,pages,approvals,fanout] \\
+        [--keep-db]
 
 1. (re)creates a dedicated database (`BENCH_DB_NAME`, default `safestop_bench`) next to the
    one DATABASE_URL names, and migrates it; uses its own Redis database (`BENCH_REDIS_DB`,
@@ -46,7 +47,7 @@ from bench.common import (  # noqa: E402
     with_redis_db,
 )
 
-SECTIONS = ("stop", "ingest", "pages", "fanout")
+SECTIONS = ("stop", "ingest", "pages", "approvals", "fanout")
 
 
 def _environment(args: argparse.Namespace) -> tuple[str, str, str, dict[str, str]]:
@@ -167,12 +168,14 @@ def main() -> None:
     admin_url, db_name, _bench_db_url, env = _environment(args)
     log_dir = ROOT / "bench" / "results" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    # Two benches at once would drop each other's database: hold a lock for the whole run.
-    lock = open(ROOT / "bench" / "results" / ".lock", "w")  # noqa: SIM115
+    # Two benches on one database would drop each other's: hold its lock for the whole run
+    # (bench/bench_approvals.py alone uses a database of its own, so it may run beside).
+    lock_name = ".lock" if db_name == "safestop_bench" else f".lock-{db_name}"
+    lock = open(ROOT / "bench" / "results" / lock_name, "w")  # noqa: SIM115
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        sys.exit("another bench/run_all.py is running (bench/results/.lock)")
+        sys.exit(f"another bench/run_all.py is running on {db_name} (bench/results/{lock_name})")
     print(f"bench database {db_name}, redis {env['REDIS_URL']}, logs in {log_dir}", flush=True)
     recreate_database(admin_url, db_name)
     daphne = None
@@ -221,6 +224,13 @@ def main() -> None:
             from bench import bench_pages
 
             section_rows, sections["pages"] = _run_section("pages", lambda: bench_pages.run(stack))
+            rows += section_rows
+        if "approvals" in only:
+            from bench import bench_approvals
+
+            section_rows, sections["approvals"] = _run_section(
+                "approvals", lambda: bench_approvals.run(stack)
+            )
             rows += section_rows
         if "stop" in only or "fanout" in only:
             stack.start_celery()
@@ -273,7 +283,11 @@ def main() -> None:
     for row in rows:
         if row.note:
             print(f"  - {row.section} / {row.metric.strip()}: {row.note}")
-    out = ROOT / "bench" / "results" / ("quick.json" if args.quick else "latest.json")
+    # A subset (`--only`, bench/bench_approvals.py) does not overwrite the whole run's figures.
+    name = "quick" if args.quick else "latest"
+    if set(only) != set(SECTIONS):
+        name += "-" + "-".join(only)
+    out = ROOT / "bench" / "results" / f"{name}.json"
     out.write_text(
         json.dumps(
             {
