@@ -236,7 +236,7 @@ def approval_page(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         context = approval_context(request, approval, full=False)
         # Decided meanwhile (by someone else, by the deadline, or voided by a stop): the forms
         # give way to the outcome. While it waits, a half-typed edit is left alone.
-        oob = [] if context["waiting"] else ["decision"]
+        oob = [] if context["waiting"] else ["decision", "nav-count"]
         return fragments(request, PAGE_TEMPLATE, "status", context, oob=oob)
     return page(request, PAGE_TEMPLATE, approval_context(request, approval))
 
@@ -282,7 +282,7 @@ def approval_decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         context = approval_context(
             request, approval, full=False, decided_ok=_decided_message(approval)
         )
-        return fragments(request, PAGE_TEMPLATE, "decision", context, oob=["status"])
+        return fragments(request, PAGE_TEMPLATE, "decision", context, oob=["status", "nav-count"])
     if status == 400:
         # Bad input (nothing was written): the form again, with the reviewer's text and the
         # reason next to it.
@@ -299,7 +299,7 @@ def approval_decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         return redirect_with(request, url, error=error)
     approval = _approval_for(request, approval_id)
     context = approval_context(request, approval, full=False, decision_error=error)
-    return fragments(request, PAGE_TEMPLATE, "decision", context, oob=["status"])
+    return fragments(request, PAGE_TEMPLATE, "decision", context, oob=["status", "nav-count"])
 
 
 # --------------------------------------------------------------------------------------------

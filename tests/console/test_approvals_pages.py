@@ -259,6 +259,7 @@ def test_reviewer_approves_with_edits_and_sees_the_diff(as_reviewer, team):
     assert '<span class="diff__line diff__line--del">-   &quot;amount&quot;: 120,' in body
     assert '<span class="diff__line diff__line--add">+   &quot;amount&quot;: 100,' in body
     assert 'id="approval-status"' in body and 'hx-swap-oob="true"' in body  # the status follows
+    assert 'id="nav-approvals-count" class="nav-count is-zero" hx-swap-oob="true">0<' in body
     approval.refresh_from_db()
     assert approval.edited and approval.arguments == {"amount": 100, "order": "1042"}
     assert approval.original_arguments == {"amount": 120, "order": "1042"}
@@ -362,6 +363,7 @@ def test_a_decided_approval_replaces_the_forms_when_its_status_is_refetched(
     body = as_reviewer.get(url(approval), **htmx("approval-status")).content.decode()
     assert body.lstrip().startswith('<section id="approval-status"')
     assert 'id="approval-decision"' in body and "approve-open" not in body
+    assert "Why it waits" in body and 'id="nav-approvals-count"' in body
 
 
 def test_a_stop_voids_the_approval_and_its_page_says_so(as_reviewer, team, bob):
