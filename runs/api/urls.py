@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.urls import path, re_path
+from django.views.decorators.csrf import csrf_exempt
 
 from runs.api import views
 from runs.api.errors import json_not_found
@@ -42,5 +43,8 @@ urlpatterns = [
     path("ledger/", views.LedgerView.as_view(), name="ledger"),
     path("metrics/stop-quality/", views.StopQualityView.as_view(), name="stop-quality"),
     path("security/denials/", views.DenialsView.as_view(), name="denials"),
-    re_path(r"^.*$", json_not_found, name="not-found"),
+    # Any path, an encoded newline included ([\s\S], not "."), and any method: a POST with a
+    # session cookie but no CSRF token would otherwise get the CSRF failure's HTML 403. It
+    # only ever answers 404.
+    re_path(r"^[\s\S]*$", csrf_exempt(json_not_found), name="not-found"),
 ]
