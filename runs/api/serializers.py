@@ -13,8 +13,14 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from handoff.models import ResolutionDecision
+from runs import services
 from runs.api.permissions import API_STOP_REASONS
+from runs.errors import InvalidInput
 from runs.models import (
+    Approval,
+    ApprovalRisk,
+    ApprovalStatus,
+    ApprovalTarget,
     ExecutionState,
     RecoveryPolicy,
     RemoteCancelState,
@@ -210,10 +216,196 @@ class LeaseReleaseOut(serializers.Serializer):
 
 
 # ---------------------------------------------------------------------------------------------
+# approvals (DESIGN §10)
+
+MAX_APPROVAL_SUMMARY = 2000
+MAX_APPROVAL_MESSAGE = 4000
+APPROVAL_DECISIONS = ["approve", "reject"]
+APPROVAL_LIST_STATUSES = [*ApprovalStatus.values, "all"]
+
+
+def json_kind(value: Any) -> str:
+    """How a JSON value is named in an error: "an array", "a string", ..."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else "null"
+
+
+class ApprovalAskIn(serializers.Serializer):
+    """What a permit or an outbox item may add to ask for (or describe) a review."""
+
+    needs_approval = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="hold this for a reviewer even if no team rule matches",
+    )
+    summary = serializers.CharField(
+        max_length=MAX_APPROVAL_SUMMARY,
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text="for the reviewer: what this does and why",
+    )
+    risk = serializers.ChoiceField(
+        choices=ApprovalRisk.choices,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="the agent's estimate; blank: the matching rule's (medium when none)",
+    )
+    arguments_schema = AnyJSONField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="a JSON Schema (object) that a reviewer's edited arguments must match",
+    )
+
+    def validate_arguments_schema(self, schema: Any) -> dict[str, Any] | None:
+        if schema is None:
+            return None
+        if not isinstance(schema, dict):
+            raise serializers.ValidationError("must be a JSON Schema object")
+        try:
+            return services.validate_arguments_schema(schema)
+        except InvalidInput as error:
+            raise serializers.ValidationError(error.detail) from None
+
+
+class ApprovalOut(serializers.Serializer):
+    """One approval (DESIGN §10): the held call or item, and its decision."""
+
+    id = serializers.CharField(source="public_id", help_text="appr_<n>")
+    run_id = serializers.CharField()
+    team = serializers.CharField(source="team.slug")
+    agent = serializers.CharField()
+    epoch = serializers.IntegerField(help_text="the run's epoch when it was requested")
+    target = serializers.ChoiceField(choices=ApprovalTarget.choices)
+    tool_call_id = serializers.SerializerMethodField()
+    outbox_id = serializers.SerializerMethodField()
+    tool = serializers.CharField(
+        source="subject", help_text='the tool, or "<transport> → <destination>" for an item'
+    )
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices)
+    rule = serializers.SerializerMethodField()
+    match_reason = serializers.CharField(help_text="why it is held, in words")
+    summary = serializers.CharField()
+    risk = serializers.ChoiceField(choices=ApprovalRisk.choices)
+    original_arguments = AnyJSONField()
+    arguments = AnyJSONField(help_text="the final arguments: the originals until edited")
+    arguments_schema = serializers.JSONField(allow_null=True)
+    edited = serializers.BooleanField()
+    message = serializers.CharField(help_text="the reviewer's message to the agent")
+    decided_by = serializers.SerializerMethodField()
+    decided_at = serializers.DateTimeField(allow_null=True)
+    requested_at = serializers.DateTimeField()
+    deadline = serializers.DateTimeField()
+    escalated_at = serializers.DateTimeField(allow_null=True)
+    permit_id = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_tool_call_id(self, approval: Approval) -> str | None:
+        record = approval.execution_record
+        return record.tool_call_id if record is not None else None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_outbox_id(self, approval: Approval) -> str | None:
+        item = approval.outbox_item
+        return item.public_id if item is not None else None
+
+    @extend_schema_field(
+        serializers.CharField(
+            allow_null=True, help_text="the team rule that matched; null when the agent asked"
+        )
+    )
+    def get_rule(self, approval: Approval) -> str | None:
+        return approval.rule_name or None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_decided_by(self, approval: Approval) -> str | None:
+        return approval.decided_by or None
+
+    @extend_schema_field(
+        serializers.CharField(
+            allow_null=True, help_text="set once a tool call's approval is approved"
+        )
+    )
+    def get_permit_id(self, approval: Approval) -> str | None:
+        if approval.status != ApprovalStatus.APPROVED or approval.execution_record is None:
+            return None
+        return approval.execution_record.permit_id
+
+
+class ApprovalListQuery(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=APPROVAL_LIST_STATUSES,
+        required=False,
+        default=ApprovalStatus.WAITING,
+        help_text="default waiting; `all` for every status",
+    )
+    run = serializers.CharField(max_length=32, required=False, help_text="a run id")
+    agent = serializers.CharField(max_length=120, required=False)
+    tool = serializers.CharField(
+        max_length=300, required=False, help_text="part of the tool name (or item destination)"
+    )
+    risk = serializers.ChoiceField(choices=ApprovalRisk.choices, required=False)
+
+
+class ApprovalPageOut(serializers.Serializer):
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = ApprovalOut(many=True)
+
+
+class ApprovalDecideIn(serializers.Serializer):
+    decision = serializers.ChoiceField(
+        choices=APPROVAL_DECISIONS,
+        error_messages={
+            "invalid_choice": 'decision must be "approve" or "reject", not "{input}"',
+        },
+    )
+    message = serializers.CharField(
+        max_length=MAX_APPROVAL_MESSAGE,
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text="goes back to the agent (why it was rejected, what was changed)",
+    )
+    arguments = AnyJSONField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="approve only: the edited arguments (an object; checked against the "
+        "approval's arguments_schema). Omit to approve the originals.",
+    )
+
+    def validate_arguments(self, arguments: Any) -> dict[str, Any] | None:
+        if arguments is not None and not isinstance(arguments, dict):
+            raise serializers.ValidationError(
+                f"the edited arguments must be a JSON object, not {json_kind(arguments)}"
+            )
+        return arguments
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["decision"] == "reject" and attrs.get("arguments") is not None:
+            raise serializers.ValidationError(
+                {"arguments": "a rejection carries a message, not arguments"}
+            )
+        return attrs
+
+
+# ---------------------------------------------------------------------------------------------
 # tool calls
 
 
-class PermitIn(serializers.Serializer):
+class PermitIn(ApprovalAskIn):
     epoch = epoch_field()
     tool_call_id = serializers.CharField(max_length=120)
     tool = serializers.CharField(max_length=120)
@@ -233,6 +425,25 @@ class PermitIn(serializers.Serializer):
     step_key = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
 
 
+@extend_schema_field(ApprovalOut)
+class ApprovalFromContext(serializers.Field):
+    """The approval a call or item went through, passed in the serializer's context by the view
+    (it knows when there cannot be one, and so saves the query); left out when there is none."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        super().__init__(source="*", **kwargs)
+
+    def get_attribute(self, instance: Any) -> Any:
+        approval = self.context.get("approval")
+        if approval is None:
+            raise serializers.SkipField()
+        return approval
+
+    def to_representation(self, approval: Approval) -> dict[str, Any]:
+        return dict(ApprovalOut(approval).data)
+
+
 class PermitOut(serializers.Serializer):
     permit_id = serializers.SerializerMethodField()
     tool_call_id = serializers.CharField()
@@ -241,9 +452,19 @@ class PermitOut(serializers.Serializer):
     side_effect = serializers.CharField()
     execution_state = serializers.CharField()
     idempotency_key = serializers.CharField()
+    arguments = AnyJSONField(help_text="the final arguments: run these (a reviewer may edit them)")
+    approval = ApprovalFromContext(help_text="when the call went through an approval")
 
     def get_permit_id(self, record: Any) -> str:
-        return f"permit_{record.pk}"
+        return str(record.permit_id)
+
+
+class PermitWaitingOut(serializers.Serializer):
+    """202: the call waits for a reviewer. There is no permit yet: do not start the call."""
+
+    tool_call_id = serializers.CharField()
+    epoch = serializers.IntegerField(source="permit_epoch")
+    approval = ApprovalFromContext(required=True)
 
 
 class ToolResultIn(serializers.Serializer):
@@ -337,7 +558,7 @@ class EventsOut(serializers.Serializer):
 # outbox, drain
 
 
-class OutboxIn(serializers.Serializer):
+class OutboxIn(ApprovalAskIn):
     epoch = epoch_field()
     transport = serializers.ChoiceField(choices=["webhook", "email"])
     destination = serializers.CharField(max_length=500)
@@ -350,11 +571,12 @@ class OutboxIn(serializers.Serializer):
 
 class OutboxOut(serializers.Serializer):
     id = serializers.CharField(source="public_id")
-    status = serializers.CharField()
+    status = serializers.CharField(help_text="awaiting_approval while a reviewer decides")
     idempotency_key = serializers.CharField()
     transport = serializers.CharField()
     destination = serializers.CharField()
     enqueue_epoch = serializers.IntegerField()
+    approval = ApprovalFromContext(help_text="when the item waits for (or went through) one")
 
 
 class ObservationIn(serializers.Serializer):

@@ -1,4 +1,4 @@
-"""/api/v1/ — every row of DESIGN §5, and a JSON 404 for anything else under it."""
+"""/api/v1/ — every row of DESIGN §5 and §10, and a JSON 404 for anything else under it."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ urlpatterns = [
     ),
     path(RUN + "resolutions/", views.ResolutionsView.as_view(), name="resolutions"),
     path(RUN + "steering/", views.SteeringView.as_view(), name="steering"),
+    path("approvals/", views.ApprovalsView.as_view(), name="approvals"),
+    path("approvals/<str:approval_id>/", views.ApprovalDetailView.as_view(), name="approval"),
+    path(
+        "approvals/<str:approval_id>/decide/",
+        views.ApprovalDecideView.as_view(),
+        name="approval-decide",
+    ),
     path("ledger/", views.LedgerView.as_view(), name="ledger"),
     path("metrics/stop-quality/", views.StopQualityView.as_view(), name="stop-quality"),
     path("security/denials/", views.DenialsView.as_view(), name="denials"),

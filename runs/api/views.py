@@ -28,13 +28,22 @@ from handoff import selectors as handoff_selectors
 from handoff import services as handoff_services
 from runs import selectors as run_selectors
 from runs import services
+from runs.access import WHY_NOT
 from runs.api import schema as _schema  # noqa: F401  (registers the bearer auth scheme)
 from runs.api import selectors
 from runs.api import serializers as s
 from runs.api.parsers import SafeJSONParser
-from runs.api.permissions import Caller, Capability, run_for, run_id_for
+from runs.api.permissions import Caller, Capability, WrongRole, WrongTeam, run_for, run_id_for
 from runs.api.ratelimit import CallerRateThrottle, denials_list
-from runs.errors import AlreadyFinished, NotFound
+from runs.errors import (
+    AlreadyDecided,
+    AlreadyFinished,
+    ApprovalClosed,
+    ApprovalVoid,
+    DomainError,
+    NotFound,
+)
+from runs.models import Approval, ApprovalStatus, ExecutionState, OutboxStatus
 from runs.services import EventAnswer, PlannedStep, StopOutcome
 
 # ---------------------------------------------------------------------------------------------
@@ -52,6 +61,9 @@ WRITE_ERRORS = _errors(*_ALWAYS, 400, 403, 404, 409, 413, 415)
 
 RUN_ID = OpenApiParameter(
     "run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="run id, e.g. run_1a2b3c4d5e6f"
+)
+APPROVAL_ID = OpenApiParameter(
+    "approval_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="approval id, e.g. appr_12"
 )
 
 
@@ -101,6 +113,14 @@ class LedgerPage(_Page):
     ordering = "-id"
 
 
+class WaitingApprovalPage(_Page):
+    ordering = ("deadline", "id")  # the inbox: soonest deadline first
+
+
+class ApprovalPage(_Page):
+    ordering = ("-requested_at", "-id")  # decided (or every status): newest first
+
+
 PAGE_PARAMETERS = [
     OpenApiParameter(
         "cursor", OpenApiTypes.STR, description="opaque cursor from `next` / `previous`"
@@ -125,6 +145,57 @@ def _stop_answer(outcome: StopOutcome) -> Response:
         }
     ).data
     return Response(body, status=status.HTTP_202_ACCEPTED)
+
+
+# ---------------------------------------------------------------------------------------------
+# approvals: access and answers
+
+
+def approval_for(caller: Caller, approval_id: str, capability: Capability) -> Approval:
+    """The approval, if the caller's team owns it (else 404, like one that does not exist) and
+    the caller may `capability` on that team (else 403). Ids are `appr_<n>` (or `<n>`)."""
+    missing = f"approval {approval_id[:40]!r} does not exist"
+    # parse_approval_id bounds the number; ASCII only, or int() would read other scripts' digits
+    if not approval_id.isascii() or len(approval_id) > 40:
+        raise NotFound(missing)
+    pk = services.parse_approval_id(approval_id)
+    approval = (
+        Approval.objects.select_related("team", "execution_record", "outbox_item")
+        .filter(pk=pk)
+        .first()
+    )
+    if approval is None:
+        raise NotFound(missing)
+    if not caller.may(Capability.READ, approval.team_id):
+        raise WrongTeam(missing)
+    if not caller.may(capability, approval.team_id):
+        raise WrongRole(WHY_NOT.get(capability, "not allowed"))
+    return approval
+
+
+def _approval_reloaded(approval_id: int) -> Approval:
+    return Approval.objects.select_related("team", "execution_record", "outbox_item").get(
+        pk=approval_id
+    )
+
+
+def _with_approval_json(error: DomainError, approval_pk: int | None = None) -> DomainError:
+    """A refusal about an approval carries it (`approval`), as the API shows approvals."""
+    named = error.extra.get("approval_id")
+    if approval_pk is None and isinstance(named, str):
+        approval_pk = services.parse_approval_id(named)
+    if approval_pk is not None:
+        error.extra["approval"] = dict(s.ApprovalOut(_approval_reloaded(approval_pk)).data)
+    return error
+
+
+def _held_approval(obj: Any, *, created: bool, untouched: bool) -> Approval | None:
+    """The approval a permit or outbox item went through. A record or item just made and
+    `untouched` (permitted / pending) never had one: no query for the common case."""
+    if created and untouched:
+        return None
+    approval: Approval | None = getattr(obj, "approval", None)  # reverse one-to-one
+    return _approval_reloaded(approval.pk) if approval is not None else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,18 +357,39 @@ class PermitsView(ApiView):
         summary="Ask to start one tool call (the intent record)",
         description="201 with the permit; 200 with the same permit when `tool_call_id` was already permitted "
         "at this epoch (a retry). 409 `stale_epoch` / `run_not_running` after a stop: the tool must "
-        "not start.",
+        "not start.\n\n"
+        "Approvals (DESIGN §10): when a team rule matches or `needs_approval` is true, the call "
+        "waits for a reviewer: **202** `{tool_call_id, epoch, approval}` and no `permit_id` — do "
+        "not start the call. Asking again answers 202 while it waits, 201 with the permit, the "
+        "final (possibly edited) `arguments` and the `approval` once approved, and 409 "
+        "`approval_closed` (with the `approval` and its `message`) once rejected, expired or void.",
         parameters=[RUN_ID],
         request=s.PermitIn,
-        responses={201: s.PermitOut, 200: s.PermitOut, **WRITE_ERRORS},
+        responses={201: s.PermitOut, 200: s.PermitOut, 202: s.PermitWaitingOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.PermitIn)
-        record, created = services.permit_request(run_id=run_id, actor=self.caller.actor, **data)
+        try:
+            record, created = services.permit_request(
+                run_id=run_id, actor=self.caller.actor, **data
+            )
+        except ApprovalClosed as error:
+            raise _with_approval_json(error) from None
+        state = record.execution_state
+        approval = _held_approval(
+            record, created=created, untouched=state == ExecutionState.PERMITTED
+        )
+        context = {"approval": approval}
+        if state == ExecutionState.AWAITING_APPROVAL:
+            return Response(
+                s.PermitWaitingOut(record, context=context).data, status=status.HTTP_202_ACCEPTED
+            )
+        # A call that waited gets its permit now: the first answers for it had none.
+        granted = created or approval is not None
         return Response(
-            s.PermitOut(record).data,
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            s.PermitOut(record, context=context).data,
+            status=status.HTTP_201_CREATED if granted else status.HTTP_200_OK,
         )
 
 
@@ -382,7 +474,10 @@ class OutboxView(ApiView):
         operation_id="outbox_enqueue",
         summary="Queue a side effect for the server to dispatch",
         description="201 with the item; 200 with the first item when `idempotency_key` was used before on "
-        "this run. A webhook's destination must be on SAFESTOP_WEBHOOK_ALLOWED_HOSTS.",
+        "this run. A webhook's destination must be on SAFESTOP_WEBHOOK_ALLOWED_HOSTS.\n\n"
+        "Approvals (DESIGN §10): when a team rule matches or `needs_approval` is true, the item "
+        "is `awaiting_approval` (with `approval`) and no dispatcher sends it until a reviewer "
+        "approves (`pending`, with the final payload); a rejection or expiry discards it.",
         parameters=[RUN_ID],
         request=s.OutboxIn,
         responses={201: s.OutboxOut, 200: s.OutboxOut, **WRITE_ERRORS},
@@ -391,8 +486,11 @@ class OutboxView(ApiView):
         run_id = self.work_run_id(run_id)
         data = self.parse(s.OutboxIn)
         item, created = services.outbox_enqueue(run_id=run_id, actor=self.caller.actor, **data)
+        approval = _held_approval(
+            item, created=created, untouched=item.status != OutboxStatus.AWAITING_APPROVAL
+        )
         return Response(
-            s.OutboxOut(item).data,
+            s.OutboxOut(item, context={"approval": approval}).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
@@ -544,6 +642,84 @@ class SteeringView(ApiView):
         data = self.parse(s.SteeringIn)
         message = services.steering_queue(run_id=run.pk, text=data["text"], actor=self.caller.actor)
         return Response(s.SteeringOut(message).data, status=status.HTTP_201_CREATED)
+
+
+# ---------------------------------------------------------------------------------------------
+# approvals
+
+
+class ApprovalsView(ApiView):
+    @extend_schema(
+        operation_id="approvals_list",
+        summary="The team's approvals (reviewers): by default the waiting ones, soonest deadline first",
+        description="Reviewer tokens, reviewers and admins. `status` filters (default `waiting`, "
+        "sorted by deadline; `all` or a decided status: newest first); `run`, `agent`, `risk` are "
+        "exact, `tool` matches part of the tool name (or an outbox item's transport and "
+        "destination).",
+        parameters=[s.ApprovalListQuery, *PAGE_PARAMETERS],
+        responses={200: s.ApprovalPageOut, **_errors(*_ALWAYS, 400, 403, 404)},
+    )
+    def get(self, request: Request) -> Response:
+        self.caller.require(Capability.REVIEW)
+        query = self.parse(s.ApprovalListQuery, request.query_params)
+        wanted = query["status"]
+        approvals = run_selectors.approvals_list(
+            team_ids=self.caller.team_ids(Capability.REVIEW),
+            status="" if wanted == "all" else wanted,
+            agent=query.get("agent", ""),
+            tool=query.get("tool", ""),
+            risk=query.get("risk", ""),
+            run_id=query.get("run", ""),
+        )
+        paginator = WaitingApprovalPage() if wanted == ApprovalStatus.WAITING else ApprovalPage()
+        page = paginator.paginate_queryset(approvals, request, view=self)
+        return paginator.get_paginated_response(s.ApprovalOut(page, many=True).data)
+
+
+class ApprovalDetailView(ApiView):
+    @extend_schema(
+        operation_id="approvals_retrieve",
+        summary="One approval",
+        description="Anyone on the run's team, agent tokens included: a worker whose push socket "
+        "is down polls this for the decision (`status`, `message`, final `arguments`, "
+        "`permit_id`). Another team's approval is a 404.",
+        parameters=[APPROVAL_ID],
+        responses={200: s.ApprovalOut, **READ_ERRORS},
+    )
+    def get(self, request: Request, approval_id: str) -> Response:
+        return Response(s.ApprovalOut(approval_for(self.caller, approval_id, Capability.READ)).data)
+
+
+class ApprovalDecideView(ApiView):
+    @extend_schema(
+        operation_id="approvals_decide",
+        summary="Approve (as is, or with edited arguments) or reject a waiting approval",
+        description="Reviewer tokens, reviewers and admins (agent tokens and viewers: 403). "
+        "200 with the approval; an approved tool call's carries its `permit_id`, an approved "
+        "outbox item becomes `pending`. Edited `arguments` must be an object and match the "
+        "approval's `arguments_schema` (400 naming the path otherwise). A decision is taken "
+        "once: 409 `already_decided` with the first (`approval_status`, `decided_by`, "
+        "`decided_at`, `approval`) — a repeat of the same decision included; 409 "
+        "`approval_void` once a stop, takeover or lease loss voided it; 409 `run_not_running` "
+        "when the run is not running at the approval's epoch.",
+        parameters=[APPROVAL_ID],
+        request=s.ApprovalDecideIn,
+        responses={200: s.ApprovalOut, **WRITE_ERRORS},
+    )
+    def post(self, request: Request, approval_id: str) -> Response:
+        approval = approval_for(self.caller, approval_id, Capability.REVIEW)
+        data = self.parse(s.ApprovalDecideIn)
+        try:
+            services.approval_decide(
+                approval_id=approval.pk,
+                decision=data["decision"],
+                message=data["message"],
+                arguments=data["arguments"],
+                actor=self.caller.actor,
+            )
+        except (AlreadyDecided, ApprovalVoid) as error:
+            raise _with_approval_json(error, approval.pk) from None
+        return Response(s.ApprovalOut(_approval_reloaded(approval.pk)).data)
 
 
 # ---------------------------------------------------------------------------------------------
