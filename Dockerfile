@@ -10,9 +10,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # The project runs from its source tree (templates/ and static/ live next to the apps), so it is
-# installed in place; dependencies come from pyproject.toml.
+# installed in place; dependencies come from pyproject.toml, and the agent side (which the demo
+# simulator drives runs through) from its own distribution in agent/.
 COPY . /app
-RUN pip install -e . \
+RUN pip install -e ./agent -e . \
  && SAFESTOP_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0 \
  && useradd --create-home --uid 10001 safestop \
  && chown -R safestop /app/staticfiles

@@ -9,15 +9,18 @@
 - `collect_tool_calls` never lets half a streamed tool call run.
 - `run_process` stops a whole process tree and never hangs on a held pipe.
 
-This package never imports Django: it runs inside agent processes.
+This package never imports Django: it runs inside agent processes. It is its
+own distribution, `safestop-agent` (agent/pyproject.toml), needing only httpx
+and websockets; `__version__` is the wire contract's version (`_version.py`).
 """
 
 from __future__ import annotations
 
+from ._version import __version__
 from .approvals import ApprovalDecision
 from .cancel import Cancelled, CancelRequest, CancelToken
 from .client import SafestopClient
-from .errors import ApiError, ApprovalRejected, NoPermit, Refused
+from .errors import ApiError, ApprovalRejected, ClientTooOld, NoPermit, Refused
 from .process import ProcessResult, run_process
 from .retry import is_transient, retry
 from .stream import (
@@ -30,6 +33,7 @@ from .stream import (
 from .worker import AgentRun, ToolCall
 
 __all__ = [
+    "__version__",
     "AgentRun",
     "ApiError",
     "ApprovalDecision",
@@ -37,6 +41,7 @@ __all__ = [
     "CancelRequest",
     "CancelToken",
     "Cancelled",
+    "ClientTooOld",
     "CompleteToolCall",
     "DiscardedToolCall",
     "NoPermit",

@@ -46,6 +46,27 @@ class Refused(ApiError):
     """409 refusal: the run is stopped, the epoch is stale or the lease was revoked."""
 
 
+class ClientTooOld(ApiError):
+    """The server needs a newer `safestop-agent` than this one (`426 client_too_old`).
+
+    Every request names the client's version; a server configured with a higher
+    `SAFESTOP_MIN_AGENT_VERSION` refuses it before doing anything, so an old
+    client never half-understands a newer contract. Upgrade the package.
+    """
+
+    CODE = "client_too_old"
+
+    @property
+    def minimum_version(self) -> str | None:
+        value = self._body_field("minimum_version")
+        return str(value) if value else None
+
+    @property
+    def client_version(self) -> str | None:
+        value = self._body_field("client_version")
+        return str(value) if value else None
+
+
 class ApprovalRejected(Exception):
     """A reviewer did not approve: the call never started and never will.
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from ._version import USER_AGENT, VERSION_HEADER, __version__
 from .errors import ApiError
 
 log = logging.getLogger("safestop_agent")
@@ -116,7 +117,10 @@ class PushListener:
         name: str = "safestop-push",
     ) -> None:
         self.url = url
-        self._headers = {"Authorization": f"Bearer {bearer_token}"}
+        self._headers = {
+            "Authorization": f"Bearer {bearer_token}",
+            VERSION_HEADER: __version__,
+        }
         self._on_signal = on_signal
         self._on_frame = on_frame
         self._min_backoff = min_backoff
@@ -155,6 +159,7 @@ class PushListener:
                 with connect(
                     self.url,
                     additional_headers=self._headers,
+                    user_agent_header=USER_AGENT,
                     open_timeout=10,
                     close_timeout=1,
                 ) as connection:

@@ -19,7 +19,8 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import httpx
 
-from .errors import REFUSAL_CODES, ApiError, Refused
+from ._version import USER_AGENT, VERSION_HEADER, __version__
+from .errors import REFUSAL_CODES, ApiError, ClientTooOld, Refused
 
 SideEffect = Literal["none", "write"]
 ExecutionState = Literal["running", "succeeded", "failed", "not_started", "unknown"]
@@ -166,7 +167,14 @@ class WireClient:
         self.timeout = timeout
         self._http = httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json",
+                # Which wire contract this client speaks: a server that needs a newer one
+                # answers `426 client_too_old` (`ClientTooOld`) rather than being misunderstood.
+                "User-Agent": f"{USER_AGENT} httpx/{httpx.__version__}",
+                VERSION_HEADER: __version__,
+            },
             timeout=timeout,
             transport=transport,
         )
@@ -494,6 +502,8 @@ def error_from_response(response: httpx.Response) -> ApiError:
         detail = response.text[:500]
     if response.status_code == 409 and code in REFUSAL_CODES:
         return Refused(response.status_code, code, detail, body)
+    if code == ClientTooOld.CODE:
+        return ClientTooOld(response.status_code, code, detail, body)
     return ApiError(response.status_code, code, detail, body)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from runs.api.agent_version import check_agent_version
 from runs.models import ApiToken
 from runs.tokens import api_token_authenticate
 
@@ -41,6 +42,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         token = api_token_authenticate(parts[1])
         if token is None:
             raise exceptions.AuthenticationFailed("unknown or revoked token")
+        check_agent_version(request.META)  # 426 client_too_old: an agent older than the contract
         return TokenPrincipal(token), token
 
     def authenticate_header(self, request: Request) -> str:
