@@ -1,4 +1,5 @@
-"""`GET /metrics`: the stop-quality figures (DESIGN §7) and queue depths, as Prometheus text.
+"""`GET /metrics`: the stop-quality figures (DESIGN §7), the approval figures (DESIGN §10) and
+queue depths, as Prometheus text.
 
 Who may scrape it:
 - a staff session (every team), or
@@ -209,6 +210,42 @@ def render_metrics(figures: dict[str, Any], depths: dict[str, int], window: time
         "gauge",
         "Share of handoffs that reached completed, returned or closed.",
         [({}, handoffs["rate"])],
+    )
+    # approvals (DESIGN §10): time to a reviewer's decision, and how approvals ended
+    approvals = figures["approvals"]
+    decision = approvals["time_to_decision"]
+    out.family(
+        "safestop_approval_time_to_decision_seconds",
+        "gauge",
+        "From an approval's request to a reviewer approving or rejecting it.",
+        [
+            ({"quantile": quantile}, _ms_to_seconds(decision[key]))
+            for quantile, key in (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms"))
+        ],
+    )
+    out.family(
+        "safestop_approval_time_to_decision_samples",
+        "gauge",
+        "Approvals decided by a reviewer, measured for the time to decision.",
+        [({}, decision["count"])],
+    )
+    out.family(
+        "safestop_approvals",
+        "gauge",
+        "Approvals requested in the window, by status now "
+        "(approved_with_edits is part of approved).",
+        [({"status": "all"}, approvals["requested"])]
+        + [
+            ({"status": status}, approvals[status])
+            for status in (
+                "waiting",
+                "approved",
+                "approved_with_edits",
+                "rejected",
+                "expired",
+                "void",
+            )
+        ],
     )
     # queues
     out.family(

@@ -9,6 +9,7 @@ from typing import Any
 from handoff.models import Handoff, HandoffStatus
 from runs.models import RejectedWrite, StopRequest
 from runs.selectors import (
+    approval_figures,
     interruptions_recovered,
     latency_summary,
     side_effect_leakage,
@@ -19,7 +20,8 @@ from runs.selectors import (
 def stop_quality(
     *, since: datetime, until: datetime, team_ids: list[int] | None = None
 ) -> dict[str, Any]:
-    """The five stop-quality figures of DESIGN §7 for stops requested in [since, until)."""
+    """The five stop-quality figures of DESIGN §7 for stops requested in [since, until), and
+    the approval figures of DESIGN §10 for approvals requested in the same period."""
     stops = team_filter(
         StopRequest.objects.filter(requested_at__gte=since, requested_at__lt=until),
         team_ids,
@@ -55,6 +57,7 @@ def stop_quality(
             since=since, until=until, team_ids=team_ids
         ),
         "handoff_completion": handoff_completion(since=since, until=until, team_ids=team_ids),
+        "approvals": approval_figures(since=since, until=until, team_ids=team_ids),
     }
 
 

@@ -785,6 +785,17 @@ class PeriodOut(serializers.Serializer):
     until = serializers.DateTimeField()
 
 
+class ApprovalFiguresOut(serializers.Serializer):
+    requested = serializers.IntegerField()
+    time_to_decision = LatencyOut(help_text="request → a reviewer approved or rejected")
+    approved = serializers.IntegerField()
+    approved_with_edits = serializers.IntegerField(help_text="included in approved")
+    rejected = serializers.IntegerField()
+    expired = serializers.IntegerField()
+    void = serializers.IntegerField()
+    waiting = serializers.IntegerField()
+
+
 class StopQualityOut(serializers.Serializer):
     period = PeriodOut()
     stops = serializers.IntegerField()
@@ -795,6 +806,7 @@ class StopQualityOut(serializers.Serializer):
     late_writes_rejected = serializers.IntegerField()
     interruptions_recovered_cleanly = InterruptionsOut()
     handoff_completion = HandoffsOut()
+    approvals = ApprovalFiguresOut(help_text="approvals requested in the period (DESIGN §10)")
 
 
 class DenialOut(serializers.Serializer):
