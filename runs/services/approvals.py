@@ -269,7 +269,7 @@ def _target_ids(approval: Approval) -> dict[str, Any]:
 def parse_approval_id(value: str | int) -> int:
     text = str(value)
     text = text.removeprefix("appr_")
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise NotFound(f"approval {value} does not exist")
     return int(text)
 

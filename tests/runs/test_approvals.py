@@ -387,3 +387,11 @@ def services_actor(user):
     from runs.actors import Actor
 
     return Actor.for_user(user)
+
+
+@pytest.mark.parametrize("value", ["appr_x", "²", "appr_١٢", "9" * 30, "appr_1\x00", ""])
+def test_malformed_approval_ids_are_not_found(value):
+    from runs.errors import NotFound
+
+    with pytest.raises(NotFound):
+        services.parse_approval_id(value)
