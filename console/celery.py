@@ -16,7 +16,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("safestop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["runs"])
+app.autodiscover_tasks(["runs", "notifications"])
 # Several deployments (or test sessions) may share one Redis: each names its own queue.
 app.conf.task_default_queue = os.environ.get("SAFESTOP_CELERY_QUEUE", "safestop")
 
@@ -38,6 +38,9 @@ def beat_schedule(interval: float) -> dict[str, dict[str, object]]:
             "runs.tasks.escalate_waiting_approvals", max(every, 5.0)
         ),
         "reap-stuck-dispatches": entry("runs.tasks.reap_stuck_dispatches", max(every, 5.0)),
+        "send-due-notifications": entry(
+            "notifications.tasks.send_due_notifications", max(every, 1.0)
+        ),
     }
 
 

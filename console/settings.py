@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "runs",
     "runs.api",
     "handoff",
+    "notifications",
     "console",
 ]
 
@@ -256,8 +257,38 @@ SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVA
 # `access.changed` message was lost on the at-most-once viewers layer (console/consumers.py).
 SAFESTOP_WS_ACCESS_RECHECK_SECONDS = float(os.environ.get("SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60))
 
+# Notifications (DESIGN §11; docs/OPERATIONS.md, "Notifications"). Links in messages point here.
+SAFESTOP_PUBLIC_URL = os.environ.get("SAFESTOP_PUBLIC_URL", "http://127.0.0.1:8000")
+SAFESTOP_NOTIFY_MAX_ATTEMPTS = int(os.environ.get("SAFESTOP_NOTIFY_MAX_ATTEMPTS", 8))
+SAFESTOP_NOTIFY_RETRY_BASE_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_RETRY_BASE_SECONDS", 10))
+SAFESTOP_NOTIFY_RETRY_MAX_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_RETRY_MAX_SECONDS", 3600))
+# A delivery still `sending` after this long was claimed by a sender that died: sent again.
+SAFESTOP_NOTIFY_STUCK_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_STUCK_SECONDS", 300))
+# How long one tick of the embedded loop keeps starting sends.
+SAFESTOP_NOTIFY_TICK_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_TICK_SECONDS", 2))
+# Apprise URL schemes a channel may use; not the generic json:// / form:// / xml:// ones, which
+# would post anywhere, around the webhook allow-list.
+SAFESTOP_NOTIFY_APPRISE_SCHEMES = env_list(
+    "SAFESTOP_NOTIFY_APPRISE_SCHEMES", "msteams,workflows,discord,tgram,pover,pagerduty,opsgenie"
+)
+# Slack interactivity (Approve / Reject buttons) is on when this is set.
+SAFESTOP_SLACK_SIGNING_SECRET = os.environ.get("SAFESTOP_SLACK_SIGNING_SECRET", "")
+SAFESTOP_HANDOFF_REMIND_SECONDS = float(os.environ.get("SAFESTOP_HANDOFF_REMIND_SECONDS", 1800))
+SAFESTOP_LEDGER_VERIFY_SECONDS = float(os.environ.get("SAFESTOP_LEDGER_VERIFY_SECONDS", 3600))
+
+# Email: SMTP when SAFESTOP_EMAIL_HOST is set; otherwise mails are kept in the database and shown
+# on the console's "Outbox of notifications" page (the demo), never sent anywhere.
+EMAIL_HOST = os.environ.get("SAFESTOP_EMAIL_HOST", "")
+EMAIL_PORT = int(os.environ.get("SAFESTOP_EMAIL_PORT", 587 if EMAIL_HOST else 25))
+EMAIL_HOST_USER = os.environ.get("SAFESTOP_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("SAFESTOP_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("SAFESTOP_EMAIL_USE_TLS", bool(EMAIL_HOST))
+EMAIL_TIMEOUT = float(os.environ.get("SAFESTOP_EMAIL_TIMEOUT", 10))
 EMAIL_BACKEND = os.environ.get(
-    "SAFESTOP_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend"
+    "SAFESTOP_EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "notifications.mail.CaptureEmailBackend",
 )
 DEFAULT_FROM_EMAIL = os.environ.get("SAFESTOP_FROM_EMAIL", "safestop@localhost")
 
@@ -267,5 +298,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("SAFESTOP_LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        # httpx logs every request's URL at INFO: a Slack webhook URL is its own credential.
+        "httpx": {"level": "WARNING"},
+    },
 }

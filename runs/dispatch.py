@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.utils import timezone
 
-from runs import services, transports
+from runs import hooks, services, transports
 from runs.models import (
     STOPPING_STATUSES,
     Lease,
@@ -216,6 +216,8 @@ class TickReport:
     dispatches_reaped: int = 0
     approvals_expired: int = 0
     approvals_escalated: int = 0
+    # Steps other apps registered (`runs.hooks.on_periodic`), by name.
+    registered: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -228,6 +230,7 @@ class TickReport:
             + self.dispatches_reaped
             + self.approvals_expired
             + self.approvals_escalated
+            + sum(self.registered.values())
         )
 
 
@@ -261,6 +264,12 @@ def run_periodic_work(
         except (
             Exception
         ) as exc:  # one failing part (e.g. the database blinked) never stops the rest
+            logger.exception("periodic work %s failed", name)
+            report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    for name, registered_step in hooks.periodic_steps():
+        try:
+            report.registered[name] = registered_step()
+        except Exception as exc:
             logger.exception("periodic work %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
     return report

@@ -10,6 +10,15 @@ runs transition, under its run lock (DESIGN §4):
 
 `handoff.apps.HandoffConfig.ready` registers the handlers (`register`). Handlers run under the
 run row lock: they only write their own records, never publish, never call out.
+
+Two open lists serve the apps further up (notifications, DESIGN §11):
+
+- entry listeners (`on_entry_appended`): called by `runs.ledger.ledger_append` right after every
+  entry is inserted, in the same transaction, so a notification row commits or rolls back with
+  the event it is about (a transactional outbox). A listener must be cheap: it returns at once
+  for actions it does not care about, and it never calls out;
+- periodic steps (`on_periodic`): run by `runs.dispatch.run_periodic_work` after its own steps,
+  in the embedded background loop (Celery beat schedules their tasks instead).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from runs.actors import Actor
-from runs.models import Run, StopRequest
+from runs.models import LedgerEntry, Run, StopRequest
 
 
 @dataclass(frozen=True)
@@ -77,3 +86,34 @@ def hand_off(
 
 def handoffs_end(run: Run, status: str) -> None:
     _registered().handoffs_end(run, status)
+
+
+# --------------------------------------------------------------------------------------------
+# open lists: ledger entry listeners and periodic steps
+
+EntryAppended = Callable[[LedgerEntry, Run | None], None]
+"""Told of every ledger entry inside its transaction: (entry, the locked run or None)."""
+
+PeriodicStep = Callable[[], int]
+"""One periodic step; returns how many things it changed or sent."""
+
+_entry_listeners: list[EntryAppended] = []
+_periodic_steps: dict[str, PeriodicStep] = {}
+
+
+def on_entry_appended(listener: EntryAppended) -> None:
+    if listener not in _entry_listeners:
+        _entry_listeners.append(listener)
+
+
+def entry_appended(entry: LedgerEntry, run: Run | None) -> None:
+    for listener in _entry_listeners:
+        listener(entry, run)
+
+
+def on_periodic(name: str, step: PeriodicStep) -> None:
+    _periodic_steps[name] = step
+
+
+def periodic_steps() -> list[tuple[str, PeriodicStep]]:
+    return list(_periodic_steps.items())

@@ -17,6 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from runs import hooks
 from runs.actors import Actor
 from runs.models import LedgerEntry, Run
 
@@ -122,7 +123,7 @@ def _insert_entry(
         payload=payload,
         prev_hash=prev_hash,
     )
-    return LedgerEntry.objects.create(
+    entry = LedgerEntry.objects.create(
         run=run,
         run_seq=run_seq,
         at=at,
@@ -136,6 +137,9 @@ def _insert_entry(
         prev_hash=prev_hash,
         hash=digest,
     )
+    # Same transaction as the entry: what listeners write (notification rows) commits with it.
+    hooks.entry_appended(entry, run)
+    return entry
 
 
 @dataclass(frozen=True)

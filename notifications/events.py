@@ -1,0 +1,273 @@
+"""Which ledger entries need a person, and what to tell them (DESIGN §11).
+
+`event_for_entry` is the ledger listener's first step and costs no query: most actions map to
+nothing and return None at once. A message says what happened and what a person must do, and
+links to the exact console page. A link only opens that page; deciding is a POST made there by
+a logged-in reviewer, so a mail scanner or a chat unfurler opening it changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.urls import reverse
+
+from notifications.models import Event
+from runs.models import LedgerEntry, Run, StopReason
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One event that needs a person: what to deliver, to whom (a team), once (`key`)."""
+
+    event: str
+    key: str
+    team_id: int
+    agent: str
+    run_id: str | None
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Message:
+    title: str
+    text: str  # what happened and what to do, one or two sentences
+    link: str  # the console page, absolute
+    link_label: str
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    run_id: str = ""
+    approval_id: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["facts"] = [list(pair) for pair in self.facts]
+        return data
+
+
+def public_url(path: str) -> str:
+    return settings.SAFESTOP_PUBLIC_URL.rstrip("/") + path
+
+
+# Actions that may need a person; anything else returns before any work is done.
+_WATCHED = frozenset(
+    {
+        "approval.requested",
+        "approval.escalated",
+        "approval.expired",
+        "run.stopped_dirty",
+        "run.interrupted",
+        "run.handed_off",
+    }
+)
+
+
+def event_for_entry(entry: LedgerEntry, run: Run | None) -> Notice | None:
+    """The notice a ledger entry calls for, or None (the common case, decided without a query)."""
+    if entry.action not in _WATCHED or run is None:
+        return None
+    payload = entry.payload or {}
+    action = entry.action
+    if action.startswith("approval."):
+        return _approval_notice(action, payload, run)
+    if action == "run.stopped_dirty":
+        return _stopped_dirty_notice(entry, payload, run)
+    if action == "run.interrupted":
+        return _interrupted_notice(entry, payload, run)
+    return _handoff_notice(payload, run)
+
+
+def _run_facts(run: Run) -> list[tuple[str, str]]:
+    return [("Run", f"{run.title} ({run.pk})"), ("Agent", run.agent)]
+
+
+def _notice(event: str, key: str, run: Run, message: Message) -> Notice:
+    return Notice(
+        event=event,
+        key=key,
+        team_id=run.team_id,
+        agent=run.agent,
+        run_id=run.pk,
+        message=message.as_json(),
+    )
+
+
+def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
+    approval_id = str(payload.get("approval_id", ""))
+    subject = str(payload.get("subject", "")) or "a held side effect"
+    deadline = str(payload.get("deadline", ""))
+    link = public_url(reverse("console:approval", args=[approval_id]))
+    facts = [*_run_facts(run), ("Approval", approval_id)]
+    if deadline:
+        facts.append(("Expires", deadline))
+    if action == "approval.requested":
+        event = Event.APPROVAL_WAITING
+        facts.insert(0, ("Waiting for", subject))
+        if payload.get("risk"):
+            facts.append(("Risk", str(payload["risk"])))
+        if payload.get("why"):
+            facts.append(("Why held", str(payload["why"])[:200]))
+        message = Message(
+            title=f"Approval waiting: {subject}",
+            text=(
+                f"The agent {run.agent} is waiting for a reviewer to approve or reject "
+                f"{subject}. Nothing runs until someone decides; with no decision it expires "
+                "as a rejection."
+            ),
+            link=link,
+            link_label="Review the approval",
+            facts=facts,
+            run_id=run.pk,
+            approval_id=approval_id,
+        )
+    elif action == "approval.escalated":
+        event = Event.APPROVAL_ESCALATED
+        message = Message(
+            title=f"Approval still waiting: {subject}"
+            if subject != "a held side effect"
+            else "Approval still waiting",
+            text=(
+                "No reviewer has decided this approval yet and its rule escalates it now. "
+                "Approve or reject it before it expires."
+            ),
+            link=link,
+            link_label="Review the approval",
+            facts=facts,
+            run_id=run.pk,
+            approval_id=approval_id,
+        )
+    else:
+        event = Event.APPROVAL_EXPIRED
+        message = Message(
+            title="Approval expired",
+            text=(
+                "No reviewer decided before the deadline, so the held call was refused and will "
+                "not run. Check whether the run still needs a person."
+            ),
+            link=link,
+            link_label="See the approval",
+            facts=facts,
+            run_id=run.pk,
+            approval_id=approval_id,
+        )
+    return _notice(event, f"{event}:{approval_id}", run, message)
+
+
+def _stopped_dirty_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice:
+    reasons = [str(reason) for reason in payload.get("dirty_reasons", [])]
+    stop_request = payload.get("stop_request_id") or f"seq{entry.run_seq}"
+    link = public_url(reverse("console:packet_latest", args=[run.pk]))
+    unknown = ", ".join(reason.replace("_", " ") for reason in reasons) or "unknown outcomes"
+    facts = [*_run_facts(run), ("Unknown", unknown)]
+    if entry.reason == StopReason.DRAIN_DEADLINE:
+        event = Event.DRAIN_DEADLINE_PASSED
+        message = Message(
+            title=f"Drain deadline passed: {run.title}",
+            text=(
+                "The worker did not confirm it had stopped before the drain deadline. It was "
+                "fenced off and the run is stopped dirty: resolve each unknown in the stop "
+                "packet before anyone resumes it."
+            ),
+            link=link,
+            link_label="Open the stop packet",
+            facts=facts,
+            run_id=run.pk,
+        )
+    else:
+        event = Event.RUN_STOPPED_DIRTY
+        facts.append(("Stop reason", entry.reason or "—"))
+        message = Message(
+            title=f"Run stopped dirty: {run.title}",
+            text=(
+                f"The run stopped with outcomes nobody knows yet ({unknown}). Check what really "
+                "happened and resolve each unknown in the stop packet before resuming."
+            ),
+            link=link,
+            link_label="Open the stop packet",
+            facts=facts,
+            run_id=run.pk,
+        )
+    return _notice(event, f"{event}:{run.pk}:{stop_request}", run, message)
+
+
+def _interrupted_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice | None:
+    in_flight = [str(call) for call in payload.get("calls_in_flight", [])]
+    if not in_flight:
+        return None  # nothing unconfirmed: the run page says enough
+    event = Event.RUN_INTERRUPTED
+    message = Message(
+        title=f"Run interrupted with {len(in_flight)} call(s) in flight: {run.title}",
+        text=(
+            f"The worker was lost ({entry.reason or 'interrupted'}) while calls were running; "
+            "their outcomes are unknown. Check them before resuming or closing the run."
+        ),
+        link=public_url(reverse("console:run", args=[run.pk])),
+        link_label="Open the run",
+        facts=[*_run_facts(run), ("Calls in flight", ", ".join(in_flight[:10]))],
+        run_id=run.pk,
+    )
+    epoch = payload.get("stop_epoch", entry.run_seq)
+    return _notice(event, f"{event}:{run.pk}:{epoch}", run, message)
+
+
+def _handoff_notice(payload: dict[str, Any], run: Run) -> Notice:
+    handoff_id = payload.get("handoff_id")
+    assignee = payload.get("assignee")
+    return _notice(
+        Event.HANDOFF_WAITING,
+        f"{Event.HANDOFF_WAITING}:{handoff_id}",
+        run,
+        handoff_message(run, handoff_id=handoff_id, assignee=assignee, reminder=False),
+    )
+
+
+def handoff_message(
+    run: Run, *, handoff_id: Any, assignee: str | None, reminder: bool, waited: str = ""
+) -> Message:
+    who = f" to {assignee}" if assignee else ""
+    facts = [*_run_facts(run), ("Handoff", str(handoff_id))]
+    if waited:
+        facts.append(("Waiting for", waited))
+    return Message(
+        title=("Handoff still waiting: " if reminder else "Handoff waiting: ") + run.title,
+        text=(
+            f"The run was handed off{who} and waits for a person to accept it and take over "
+            "from its stop packet." + (" Nobody has accepted it yet." if reminder else "")
+        ),
+        link=public_url(reverse("console:handoffs") + f"#handoff-{handoff_id}"),
+        link_label="Open the handoffs",
+        facts=facts,
+        run_id=run.pk,
+    )
+
+
+def ledger_broken_message(
+    *, entry_id: int, run_id: str | None, run_seq: int, problem: str
+) -> Message:
+    where = f"run {run_id}, entry #{run_seq}" if run_id else f"global entry #{run_seq}"
+    return Message(
+        title="Ledger chain broken",
+        text=(
+            f"The periodic verification found a broken hash chain ({where}): {problem}. The "
+            "audit record may have been altered: investigate before trusting it."
+        ),
+        link=public_url(reverse("console:audit")),
+        link_label="Open the audit page",
+        facts=[("Entry", str(entry_id)), ("Where", where), ("Problem", problem)],
+        run_id=run_id or "",
+    )
+
+
+def sample_message(channel_name: str) -> Message:
+    """What "Send test" delivers."""
+    return Message(
+        title="Test notification from safestop",
+        text=(
+            f"This is a test of the channel {channel_name!r}. Real notifications say what "
+            "happened and what a person must do, with a link to the console page."
+        ),
+        link=public_url(reverse("console:runs")),
+        link_label="Open the console",
+        facts=[("Channel", channel_name)],
+    )

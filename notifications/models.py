@@ -1,0 +1,208 @@
+"""Team notification channels, users' own email subscriptions, and the deliveries: a
+transactional outbox of its own (DESIGN §11; docs/OPERATIONS.md, "Notifications").
+
+A `Delivery` is written in the transaction of the ledger entry it is about, one per subscribed
+channel (or subscription), and sent after commit by the background loop or Celery. The event
+key names the event, not the attempt: a retried event or a second worker meets the unique
+constraint and writes nothing.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from runs.models import Run, Team
+
+
+class Event(models.TextChoices):
+    APPROVAL_WAITING = "approval.waiting", "An approval is waiting"
+    APPROVAL_ESCALATED = "approval.escalated", "An approval is still waiting (escalated)"
+    APPROVAL_EXPIRED = "approval.expired", "An approval expired"
+    RUN_STOPPED_DIRTY = "run.stopped_dirty", "A run stopped dirty"
+    RUN_INTERRUPTED = "run.interrupted", "A run was interrupted with calls in flight"
+    HANDOFF_WAITING = "handoff.waiting", "A handoff is waiting"
+    DRAIN_DEADLINE_PASSED = "drain.deadline_passed", "A drain deadline passed"
+    LEDGER_BROKEN = "ledger.broken", "The ledger chain is broken"
+
+
+ALL_EVENTS: list[str] = list(Event.values)
+TEST_EVENT = "test"
+
+
+class ChannelKind(models.TextChoices):
+    WEBHOOK = "webhook", "Signed webhook"
+    SLACK = "slack", "Slack (incoming webhook)"
+    EMAIL = "email", "Email"
+    APPRISE = "apprise", "Other (Apprise URL: Teams, Discord, Telegram, …)"
+
+
+def _all_events() -> list[str]:
+    return list(ALL_EVENTS)
+
+
+class NotificationChannel(models.Model):
+    """Where a team's events go. `secret` signs webhooks: shown once at creation, never again."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="notification_channels")
+    name = models.CharField(max_length=120)
+    kind = models.CharField(max_length=12, choices=ChannelKind.choices)
+    # A URL (webhook, Slack), an address (email) or an Apprise URL. Slack and Apprise targets
+    # carry their service's token, so pages show them masked (`target_display`).
+    target = models.CharField(max_length=1000)
+    secret = models.CharField(max_length=100, blank=True)
+    events = models.JSONField(default=_all_events, blank=True)
+    # fnmatch pattern over the run's agent; blank means every agent.
+    agent_glob = models.CharField(max_length=120, blank=True)
+    enabled = models.BooleanField(default=True)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="notify_channel_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    @property
+    def target_display(self) -> str:
+        from notifications.transports import mask_target
+
+        return mask_target(self.kind, self.target)
+
+
+class UserSubscription(models.Model):
+    """A person's own email subscription to events of one of their teams."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="notification_subscriptions",
+    )
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="user_subscriptions")
+    events = models.JSONField(default=list, blank=True)
+    agent_glob = models.CharField(max_length=120, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "team"], name="notify_subscription_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} on {self.team_id}"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for its first or next attempt (`next_attempt_at`)
+    SENDING = "sending"  # claimed by a sender
+    SENT = "sent"
+    FAILED = "failed"  # refused for good, or out of attempts
+
+
+class Delivery(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="notification_deliveries")
+    channel = models.ForeignKey(
+        NotificationChannel,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="deliveries",
+    )
+    subscription = models.ForeignKey(
+        UserSubscription,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="deliveries",
+    )
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False
+    )
+    event = models.CharField(max_length=40)
+    # Names the event, not the attempt (approval id, stop request, handoff, broken entry).
+    event_key = models.CharField(max_length=200)
+    # What to say (title, text, link, facts), fixed when the event happened.
+    message = models.JSONField(default=dict)
+    status = models.CharField(
+        max_length=8, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=120, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The first bytes of the target's answer (or of the error), for the deliveries page.
+    response_excerpt = models.CharField(max_length=500, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # The dedup (DESIGN §11): one delivery per (event, channel) and (event, subscription).
+            # Written with ON CONFLICT DO NOTHING, so a duplicate never aborts the event's
+            # transaction.
+            models.UniqueConstraint(
+                fields=["event_key", "channel"],
+                condition=Q(channel__isnull=False),
+                name="delivery_unique_event_channel",
+            ),
+            models.UniqueConstraint(
+                fields=["event_key", "subscription"],
+                condition=Q(subscription__isnull=False),
+                name="delivery_unique_event_subscription",
+            ),
+            models.CheckConstraint(
+                condition=Q(channel__isnull=False, subscription__isnull=True)
+                | Q(channel__isnull=True, subscription__isnull=False),
+                name="delivery_one_destination",
+            ),
+        ]
+        indexes = [
+            # The sender's scan: `deliveries_claim_due` (pending, oldest due first).
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status="pending"),
+                name="delivery_due_idx",
+            ),
+            # The stuck-claim reaper: `deliveries_reap_stuck`.
+            models.Index(
+                fields=["claimed_at"],
+                condition=Q(status="sending"),
+                name="delivery_sending_idx",
+            ),
+            # The deliveries page: a team's newest first.
+            models.Index(fields=["team", "-created_at"], name="delivery_team_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} {self.event} ({self.status})"
+
+    @property
+    def public_id(self) -> str:
+        return f"ntf_{self.pk}"
+
+
+class CapturedMail(models.Model):
+    """A mail the capture email backend kept instead of sending (the demo's "Outbox of
+    notifications"; `notifications.mail.CaptureEmailBackend`)."""
+
+    from_email = models.CharField(max_length=254)
+    to = models.JSONField(default=list)
+    subject = models.CharField(max_length=300)
+    text = models.TextField(blank=True)
+    html = models.TextField(blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    captured_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-captured_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.subject} → {', '.join(self.to)}"

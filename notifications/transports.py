@@ -1,0 +1,177 @@
+"""How a notification leaves: signed webhook, Slack, email, or an Apprise URL.
+
+A transport never raises, never touches the database and is called outside any transaction
+(by the sender, after the event committed). It answers whether the target took it, whether
+another attempt is worth making, the HTTP status if any, and the first bytes of the answer.
+
+Unlike an outbox item, a notification may be sent twice (a retry after a lost answer): every
+attempt carries the same id (`webhook-id`, `Message-ID`) so a receiver can drop a repeat.
+Webhook and Slack URLs obey the outbox's allow-list and are never redirected
+(`runs.services.validate_outbox_destination`, checked again at every send); proxies from the
+environment are ignored. Nothing here logs a target or a secret: Slack and Apprise URLs carry
+their service's token.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from standardwebhooks.webhooks import Webhook
+
+from runs.errors import InvalidInput
+from runs.services import validate_outbox_destination
+from runs.transports import webhook_timeout
+
+logger = logging.getLogger(__name__)
+
+USER_AGENT = "safestop-notifications/1"
+EXCERPT_BYTES = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    ok: bool
+    retry: bool = False  # worth another attempt later (no answer, 5xx, 429, 408)
+    status: int | None = None
+    excerpt: str = ""  # the first bytes of the answer (or of the error)
+    error: str = ""
+
+    @classmethod
+    def refused(cls, error: str, status: int | None = None, excerpt: str = "") -> Answer:
+        return cls(False, False, status, excerpt or error[:EXCERPT_BYTES], error)
+
+    @classmethod
+    def later(cls, error: str, status: int | None = None, excerpt: str = "") -> Answer:
+        return cls(False, True, status, excerpt or error[:EXCERPT_BYTES], error)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One send: the delivery's stable id, the event and the message (notifications.events)."""
+
+    id: str
+    event: str
+    message: dict[str, Any]
+    created_at: datetime
+
+
+def new_webhook_secret() -> str:
+    """A Standard Webhooks secret: `whsec_` + base64 of 32 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def validate_target(kind: str, target: str) -> None:
+    """Refuse a target that could never be sent to (raises `InvalidInput`)."""
+    if kind in ("webhook", "slack"):
+        validate_outbox_destination("webhook", target)
+    elif kind == "email":
+        validate_outbox_destination("email", target)
+    elif kind == "apprise":
+        scheme = target.split("://", 1)[0].lower() if "://" in target else ""
+        allowed = settings.SAFESTOP_NOTIFY_APPRISE_SCHEMES
+        if scheme not in allowed:
+            raise InvalidInput(
+                f"an Apprise URL must start with one of {', '.join(s + '://' for s in allowed)}",
+                field="target",
+            )
+    else:
+        raise InvalidInput("kind must be webhook, slack, email or apprise", field="kind")
+
+
+def mask_target(kind: str, target: str) -> str:
+    """A target as pages show it: Slack and Apprise URLs (and webhook query strings) carry
+    tokens, so only where it goes is shown, never the credential."""
+    if kind == "email":
+        return target
+    parts = urlsplit(target)
+    if kind == "webhook":
+        return f"{parts.scheme}://{parts.netloc}{parts.path}" + ("?…" if parts.query else "")
+    if kind == "slack":
+        return f"{parts.scheme}://{parts.hostname or ''}/…"
+    return f"{parts.scheme}://…"
+
+
+def send(*, kind: str, target: str, secret: str, outgoing: Outgoing) -> Answer:
+    sender = _SENDERS.get(kind)
+    if sender is None:
+        return Answer.refused(f"no channel kind {kind!r}")
+    try:
+        return sender(target, secret, outgoing)
+    except Exception as exc:  # a bug here must not kill the sender loop; the next try may work
+        logger.exception("notification transport %s crashed on %s", kind, outgoing.id)
+        return Answer.later(f"transport crashed: {type(exc).__name__}")
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP (webhook, Slack)
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
+    try:
+        validate_outbox_destination("webhook", url)
+    except InvalidInput as refused:
+        return Answer.refused(f"not sent: {refused.detail}")
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **headers}
+    try:
+        with httpx.Client(
+            timeout=webhook_timeout(), follow_redirects=False, trust_env=False
+        ) as client:
+            response = client.post(url, content=body, headers=headers)
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL, httpx.LocalProtocolError) as exc:
+        return Answer.refused(f"not sent: {type(exc).__name__}")
+    except httpx.TransportError as exc:
+        # Refused, timed out or dropped: the target may come back, so try again later. The
+        # exception text is left out on purpose: it can quote the URL (a Slack token).
+        return Answer.later(f"no answer: {type(exc).__name__}")
+    status = response.status_code
+    excerpt = response.text[:EXCERPT_BYTES]
+    if 200 <= status < 300:
+        return Answer(True, False, status, excerpt)
+    if 300 <= status < 400:
+        return Answer.refused(f"HTTP {status}: redirect not followed", status, excerpt)
+    if status in (408, 425, 429) or status >= 500:
+        return Answer.later(f"HTTP {status}", status, excerpt)
+    return Answer.refused(f"HTTP {status}", status, excerpt)
+
+
+def webhook_body(outgoing: Outgoing) -> bytes:
+    """The Standard Webhooks payload shape: type, timestamp, data."""
+    return json.dumps(
+        {
+            "type": outgoing.event,
+            "timestamp": outgoing.created_at.isoformat(),
+            "data": outgoing.message,
+        },
+        cls=DjangoJSONEncoder,
+        separators=(",", ":"),
+    ).encode()
+
+
+def _webhook(target: str, secret: str, outgoing: Outgoing) -> Answer:
+    if not secret:
+        return Answer.refused("the channel has no signing secret")
+    body = webhook_body(outgoing)
+    # Signed at each attempt with the attempt's time: a receiver refuses stale timestamps.
+    now = datetime.now(tz=UTC)
+    signature = Webhook(secret).sign(msg_id=outgoing.id, timestamp=now, data=body.decode())
+    headers = {
+        "webhook-id": outgoing.id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": signature,
+    }
+    return _post(target, body, headers)
+
+
+_SENDERS = {
+    "webhook": _webhook,
+}
