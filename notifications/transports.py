@@ -18,6 +18,7 @@ import base64
 import json
 import logging
 import secrets
+import smtplib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,7 +26,9 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
+from django.core.mail import EmailMultiAlternatives, get_connection
 from django.core.serializers.json import DjangoJSONEncoder
+from django.template.loader import render_to_string
 from standardwebhooks.webhooks import Webhook
 
 from runs.errors import InvalidInput
@@ -172,6 +175,163 @@ def _webhook(target: str, secret: str, outgoing: Outgoing) -> Answer:
     return _post(target, body, headers)
 
 
+def slack_escape(text: str) -> str:
+    """Slack's three control characters in mrkdwn and plain text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_blocks(
+    message: dict[str, Any], *, actions: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """A Block Kit message: the title, what to do, the facts, a button to the console page."""
+    from slack_sdk.models.blocks import (
+        ActionsBlock,
+        ButtonElement,
+        HeaderBlock,
+        MarkdownTextObject,
+        SectionBlock,
+    )
+
+    facts = [
+        MarkdownTextObject(text=f"*{slack_escape(str(label))}*\n{slack_escape(str(value))[:1900]}")
+        for label, value in message.get("facts", [])[:10]
+    ]
+    blocks: list[Any] = [
+        HeaderBlock(text=str(message.get("title", "safestop"))[:150]),
+        SectionBlock(
+            text=MarkdownTextObject(text=slack_escape(str(message.get("text", "")))[:3000])
+        ),
+    ]
+    if facts:
+        blocks.append(SectionBlock(fields=facts))
+    elements: list[Any] = [
+        ButtonElement(
+            text=str(message.get("link_label") or "Open in safestop")[:75],
+            url=str(message.get("link", "")),
+            action_id="open_console",
+        )
+    ]
+    rendered = [block.to_dict() for block in blocks]
+    buttons = ActionsBlock(elements=elements).to_dict()
+    buttons["elements"].extend(actions or [])
+    rendered.append(buttons)
+    return rendered
+
+
+def _slack(target: str, secret: str, outgoing: Outgoing) -> Answer:
+    message = outgoing.message
+    body = json.dumps(
+        {
+            "text": f"{message.get('title', '')}: {message.get('link', '')}",  # notification text
+            "blocks": slack_blocks(message, actions=slack_actions(outgoing)),
+        }
+    ).encode()
+    return _post(target, body, {})
+
+
+def slack_actions(outgoing: Outgoing) -> list[dict[str, Any]]:
+    """Approve / Reject buttons on a waiting approval, when Slack interactivity is configured
+    (`SAFESTOP_SLACK_SIGNING_SECRET`); the click is verified and decided by
+    `notifications.slack` with the clicking user's rights."""
+    approval_id = outgoing.message.get("approval_id")
+    if not (settings.SAFESTOP_SLACK_SIGNING_SECRET and approval_id):
+        return []
+    if outgoing.event not in ("approval.waiting", "approval.escalated"):
+        return []
+    return [
+        {
+            "type": "button",
+            "action_id": "approve",
+            "style": "primary",
+            "text": {"type": "plain_text", "text": "Approve"},
+            "value": str(approval_id),
+        },
+        {
+            "type": "button",
+            "action_id": "reject",
+            "style": "danger",
+            "text": {"type": "plain_text", "text": "Reject"},
+            "value": str(approval_id),
+        },
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# email
+
+_SMTP_REFUSED = (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused)
+
+
+def email_message(target: str, outgoing: Outgoing) -> EmailMultiAlternatives:
+    context = {"message": outgoing.message, "event": outgoing.event}
+    text = render_to_string("notifications/email.txt", context)
+    html = render_to_string("notifications/email.html", context)
+    domain = settings.DEFAULT_FROM_EMAIL.rpartition("@")[2] or "safestop"
+    mail = EmailMultiAlternatives(
+        subject=f"[safestop] {outgoing.message.get('title', outgoing.event)}"[:250],
+        body=text,
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        to=[target],
+        headers={
+            # The same id on every attempt, so a mailbox can tell a retry from a new event.
+            "Message-ID": f"<{outgoing.id}@{domain}>",
+            "X-Safestop-Event": outgoing.event,
+        },
+    )
+    mail.attach_alternative(html, "text/html")
+    return mail
+
+
+def _email(target: str, secret: str, outgoing: Outgoing) -> Answer:
+    try:
+        validate_outbox_destination("email", target)
+    except InvalidInput as refused:
+        return Answer.refused(f"not sent: {refused.detail}")
+    connection = get_connection(fail_silently=False)  # EMAIL_TIMEOUT bounds every SMTP call
+    try:
+        connection.send_messages([email_message(target, outgoing)])
+    except _SMTP_REFUSED as exc:
+        return Answer.refused(f"refused by the mail server: {type(exc).__name__}: {exc}"[:500])
+    except (smtplib.SMTPException, OSError) as exc:
+        return Answer.later(f"mail server: {type(exc).__name__}: {exc}"[:500])
+    return Answer(True, False, None, "accepted by the mail backend")
+
+
+# --------------------------------------------------------------------------------------------
+# Apprise (Teams, Discord, Telegram, …)
+
+
+def _apprise(target: str, secret: str, outgoing: Outgoing) -> Answer:
+    try:
+        validate_target("apprise", target)
+    except InvalidInput as refused:
+        return Answer.refused(f"not sent: {refused.detail}")
+    import apprise
+
+    notifier = apprise.Apprise()
+    if not notifier.add(target):
+        return Answer.refused("Apprise does not understand this URL")
+    message = outgoing.message
+    body = f"{message.get('text', '')}\n\n{message.get('link_label', 'Open')}: {message.get('link', '')}"
+    with apprise.LogCapture(level=logging.WARNING) as captured:
+        ok = bool(
+            notifier.notify(
+                title=str(message.get("title", ""))[:250],
+                body=body,
+                body_format=apprise.NotifyFormat.TEXT,
+            )
+        )
+        log = captured.getvalue()
+    # Apprise's own log lines may quote the URL: its token never reaches the excerpt.
+    excerpt = log.replace(target, mask_target("apprise", target))[:EXCERPT_BYTES]
+    if ok:
+        return Answer(True, False, None, excerpt or "accepted by Apprise")
+    return Answer.later("Apprise could not deliver", excerpt=excerpt)
+
+
 _SENDERS = {
     "webhook": _webhook,
+    "slack": _slack,
+    "email": _email,
+    "apprise": _apprise,
 }

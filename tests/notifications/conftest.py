@@ -166,3 +166,45 @@ def webhook(team: Any, receiver: Receiver) -> NotificationChannel:
     channel, secret = _make_channel(team, receiver.url(), name="ops-webhook")
     receiver.secret = secret
     return channel
+
+
+@dataclass
+class Mailbox:
+    """What a real SMTP server (aiosmtpd) on 127.0.0.1 received."""
+
+    port: int
+    envelopes: list[Any] = field(default_factory=list)
+
+    def messages(self) -> list[Any]:
+        from email import message_from_bytes, policy
+
+        return [message_from_bytes(env.content, policy=policy.default) for env in self.envelopes]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def smtp_server(settings: Any) -> Iterator[Mailbox]:
+    from aiosmtpd.controller import Controller
+
+    mailbox = Mailbox(port=_free_port())
+
+    class Handler:
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+            mailbox.envelopes.append(envelope)
+            return "250 Message accepted for delivery"
+
+    controller = Controller(Handler(), hostname="127.0.0.1", port=mailbox.port)
+    controller.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST = "127.0.0.1"
+    settings.EMAIL_PORT = mailbox.port
+    settings.EMAIL_USE_TLS = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    settings.EMAIL_TIMEOUT = 2
+    yield mailbox
+    controller.stop()
