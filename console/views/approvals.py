@@ -328,6 +328,13 @@ def _admin_teams(access: Access, teams: list[Team]) -> list[Team]:
     return [team for team in teams if access.can_admin(team.pk)]
 
 
+def _not_saved(form: ApprovalRuleForm) -> str:
+    """The line above a refused rule form (each reason stands next to its field)."""
+    if any(field != "__all__" for field in form.errors):
+        return "The rule was not saved: check the fields marked below."
+    return "The rule was not saved."
+
+
 def _service_error(form: ApprovalRuleForm, error: DomainError) -> None:
     """A service's refusal, on the field it names (a bad glob, an unknown transport…)."""
     field = error.extra.get("field")
@@ -385,7 +392,7 @@ def rules(request: HtmxHttpRequest) -> HttpResponse:
                 request, reverse("console:approval_rules"), ok=f"Rule {rule.name!r} created."
             )
     context = _rules_context(request, form)
-    return page(request, RULES_TEMPLATE, {**context, "create_error": form_errors(form)}, status=400)
+    return page(request, RULES_TEMPLATE, {**context, "create_error": _not_saved(form)}, status=400)
 
 
 def _rule_for(request: HttpRequest, rule_id: int) -> ApprovalRule:
@@ -428,7 +435,7 @@ def rule_edit(request: HtmxHttpRequest, rule_id: int) -> HttpResponse:
     return page(
         request,
         RULE_TEMPLATE,
-        {**context, "form": form, "edit_error": form_errors(form)},
+        {**context, "form": form, "edit_error": _not_saved(form)},
         status=400,
     )
 

@@ -510,6 +510,7 @@ def test_another_teams_rule_is_not_found(as_outsider, team):
     # and an admin of another team cannot create one for this team
     response = as_outsider.post("/approvals/rules/", _rule_post(team="acme"))
     assert response.status_code == 400 and "team" in response.context["form"].errors
+    assert "Select a valid choice" in response.content.decode()  # shown next to the team
     assert ApprovalRule.objects.count() == 1
 
 
