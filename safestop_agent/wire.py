@@ -51,6 +51,7 @@ class RunInfo(TypedDict, total=False):
     status: str
     stop_epoch: int
     stop_reason: str | None
+    resume_from: str | None
 
 
 class LeaseInfo(TypedDict):

@@ -122,7 +122,8 @@ class ToolCall:
     @property
     def arguments_edited(self) -> bool:
         """True when a reviewer approved different arguments than the model asked for."""
-        return self.decision is not None and self.arguments != self.original_arguments
+        decided = self.decision is not None or self.approval is not None
+        return decided and self.arguments != self.original_arguments
 
     @property
     def result(self) -> Any:
@@ -234,7 +235,8 @@ class _ToolCallScope:
         self._call = call
 
     def __enter__(self) -> ToolCall:
-        self._run.ask_permit(self._call)
+        if not self._call.permit:  # a call permitted already (`ask_permit(wait=False)`) goes on
+            self._run.ask_permit(self._call)
         return self._call
 
     def __exit__(
@@ -421,7 +423,45 @@ class AgentRun:
         and `arguments_schema` (JSON Schema that edits must satisfy) are shown
         to the reviewer.
         """
-        call = ToolCall(
+        return _ToolCallScope(
+            self,
+            self.new_tool_call(
+                tool,
+                arguments,
+                side_effect,
+                tool_call_id=tool_call_id,
+                idempotency_key=idempotency_key,
+                operation_id=operation_id,
+                recovery_policy=recovery_policy,
+                needs_approval=needs_approval,
+                summary=summary,
+                risk=risk,
+                arguments_schema=arguments_schema,
+            ),
+        )
+
+    def new_tool_call(
+        self,
+        tool: str,
+        arguments: Any,
+        side_effect: SideEffect = "none",
+        *,
+        tool_call_id: str | None = None,
+        idempotency_key: str | None = None,
+        operation_id: str | None = None,
+        recovery_policy: RecoveryPolicy | None = None,
+        step_key: str | None = None,
+        needs_approval: bool = False,
+        summary: str | None = None,
+        risk: Risk | None = None,
+        arguments_schema: Mapping[str, Any] | None = None,
+    ) -> ToolCall:
+        """The call `tool_call(...)` guards, not asked for yet: for adapters that ask in two steps.
+
+        `ask_permit(call, wait=False)` asks without waiting for an approval;
+        `guard(call)` then runs the body under the same rules as `tool_call`.
+        """
+        return ToolCall(
             tool=tool,
             arguments=arguments,
             side_effect=side_effect,
@@ -429,15 +469,21 @@ class AgentRun:
             idempotency_key=idempotency_key,
             operation_id=operation_id,
             recovery_policy=recovery_policy,
-            step_key=self.current_step_key(),
+            step_key=step_key or self.current_step_key(),
             needs_approval=needs_approval,
             summary=summary,
             risk=risk,
             arguments_schema=arguments_schema,
         )
+
+    def guard(self, call: ToolCall) -> _ToolCallScope:
+        """`with run.guard(call) as call:` — `tool_call(...)` for a call made by `new_tool_call`.
+
+        Asks the permit on entry unless the call already has one; reports the outcome on exit.
+        """
         return _ToolCallScope(self, call)
 
-    def ask_permit(self, call: ToolCall) -> None:
+    def ask_permit(self, call: ToolCall, *, wait: bool = True) -> bool:
         """Ask the server's permission to start `call`; raise `Cancelled` if refused.
 
         The server grants permits under the same lock that records a stop, so
@@ -445,6 +491,13 @@ class AgentRun:
         answer without a `permit_id` is "not yet": the call waits for its
         approval (`ApprovalRejected` if it is not given) or, with nothing to
         wait for, fails closed with `NoPermit`.
+
+        With `wait=False` a call that must wait for a reviewer is not waited
+        for: `call.approval` names the approval and False is returned (True
+        when the permit was granted). Ask again with the same `tool_call_id`
+        once the approval is decided: the server answers the permit with the
+        final arguments, or `ApprovalRejected`. Frameworks that suspend work
+        themselves (LangGraph's `interrupt()`) wait that way, holding no thread.
         """
         _, epoch = self._require_lease()
         # A call still queued when the stop arrived never starts (seed §6, first row).
@@ -472,6 +525,12 @@ class AgentRun:
                 base_delay=FACT_BASE_DELAY,
                 retry_if=_is_network_error,
             )
+            if not answer.get("permit_id") and not wait:
+                approval = answer.get("approval")
+                if not isinstance(approval, Mapping) or not approval.get("id"):
+                    raise NoPermit(answer)
+                call.approval = dict(approval)
+                return False
             if not answer.get("permit_id"):
                 answer = self._wait_for_permit(call, answer)
             elif isinstance(answer.get("approval"), Mapping) and "arguments" in answer:
@@ -501,6 +560,7 @@ class AgentRun:
         call.permit = answer
         with self._lock:
             self.tool_calls.append(call)
+        return True
 
     def _wait_for_permit(self, call: ToolCall, answer: Mapping[str, Any]) -> PermitInfo:
         """Wait for the approval a 202 names; the approved permit, or raise (see `ask_permit`)."""
