@@ -1,7 +1,9 @@
-"""Demo teams and users: created by `manage.py demo_setup` only, never by a migration.
+"""Demo teams, users and approval rules: created by `manage.py demo_setup` only, never by a
+migration.
 
 Idempotent: running it again changes nothing (a password is only reset when it no longer
-matches the demo one, so a second `serve` does not log everybody out).
+matches the demo one, so a second `serve` does not log everybody out; a rule is only created
+when its team has no rule of that name, so an admin's edits to a demo rule stay).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from runs.models import Membership, Role, Team
+from runs.actors import Actor
+from runs.models import ApprovalRule, Membership, Role, Team
+from runs.services import approval_rule_create
 from runs.tokens import team_ensure
 
 DEMO_TEAMS: tuple[tuple[str, str], ...] = (("payments", "Payments"), ("platform", "Platform"))
@@ -40,12 +44,56 @@ DEMO_USERS: tuple[DemoUser, ...] = (
 )
 
 
+# The demo teams' approval rules (DESIGN §10): the simulator's payment, deploy and customer
+# email agents (`console.demo.simulator.APPROVAL_SCENARIOS`) are held by these, so approvals
+# arrive in the inbox within seconds of `serve`. (team slug, rule fields)
+DEMO_APPROVAL_RULES: tuple[tuple[str, dict[str, object]], ...] = (
+    (
+        "payments",
+        {
+            "name": "Payments need a reviewer",
+            "applies_to": "tool_call",
+            "tool_glob": "payments.*",
+            "side_effect": "write",
+            "risk": "high",
+            "timeout_seconds": 900,
+            "escalate_after_seconds": 300,
+        },
+    ),
+    (
+        "payments",
+        {
+            "name": "Customer email",
+            "applies_to": "outbox",
+            "transport": "email",
+            "destination_glob": "*@customer.example",
+            "risk": "medium",
+            "timeout_seconds": 600,
+            "escalate_after_seconds": 180,
+        },
+    ),
+    (
+        "platform",
+        {
+            "name": "Production deploys",
+            "applies_to": "tool_call",
+            "tool_glob": "deploy.*",
+            "side_effect": "write",
+            "risk": "high",
+            "timeout_seconds": 900,
+            "escalate_after_seconds": 300,
+        },
+    ),
+)
+
+
 @dataclass(frozen=True)
 class EnsureReport:
     teams_created: int
     users_created: int
     memberships_created: int
     passwords_reset: int
+    rules_created: int = 0
 
 
 def demo_accounts_ensure() -> EnsureReport:
@@ -81,4 +129,23 @@ def demo_accounts_ensure() -> EnsureReport:
                 if membership.role != spec.role:
                     membership.role = spec.role
                     membership.save(update_fields=["role"])
-    return EnsureReport(teams_created, users_created, memberships_created, passwords_reset)
+        rules_created = demo_rules_ensure()
+    return EnsureReport(
+        teams_created, users_created, memberships_created, passwords_reset, rules_created
+    )
+
+
+def demo_rules_ensure() -> int:
+    """Create each demo approval rule its team does not have yet (by name); returns how many.
+
+    Through the rule service, so each is validated and ledgered like an admin's rule.
+    """
+    created = 0
+    actor = Actor.system("demo-setup")
+    for slug, fields in DEMO_APPROVAL_RULES:
+        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        if ApprovalRule.objects.filter(team=team, name=fields["name"]).exists():
+            continue
+        approval_rule_create(team_id=team.pk, actor=actor, **fields)
+        created += 1
+    return created

@@ -11,6 +11,17 @@ write tools that queue webhooks to the local receiver, a slow tool, a shell tool
 SIGTERM (`run_process` escalates to SIGKILL), a worker that crashes mid-call (the server turns
 its call `unknown`), a run that exhausts its budget, a steering message, and long runs to stop.
 
+Approvals (DESIGN §10, see `APPROVAL_SCENARIOS`): a refund (`payments.refund`), a production
+deploy (`deploy.production`) and a customer email (an `email` outbox item to
+`*@customer.example`), which the demo teams' rules (`console.demo.accounts`) hold for a
+reviewer. Their own worker threads run them, so a few approvals always wait in the inbox while
+the other scenarios go on. Each agent waits for the decision the way a real one does: a stop
+still ends the wait at once; on approval the body runs with the arguments as approved (perhaps
+edited); a rejection is logged and told to the model, and the run carries on without the call.
+An approver bot decides what nobody has decided after `approval_grace` seconds (approve,
+approve with edits or reject), leaving at most `approvals_left_for_humans` to wait for a
+person or their deadline.
+
 Robust by construction: a scenario that fails is logged and the worker moves on; `stop()`
 (SIGTERM in the command) stops the simulator's live runs through the API, lets the workers
 drain, and returns.
@@ -26,15 +37,16 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from safestop_agent import (
     AgentRun,
     ApiError,
+    ApprovalRejected,
     SafestopClient,
     StreamOutcome,
     collect_tool_calls,
@@ -44,7 +56,8 @@ from safestop_agent import (
 log = logging.getLogger("safestop.simulator")
 
 # Scenario kinds that stay running long enough for a reviewer (bot or human) to press Stop.
-REVIEWABLE = frozenset({"watch", "slow_report", "deploy"})
+# A release waiting for its approval is one of them: the stop voids the approval.
+REVIEWABLE = frozenset({"watch", "slow_report", "deploy", "release"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,13 @@ class SimulatorConfig:
     bot_share: float = 0.6
     seed: int | None = None
     lease_ttl: float = 15.0
+    # Worker threads that only run approval scenarios (payments, deploys, customer email).
+    approval_workers: int = 3
+    # Seconds a waiting approval is left to people before the approver bot decides it;
+    # 0 or less: the bot never decides (a test decides through the services).
+    approval_grace: float = 45.0
+    # Waiting approvals the bot leaves to a person (or their deadline) past the grace, at most.
+    approvals_left_for_humans: int = 1
 
 
 @dataclass
@@ -100,7 +120,12 @@ class Simulator:
         self._threads: list[threading.Thread] = []
         # The first pass walks every scenario once, so each kind is on screen within seconds.
         self._first_pass = iter(list(SCENARIOS))
+        self._first_approval_pass = iter(list(APPROVAL_SCENARIOS))
         self._worker_ids = itertools.count(1)
+        # The approver bot: when it first saw each waiting approval, and those it leaves alone.
+        self._approvals_seen: dict[str, tuple[str, float]] = {}
+        self._approvals_left: set[str] = set()
+        self.approval_decisions: Counter[str] = Counter()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -127,8 +152,14 @@ class Simulator:
     def start(self) -> Simulator:
         for index in range(self.config.concurrency):
             self._spawn(self._worker_loop, f"sim-worker-{index + 1}", index)
+        for index in range(self.config.approval_workers):
+            self._spawn(
+                self._worker_loop, f"sim-approval-worker-{index + 1}", index, APPROVAL_SCENARIOS
+            )
         if self.config.reviewer_interval > 0:
             self._spawn(self._reviewer_loop, "sim-reviewer")
+        if self.config.approval_workers > 0 and self.config.approval_grace > 0:
+            self._spawn(self._approver_loop, "sim-approver")
         return self
 
     def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> None:
@@ -191,22 +222,24 @@ class Simulator:
         with self._lock:
             self._active.pop(run_id, None)
 
-    def _next_kind(self) -> str:
+    def _next_kind(self, scenarios: dict[str, Scenario]) -> str:
+        first_pass = self._first_pass if scenarios is SCENARIOS else self._first_approval_pass
         with self._lock:
-            kind = next(self._first_pass, None)
+            kind = next(first_pass, None)
         if kind is not None:
             return kind
-        kinds = list(SCENARIOS)
-        return self.rng.choices(kinds, weights=[SCENARIOS[k].weight for k in kinds])[0]
+        kinds = list(scenarios)
+        return self.rng.choices(kinds, weights=[scenarios[k].weight for k in kinds])[0]
 
     # -- the threads -------------------------------------------------------------------------
 
-    def _worker_loop(self, index: int) -> None:
+    def _worker_loop(self, index: int, scenarios: dict[str, Scenario] | None = None) -> None:
+        scenarios = SCENARIOS if scenarios is None else scenarios
         if self.stopping.wait(index * 0.15):
             return
         while not self.stopping.is_set():
-            kind = self._next_kind()
-            scenario = SCENARIOS[kind]
+            kind = self._next_kind(scenarios)
+            scenario = scenarios[kind]
             team = scenario.team if scenario.team in self.agents else next(iter(self.agents))
             ctx = Context(self, kind, team, f"sim-{kind}-{next(self._worker_ids)}")
             try:
@@ -259,6 +292,76 @@ class Simulator:
                 log.info("simulator: reviewer bot %s %s (%s)", action, target.run_id, target.kind)
             except (ApiError, httpx.TransportError) as error:
                 log.info("simulator: reviewer bot could not act on %s: %s", target.run_id, error)
+
+    def _approver_loop(self) -> None:
+        """Decide the simulator's approvals that nobody decided within `approval_grace`."""
+        while not self.stopping.wait(1.0):
+            for team, reviewer in self.reviewers.items():
+                try:
+                    waiting = reviewer.list_approvals(status="waiting")
+                except (ApiError, httpx.TransportError) as error:
+                    log.info("simulator: approver bot could not list %s approvals: %s", team, error)
+                    continue
+                with self._lock:
+                    ours = set(self.run_ids)
+                self._approvals_due(team, [a for a in waiting if a.get("run_id") in ours])
+
+    def _approvals_due(self, team: str, waiting: list[Any]) -> None:
+        now = time.monotonic()
+        ids = {str(approval["id"]) for approval in waiting}
+        # forget what was decided meanwhile (by a person, the deadline or a stop)
+        for gone in [k for k, (t, _) in self._approvals_seen.items() if t == team and k not in ids]:
+            del self._approvals_seen[gone]
+            self._approvals_left.discard(gone)
+        for approval_id in ids - set(self._approvals_seen):
+            self._approvals_seen[approval_id] = (team, now)
+            if len(self._approvals_left) < self.config.approvals_left_for_humans and (
+                self.rng.random() < 0.25
+            ):
+                self._approvals_left.add(approval_id)
+        for approval in waiting:
+            approval_id = str(approval["id"])
+            if approval_id in self._approvals_left:
+                continue
+            if now - self._approvals_seen[approval_id][1] < self.config.approval_grace:
+                continue
+            decision, message, arguments = bot_decision(self.rng, approval)
+            try:
+                self.reviewers[team].decide_approval(
+                    approval_id, decision, message=message, arguments=arguments
+                )
+            except (ApiError, httpx.TransportError) as error:
+                # already decided by a person, void by a stop, or the server is going away
+                log.info("simulator: approver bot could not decide %s: %s", approval_id, error)
+                continue
+            outcome = "approved with edits" if arguments is not None else f"{decision}d"
+            with self._lock:
+                self.approval_decisions[outcome] += 1
+            log.info(
+                "simulator: approver bot %s %s (%s)", outcome, approval_id, approval.get("tool")
+            )
+
+
+def bot_decision(
+    rng: random.Random, approval: Mapping[str, Any]
+) -> tuple[Literal["approve", "reject"], str, dict[str, Any] | None]:
+    """What the approver bot says: mostly yes, sometimes with a smaller change, sometimes no."""
+    roll = rng.random()
+    arguments = approval.get("arguments")
+    if roll < 0.2:
+        return "reject", "approver bot: not today, ask the account owner first", None
+    if roll < 0.45 and isinstance(arguments, dict):
+        edited = dict(arguments)
+        if isinstance(edited.get("amount_cents"), int) and edited["amount_cents"] > 1:
+            edited["amount_cents"] = edited["amount_cents"] // 2
+        elif isinstance(edited.get("canary_percent"), int):
+            edited["canary_percent"] = 5
+        elif isinstance(edited.get("subject"), str):
+            edited["subject"] = "[reviewed] " + edited["subject"]
+        else:
+            return "approve", "approver bot: fine", None
+        return "approve", "approver bot: approved with a smaller change", edited
+    return "approve", "approver bot: looks right", None
 
 
 @dataclass
@@ -377,6 +480,25 @@ class Context:
         outcome = collect_tool_calls(stream(), token=run.token)
         run.token.raise_if_cancelled()
         return outcome
+
+    def told_model(self, run: AgentRun, what: str, rejection: ApprovalRejected) -> str:
+        """A rejected, expired or void approval: log it and tell the model, as a real agent
+        would; the caller carries on without the call. Returns the outcome word."""
+        log.info(
+            "simulator: %s: %s %s: %s",
+            self.run_id,
+            what,
+            rejection.status,
+            rejection.message or "(no message)",
+        )
+        if not run.token.cancelled:
+            run.artifact(
+                f"{what}: approval {rejection.status}",
+                kind="text",
+                content=f"Told the model: the reviewer said no ({rejection.status}): "
+                f"{rejection.message or 'no message'}",
+            )
+        return f"{what} {rejection.status}"
 
     def ended(self, run: AgentRun) -> str:
         """How the scenario ended, as a word for the log and the outcome counter."""
@@ -749,6 +871,202 @@ def watch(ctx: Context) -> str:
     return ctx.ended(run)
 
 
+# --------------------------------------------------------------------------------------------
+# approval scenarios (DESIGN §10): the demo teams' rules hold these calls for a reviewer
+
+REFUND_SCHEMA_BASE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "order": {"type": "integer"},
+        "customer": {"type": "string"},
+        "currency": {"enum": ["EUR"]},
+    },
+    "required": ["order", "customer", "amount_cents", "currency"],
+    "additionalProperties": False,
+}
+
+
+def payout(ctx: Context) -> str:
+    """Refund an order: `payments.refund` waits for a reviewer, who may lower the amount."""
+    order = ctx.rng.randint(10_000, 99_999)
+    customer = f"cust_{ctx.rng.randint(1000, 9999)}"
+    amount = ctx.rng.choice([1_290, 4_500, 12_900, 89_000, 240_000])
+    ctx.create(
+        f"Refund order #{order}",
+        "payout-bot",
+        [
+            ("check", "Check the order", "tool_read"),
+            ("refund", "Refund the customer", "tool_write"),
+            ("confirm", "Tell the customer", "model_call"),
+        ],
+    )
+    outcome = ""
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("check", "Check the order", kind="tool_read"):
+            with run.tool_call("orders.lookup", {"order": order}) as call:
+                ctx.pause(run, 0.3, 0.8)
+                call.result = {"order": order, "paid_cents": amount, "status": "returned"}
+        with run.step("refund", "Refund the customer", kind="tool_write"):
+            key = f"{ctx.run_id}-refund"
+            schema = {
+                **REFUND_SCHEMA_BASE,
+                "properties": {
+                    **REFUND_SCHEMA_BASE["properties"],
+                    # a reviewer may lower the refund, never raise it
+                    "amount_cents": {"type": "integer", "minimum": 1, "maximum": amount},
+                },
+            }
+            try:
+                with run.tool_call(
+                    "payments.refund",
+                    {
+                        "order": order,
+                        "customer": customer,
+                        "amount_cents": amount,
+                        "currency": "EUR",
+                    },
+                    side_effect="write",
+                    idempotency_key=key,
+                    recovery_policy="reuse_idempotency_key",
+                    # the agent's own policy: big refunds always wait, rule or not
+                    needs_approval=amount >= 50_000,
+                    summary=f"Refund €{amount / 100:,.2f} to {customer} for returned order #{order}",
+                    risk="high",
+                    arguments_schema=schema,
+                ) as call:
+                    # the body runs with the arguments as approved, perhaps edited
+                    item = run.enqueue_outbox(
+                        "webhook", ctx.hook("/hooks/payments"), call.arguments, idempotency_key=key
+                    )
+                    call.set_operation_id(str(item["id"]))
+                    call.result = item
+                    outcome = f"refunded {call.arguments['amount_cents']} cents"
+            except ApprovalRejected as rejection:
+                outcome = ctx.told_model(run, "refund", rejection)
+        with run.step("confirm", "Tell the customer", kind="model_call"):
+            ctx.model_call(run, words=10)
+        run.complete({"order": order, "outcome": outcome})
+    return outcome if run.completed else ctx.ended(run)
+
+
+def release(ctx: Context) -> str:
+    """Release to production: `deploy.production` waits; the reviewer may shrink the canary."""
+    service = ctx.rng.choice(["checkout-web", "search-api", "billing-api"])
+    version = f"2.{ctx.rng.randint(0, 40)}.{ctx.rng.randint(0, 9)}"
+    ctx.create(
+        f"Release {service} {version} to production",
+        "release-bot",
+        [
+            ("checks", "Run the release checks", "tool_read"),
+            ("deploy", "Deploy to production", "tool_write"),
+            ("verify", "Watch the canary", "tool_read"),
+        ],
+    )
+    outcome = ""
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("checks", "Run the release checks", kind="tool_read"):
+            with run.tool_call("ci.status", {"service": service, "version": version}) as call:
+                ctx.pause(run, 0.4, 1.0)
+                call.result = {"checks": "green", "tests": 1_284}
+        with run.step("deploy", "Deploy to production", kind="tool_write"):
+            try:
+                with run.tool_call(
+                    "deploy.production",
+                    {"service": service, "version": version, "canary_percent": 10},
+                    side_effect="write",
+                    operation_id=f"deploy-{service}-{version}-{ctx.run_id}",
+                    recovery_policy="query_original",
+                    summary=f"Roll {service} {version} out to production (10% canary first)",
+                    risk="high",
+                    arguments_schema={
+                        "type": "object",
+                        "properties": {
+                            "service": {"const": service},
+                            "version": {"const": version},
+                            "canary_percent": {"type": "integer", "minimum": 1, "maximum": 100},
+                        },
+                        "required": ["service", "version", "canary_percent"],
+                    },
+                ) as call:
+                    percent = call.arguments["canary_percent"]
+                    call.observe_process(
+                        run_process(
+                            f"echo rolling out {service} {version} to {percent}%; "
+                            f"sleep {0.8 * ctx.pace:.2f}; echo rolled out",
+                            shell=True,
+                            token=run.token,
+                            timeout=60,
+                            grace_seconds=1.0,
+                        )
+                    )
+                    outcome = f"deployed at {percent}%"
+                run.token.raise_if_cancelled()
+            except ApprovalRejected as rejection:
+                outcome = ctx.told_model(run, "deploy", rejection)
+        if outcome.startswith("deployed"):
+            with run.step("verify", "Watch the canary", kind="tool_read"):
+                with run.tool_call("metrics.query", {"service": service, "slo": "p99"}) as call:
+                    ctx.pause(run, 0.5, 1.0)
+                    call.result = {"error_rate": 0.001}
+        run.complete({"service": service, "version": version, "outcome": outcome})
+    return outcome if run.completed else ctx.ended(run)
+
+
+def customer_email(ctx: Context) -> str:
+    """Email a customer: the `email` outbox item waits for a reviewer before it is sent."""
+    invoice = ctx.rng.randint(1000, 9999)
+    name = ctx.rng.choice(["jane.doe", "ops", "billing", "m.rossi"])
+    address = f"{name}@customer.example"
+    ctx.create(
+        f"Email {address} about invoice {invoice}",
+        "mail-bot",
+        [
+            ("draft", "Draft the email", "model_call"),
+            ("send", "Send the email", "external_action"),
+        ],
+    )
+    outcome = ""
+    with ctx.lease() as run:
+        ctx.leased()
+        with run.step("draft", "Draft the email", kind="model_call"):
+            ctx.model_call(run, words=16)
+        with run.step("send", "Send the email", kind="external_action"):
+            key = f"{ctx.run_id}-email"
+            subject = f"Your invoice {invoice} is overdue"
+            with run.tool_call(
+                "email.send",
+                {"to": address, "subject": subject},
+                side_effect="write",
+                idempotency_key=key,
+                recovery_policy="reuse_idempotency_key",
+            ) as call:
+                item = run.enqueue_outbox(
+                    "email",
+                    address,
+                    {"subject": subject, "body": f"Hello,\n\ninvoice {invoice} is 14 days late."},
+                    idempotency_key=key,
+                    summary=f"Remind {address} that invoice {invoice} is overdue",
+                    risk="medium",
+                )
+                call.set_operation_id(str(item["id"]))
+                call.result = item
+            approval = item.get("approval")
+            if item.get("status") == "awaiting_approval" and isinstance(approval, Mapping):
+                # The item is the server's to send once approved; the agent waits to know.
+                decision = run.wait_for_approval(str(approval["id"]))
+                if decision.approved:
+                    outcome = "email approved"
+                else:
+                    rejection = ApprovalRejected(decision.message, decision.status, approval)
+                    outcome = ctx.told_model(run, "email", rejection)
+            else:
+                outcome = "email queued"
+        run.complete({"invoice": invoice, "outcome": outcome})
+    return outcome if run.completed else ctx.ended(run)
+
+
 @dataclass(frozen=True)
 class Scenario:
     fn: Callable[[Context], str]
@@ -765,4 +1083,12 @@ SCENARIOS: dict[str, Scenario] = {
     "budget": Scenario(budget, "platform", 1),
     "steering": Scenario(steering, "platform", 1),
     "watch": Scenario(watch, "payments", 2),
+}
+
+# Run by their own worker threads (`approval_workers`), so waiting approvals never starve the
+# scenarios above.
+APPROVAL_SCENARIOS: dict[str, Scenario] = {
+    "payout": Scenario(payout, "payments", 2),
+    "release": Scenario(release, "platform", 2),
+    "customer_email": Scenario(customer_email, "payments", 1),
 }

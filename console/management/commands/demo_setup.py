@@ -1,4 +1,5 @@
-"""`python manage.py demo_setup`: the demo teams and users, with their passwords printed.
+"""`python manage.py demo_setup`: the demo teams and users, with their passwords printed, and
+the demo teams' approval rules.
 
 Idempotent (run by every `manage.py serve` unless `--no-demo`). The accounts exist only because
 the demo asked for them: no migration creates users.
@@ -10,14 +11,24 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from console.demo.accounts import DEMO_TEAMS, DEMO_USERS, demo_accounts_ensure
+from console.demo.accounts import (
+    DEMO_APPROVAL_RULES,
+    DEMO_TEAMS,
+    DEMO_USERS,
+    demo_accounts_ensure,
+)
+from notifications.demo import demo_channels_ensure
 
 
 class Command(BaseCommand):
-    help = "Create the demo teams and the admin / reviewer / viewer users (idempotent)."
+    help = (
+        "Create the demo teams, the admin / reviewer / viewer users and the demo approval "
+        "rules (idempotent)."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = demo_accounts_ensure()
+        demo_channels_ensure([slug for slug, _ in DEMO_TEAMS])  # mail, kept for the demo's outbox
         teams = ", ".join(slug for slug, _ in DEMO_TEAMS)
         self.stdout.write(
             f"Demo accounts ready (teams: {teams}; "
@@ -31,3 +42,8 @@ class Command(BaseCommand):
                 "  These are demo passwords: never run the demo on a reachable host."
             )
         )
+        self.stdout.write(
+            f"Demo approval rules ({report.rules_created} created; see /approvals/rules/):"
+        )
+        for team, rule in DEMO_APPROVAL_RULES:
+            self.stdout.write(f"  {team:<10} {rule['name']}")

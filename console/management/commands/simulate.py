@@ -7,7 +7,9 @@
    SAFESTOP_WEBHOOK_ALLOWED_HOSTS;
 3. waits for the server to answer, then drives N concurrent agent runs through
    `safestop_agent` over HTTP and websockets (`console.demo.simulator`), new ones arriving
-   as old ones end;
+   as old ones end, plus workers whose payment, deploy and customer-email calls wait for a
+   reviewer's approval (the demo teams' rules hold them; an approver bot decides what nobody
+   decided within `--approval-grace` seconds);
 4. on SIGTERM / Ctrl-C (or after `--duration`): stops its live runs through the API, lets the
    workers drain, and exits 0.
 """
@@ -50,6 +52,19 @@ class Command(BaseCommand):
             default=8.0,
             help="mean seconds between reviewer-bot stops/takeovers; 0 = none",
         )
+        parser.add_argument(
+            "--approval-workers",
+            type=int,
+            default=3,
+            help="extra workers running payment/deploy/customer-email runs that need approval",
+        )
+        parser.add_argument(
+            "--approval-grace",
+            type=float,
+            default=45.0,
+            help="seconds an approval waits for a person before the approver bot decides; "
+            "0 = the bot never decides",
+        )
         parser.add_argument("--seed", type=int, default=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -89,6 +104,8 @@ class Command(BaseCommand):
                 pace=max(0.05, options["pace"]),
                 reviewer_interval=options["reviewer_interval"],
                 seed=options["seed"],
+                approval_workers=max(0, options["approval_workers"]),
+                approval_grace=options["approval_grace"],
             )
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
