@@ -309,7 +309,10 @@ def _load_approvals(
     now = timezone.now()
     tools = ("charge_card", "refund_payment", "deploy_service", "send_email", "delete_records")
     risks = ("low", "medium", "high")
-    run_ids = [f"run_{prefix}{n:011x}"[:16] for n in range(runs)]
+    # One letter + 11 hex digits, like real ids; not bench/fixtures.py's "b" (the pages' runs
+    # share the database under `make bench`).
+    assert len(prefix) == 1 and prefix != "b", prefix
+    run_ids = [f"run_{prefix}{n:011x}" for n in range(runs)]
     with transaction.atomic():
         copy_rows(
             Run,
@@ -438,12 +441,12 @@ def bench_inbox(stack: Any) -> list[Row]:
                 client.defaults.pop(key, None)
         return out
 
-    _load_approvals(team_ids, runs=5, waiting=10, decided=0, prefix="s")
+    _load_approvals(team_ids, runs=5, waiting=10, decided=0, prefix="y")
     small = measure(2)
     started = time.perf_counter()
     waiting, decided = stack.n(WAITING, 2_000), stack.n(DECIDED, 1_000)
     _load_approvals(
-        team_ids, runs=stack.n(RUNS, 200), waiting=waiting - 10, decided=decided, prefix="b"
+        team_ids, runs=stack.n(RUNS, 200), waiting=waiting - 10, decided=decided, prefix="x"
     )
     analyze("runs_run", "runs_executionrecord", "runs_approval", vacuum=True)
     load_seconds = time.perf_counter() - started
