@@ -6,7 +6,17 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from console.views import approvals, audit, handoffs, packets, quality, run, runs, tokens
+from console.views import (
+    approvals,
+    audit,
+    handoffs,
+    notifications,
+    packets,
+    quality,
+    run,
+    runs,
+    tokens,
+)
 
 app_name = "console"
 
@@ -67,4 +77,27 @@ urlpatterns = [
     path("quality/", quality.quality, name="quality"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token_revoke"),
+    path("notifications/", notifications.channels, name="notifications"),
+    path(
+        "notifications/channels/<int:channel_id>/",
+        notifications.channel_edit,
+        name="notification_channel",
+    ),
+    path(
+        "notifications/channels/<int:channel_id>/test/",
+        notifications.channel_test,
+        name="notification_channel_test",
+    ),
+    path(
+        "notifications/channels/<int:channel_id>/delete/",
+        notifications.channel_delete,
+        name="notification_channel_delete",
+    ),
+    path("notifications/deliveries/", notifications.deliveries, name="notification_deliveries"),
+    path("notifications/outbox/", notifications.outbox, name="notification_outbox"),
+    path(
+        "notifications/subscriptions/",
+        notifications.subscriptions,
+        name="notification_subscriptions",
+    ),
 ]

@@ -1,0 +1,225 @@
+"""Notifications (DESIGN §11): a team's channels (admins), what was delivered (admins), the
+demo's outbox of captured mail (admins), and everyone's own email subscriptions.
+
+A channel's signing secret is rendered once, in the answer to the POST that created it, and
+never again; Slack and Apprise targets (their URL is their credential) are shown masked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from console.access import request_access, visible_teams
+from console.views.common import HtmxHttpRequest, actor_of, error_text, page, redirect_with
+from notifications import selectors
+from notifications import services as notify
+from notifications.forms import ChannelEditForm, ChannelForm, SubscriptionForm
+from notifications.models import ALL_EVENTS, DeliveryStatus, Event, NotificationChannel
+from runs.errors import DomainError, InvalidInput
+from runs.models import Team
+
+CHANNELS = "notifications/channels.html"
+CHANNEL = "notifications/channel.html"
+DELIVERIES = "notifications/deliveries.html"
+SUBSCRIPTIONS = "notifications/subscriptions.html"
+OUTBOX = "notifications/outbox.html"
+CAPTURE_BACKEND = "notifications.mail.CaptureEmailBackend"
+
+
+def _admin_teams(request: HtmxHttpRequest) -> list[Team]:
+    access = request_access(request)
+    if not access.is_admin_anywhere:
+        raise PermissionDenied("notification channels are managed by team admins")
+    return [team for team in visible_teams(access) if access.can_admin(team.pk)]
+
+
+def _channel_for(request: HtmxHttpRequest, channel_id: int) -> NotificationChannel:
+    channel = selectors.channel_get(channel_id=channel_id)
+    access = request_access(request)
+    if channel is None or not access.can_view(channel.team_id):
+        raise Http404("no such channel")
+    if not access.can_admin(channel.team_id):
+        raise PermissionDenied(f"channels of team {channel.team.slug} are managed by its admins")
+    return channel
+
+
+def _common(**extra: Any) -> dict[str, Any]:
+    return {
+        "event_choices": Event.choices,
+        "capturing": settings.EMAIL_BACKEND == CAPTURE_BACKEND,
+        **extra,
+    }
+
+
+def _channels_context(teams: list[Team], form: ChannelForm, **extra: Any) -> dict[str, Any]:
+    return _common(teams=teams, form=form, channels=selectors.channels_of(teams=teams), **extra)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def channels(request: HtmxHttpRequest) -> HttpResponse:
+    if not request_access(request).is_admin_anywhere:
+        # Everyone else manages only their own subscriptions.
+        return HttpResponseRedirect(reverse("console:notification_subscriptions"))
+    teams = _admin_teams(request)
+    choices = [(team.slug, team.slug) for team in teams]
+    if request.method != "POST":
+        form = ChannelForm(teams=choices, initial={"events": ALL_EVENTS})
+        return page(request, CHANNELS, _channels_context(teams, form))
+    form = ChannelForm(request.POST, teams=choices)
+    if not form.is_valid():
+        return page(request, CHANNELS, _channels_context(teams, form), status=400)
+    data = form.cleaned_data
+    team = next(team for team in teams if team.slug == data["team"])
+    try:
+        created = notify.channel_create(
+            team=team,
+            name=data["name"],
+            kind=data["kind"],
+            target=data["target"],
+            events=data["events"],
+            agent_glob=data["agent_glob"],
+            actor=actor_of(request),
+        )
+    except DomainError as exc:
+        return page(
+            request,
+            CHANNELS,
+            _channels_context(teams, form, create_error=error_text(exc)),
+            status=400,
+        )
+    # The secret exists in this response only: rendered once, never redirected or stored
+    # anywhere the page could show it again.
+    fresh = ChannelForm(teams=choices, initial={"events": ALL_EVENTS})
+    return page(
+        request,
+        CHANNELS,
+        _channels_context(teams, fresh, new_channel=created.channel, new_secret=created.secret),
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def channel_edit(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
+    channel = _channel_for(request, channel_id)
+    if request.method != "POST":
+        form = ChannelEditForm(
+            initial={
+                "name": channel.name,
+                "events": channel.events,
+                "agent_glob": channel.agent_glob,
+                "enabled": channel.enabled,
+                # Only an email address is shown back; URLs may carry a token.
+                "target": channel.target if channel.kind == "email" else "",
+            }
+        )
+        return page(request, CHANNEL, _common(channel=channel, form=form))
+    form = ChannelEditForm(request.POST)
+    error = ""
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            notify.channel_update(
+                channel_id=channel.pk,
+                actor=actor_of(request),
+                name=data["name"],
+                target=data["target"],
+                events=data["events"],
+                agent_glob=data["agent_glob"],
+                enabled=data["enabled"],
+            )
+        except DomainError as exc:
+            error = error_text(exc)
+        else:
+            return redirect_with(
+                request, reverse("console:notifications"), ok=f"Channel {data['name']!r} saved."
+            )
+    return page(request, CHANNEL, _common(channel=channel, form=form, edit_error=error), status=400)
+
+
+@login_required
+@require_POST
+def channel_delete(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
+    channel = _channel_for(request, channel_id)
+    notify.channel_delete(channel_id=channel.pk, actor=actor_of(request))
+    return redirect_with(
+        request, reverse("console:notifications"), ok=f"Channel {channel.name!r} deleted."
+    )
+
+
+@login_required
+@require_POST
+def channel_test(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
+    """Deliver a sample now and show what the target answered."""
+    channel = _channel_for(request, channel_id)
+    delivery, answer = notify.channel_send_test(channel_id=channel.pk, actor=actor_of(request))
+    teams = _admin_teams(request)
+    form = ChannelForm(teams=[(t.slug, t.slug) for t in teams], initial={"events": ALL_EVENTS})
+    return page(
+        request,
+        CHANNELS,
+        _channels_context(teams, form, tested=channel, test_delivery=delivery, answer=answer),
+    )
+
+
+@login_required
+def deliveries(request: HtmxHttpRequest) -> HttpResponse:
+    teams = _admin_teams(request)
+    status = request.GET.get("status", "")
+    if status not in DeliveryStatus.values:
+        status = ""
+    rows = selectors.deliveries_of(teams=teams, status=status)
+    return page(
+        request,
+        DELIVERIES,
+        _common(rows=rows, status=status, statuses=DeliveryStatus.values),
+    )
+
+
+@login_required
+def outbox(request: HtmxHttpRequest) -> HttpResponse:
+    """The demo's "Outbox of notifications": mail the capture backend kept instead of sending."""
+    _admin_teams(request)
+    return page(request, OUTBOX, _common(mails=selectors.captured_mails()))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def subscriptions(request: HtmxHttpRequest) -> HttpResponse:
+    access = request_access(request)
+    teams = visible_teams(access)
+    choices = [(team.slug, team.slug) for team in teams]
+    if request.method == "POST":
+        form = SubscriptionForm(request.POST, teams=choices)
+        if not form.is_valid():
+            return redirect_with(
+                request, reverse("console:notification_subscriptions"), error="invalid input"
+            )
+        team = next(team for team in teams if team.slug == form.cleaned_data["team"])
+        if form.cleaned_data["events"] and not request.user.email:  # type: ignore[union-attr]
+            return redirect_with(
+                request,
+                reverse("console:notification_subscriptions"),
+                error=InvalidInput("your account has no email address to send to"),
+            )
+        notify.subscription_set(
+            user=request.user,
+            team=team,
+            events=form.cleaned_data["events"],
+            agent_glob=form.cleaned_data["agent_glob"],
+        )
+        return redirect_with(
+            request,
+            reverse("console:notification_subscriptions"),
+            ok=f"Subscriptions for {team.slug} saved.",
+        )
+    mine = selectors.subscriptions_of(user_id=request.user.pk)  # type: ignore[arg-type]
+    rows = [{"team": team, "subscription": mine.get(team.pk)} for team in teams]
+    return page(request, SUBSCRIPTIONS, _common(rows=rows))

@@ -1,0 +1,47 @@
+"""Read queries of the notification pages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db.models import QuerySet
+
+from notifications.models import (
+    CapturedMail,
+    Delivery,
+    NotificationChannel,
+    UserSubscription,
+)
+from runs.models import Team
+
+
+def channels_of(*, teams: Sequence[Team]) -> list[NotificationChannel]:
+    return list(
+        NotificationChannel.objects.filter(team__in=teams)
+        .select_related("team")
+        .order_by("team__slug", "name")
+    )
+
+
+def channel_get(*, channel_id: int) -> NotificationChannel | None:
+    return NotificationChannel.objects.select_related("team").filter(pk=channel_id).first()
+
+
+def deliveries_of(*, teams: Sequence[Team], status: str = "", limit: int = 200) -> list[Delivery]:
+    """The newest deliveries of these teams (`delivery_team_created_idx`)."""
+    rows: QuerySet[Delivery] = Delivery.objects.filter(team__in=teams)
+    if status:
+        rows = rows.filter(status=status)
+    return list(
+        rows.select_related("team", "channel", "subscription__user").order_by("-created_at", "-id")[
+            :limit
+        ]
+    )
+
+
+def subscriptions_of(*, user_id: int) -> dict[int, UserSubscription]:
+    return {sub.team_id: sub for sub in UserSubscription.objects.filter(user_id=user_id)}
+
+
+def captured_mails(*, limit: int = 100) -> list[CapturedMail]:
+    return list(CapturedMail.objects.order_by("-captured_at", "-id")[:limit])
