@@ -71,6 +71,11 @@
       var kind = msg.kind || "";
       return kind.indexOf("handoff") === 0 || kind.indexOf("steering") === 0 || msg.status === "handed_off" ||
         kind === "run.handed_off" || kind === "run.closed" || kind.indexOf("run.returned") === 0;
+    },
+    // The inbox changes when an approval does; a stop or an interruption voids what waits, so
+    // every status change passes too.
+    approvals: function (msg) {
+      return (msg.kind || "").indexOf("approval") === 0 || msg.status !== "running";
     }
   };
 
