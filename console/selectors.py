@@ -19,6 +19,8 @@ from console.access import Access
 from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
 from runs.ledger_queries import LedgerFilters, ledger_entries
 from runs.models import (
+    OUTBOX_IN_FLIGHT_STATUSES,
+    UNCONFIRMED_SIDE_EFFECT,
     ApiToken,
     Artifact,
     Checkpoint,
@@ -34,6 +36,7 @@ from runs.models import (
     Step,
     StopRequest,
     Team,
+    is_unconfirmed_side_effect,
 )
 
 RUNS_PAGE_SIZE = 50
@@ -242,7 +245,7 @@ def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], 
         found = list(calls.order_by("permitted_at", "pk"))
         return found, len(found)
     newest = calls.order_by("-permitted_at", "-pk").values("pk")[:window]
-    unresolved = Q(side_effect="write", side_effect_state="pending_verification", resolved=False)
+    unresolved = UNCONFIRMED_SIDE_EFFECT
     # The total is of every call, not of the ones loaded: a scalar subquery in the same query.
     every_call = (
         ExecutionRecord.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
@@ -276,10 +279,12 @@ def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
     unresolved = sum(
         1
         for call in calls
-        if call.side_effect == "write"
-        and call.side_effect_state == "pending_verification"
-        and not call.resolved
-    ) + sum(1 for item in outbox if item.status in ("dispatching", "unknown") and not item.resolved)
+        if is_unconfirmed_side_effect(
+            side_effect=call.side_effect,
+            side_effect_state=call.side_effect_state,
+            resolved=call.resolved,
+        )
+    ) + sum(1 for item in outbox if item.status in OUTBOX_IN_FLIGHT_STATUSES and not item.resolved)
     return RunDetail(
         run=run,
         steps=[StepView(step, by_step.get(step.pk, [])) for step in steps],
@@ -452,7 +457,14 @@ def packet_view(run: Run, packet: StopPacket, *, everything: bool = False) -> Pa
                 entry["tool_call_id"],
                 entry,
                 state,
-                open=bool(call and state == "pending_verification" and not call.resolved),
+                open=bool(
+                    call
+                    and is_unconfirmed_side_effect(
+                        side_effect=call.side_effect,
+                        side_effect_state=state,
+                        resolved=call.resolved,
+                    )
+                ),
                 resolution=resolved.get(("tool_call", entry["tool_call_id"])),
             )
         )
@@ -465,7 +477,7 @@ def packet_view(run: Run, packet: StopPacket, *, everything: bool = False) -> Pa
                 public_id,
                 outbox_snap.get(public_id, {"id": public_id}),
                 state,
-                open=bool(item and state in ("dispatching", "unknown") and not item.resolved),
+                open=bool(item and state in OUTBOX_IN_FLIGHT_STATUSES and not item.resolved),
                 resolution=resolved.get(("outbox", public_id)),
             )
         )

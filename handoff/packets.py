@@ -6,6 +6,7 @@ from typing import Any
 
 from handoff.models import StopPacket
 from runs.models import (
+    OUTBOX_IN_FLIGHT_STATUSES,
     Approval,
     ApprovalStatus,
     Artifact,
@@ -21,6 +22,7 @@ from runs.models import (
     Step,
     StepStatus,
     StopRequest,
+    is_unconfirmed_side_effect,
 )
 
 
@@ -82,7 +84,6 @@ _RECORD_FIELDS = (
     "reported_after_stop",
     "resolved",
 )
-_IN_FLIGHT = (OutboxStatus.DISPATCHING, OutboxStatus.UNKNOWN)
 
 
 def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
@@ -113,7 +114,7 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         public_id = f"outbox_{pk}"  # OutboxItem.public_id
         if status == OutboxStatus.FROZEN:
             frozen_ids.append(public_id)
-        elif status in _IN_FLIGHT:
+        elif status in OUTBOX_IN_FLIGHT_STATUSES:
             in_flight_ids.append(public_id)
         outbox.append(
             {
@@ -136,10 +137,10 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
     ):
         summary = _record_summary(record)
         tool_calls.append(summary)
-        if (
-            record["side_effect"] == SideEffect.WRITE
-            and record["side_effect_state"] == SideEffectState.PENDING_VERIFICATION
-            and not record["resolved"]
+        if is_unconfirmed_side_effect(
+            side_effect=record["side_effect"],
+            side_effect_state=record["side_effect_state"],
+            resolved=record["resolved"],
         ):
             unconfirmed.append(dict(summary))
 

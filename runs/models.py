@@ -261,6 +261,30 @@ class RecoveryPolicy(models.TextChoices):
     COMPENSATE = "compensate", "Compensate"
 
 
+# An unconfirmed side effect: a write whose outcome is pending verification and that no reviewer
+# has resolved. It makes a stop dirty, the packet lists it, the console counts it. The one
+# definition: `ExecutionRecord.objects.unconfirmed()`, this Q where a query ORs it with another,
+# `is_unconfirmed_side_effect` for a row already loaded (a model or a `.values()` dict).
+UNCONFIRMED_SIDE_EFFECT = Q(
+    side_effect=SideEffect.WRITE,
+    side_effect_state=SideEffectState.PENDING_VERIFICATION,
+    resolved=False,
+)
+
+
+def is_unconfirmed_side_effect(*, side_effect: str, side_effect_state: str, resolved: bool) -> bool:
+    return (
+        side_effect == SideEffect.WRITE
+        and side_effect_state == SideEffectState.PENDING_VERIFICATION
+        and not resolved
+    )
+
+
+class ExecutionRecordQuerySet(models.QuerySet["ExecutionRecord"]):
+    def unconfirmed(self) -> ExecutionRecordQuerySet:
+        return self.filter(UNCONFIRMED_SIDE_EFFECT)
+
+
 class ExecutionRecord(models.Model):
     """One tool call: intent written before it runs (the permit), result after."""
 
@@ -302,6 +326,8 @@ class ExecutionRecord(models.Model):
     permitted_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = ExecutionRecordQuerySet.as_manager()
+
     class Meta:
         ordering = ["permitted_at", "id"]
         constraints = [
@@ -326,10 +352,6 @@ class ExecutionRecord(models.Model):
         """The id a client starts the call with; a held call has none until approved."""
         return f"permit_{self.pk}"
 
-    @property
-    def is_unconfirmed_side_effect(self) -> bool:
-        return self.side_effect_state == SideEffectState.PENDING_VERIFICATION
-
 
 class OutboxStatus(models.TextChoices):
     # Held by an approval gate (DESIGN §10): no dispatcher may claim it.
@@ -342,6 +364,16 @@ class OutboxStatus(models.TextChoices):
     UNKNOWN = "unknown", "Unknown"
     RELEASED = "released", "Released"
     DISCARDED = "discarded", "Discarded"
+
+
+# The outbox's unconfirmed side effect: an item claimed for sending whose outcome is not known
+# (dispatching, or reaped to unknown) and that no reviewer has resolved.
+OUTBOX_IN_FLIGHT_STATUSES = (OutboxStatus.DISPATCHING, OutboxStatus.UNKNOWN)
+
+
+class OutboxItemQuerySet(models.QuerySet["OutboxItem"]):
+    def unconfirmed(self) -> OutboxItemQuerySet:
+        return self.filter(status__in=OUTBOX_IN_FLIGHT_STATUSES, resolved=False)
 
 
 class OutboxItem(models.Model):
@@ -376,6 +408,8 @@ class OutboxItem(models.Model):
     resolved = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OutboxItemQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
@@ -451,10 +485,6 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.token} {self.worker_id} @{self.epoch}"
-
-    @property
-    def lease_id(self) -> str:
-        return self.token
 
 
 class StopRequest(models.Model):

@@ -196,6 +196,7 @@ def run_resume(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             actor=actor_of(request),
             checkpoint=data["checkpoint"],
             carry_over_steering=data["carry_over_steering"],
+            note=data["note"],
         )
         where = f" from {resumed.resume_from}" if resumed.resume_from else ""
         return f"Resumed{where}: pending at epoch {resumed.stop_epoch}, waiting for a worker."

@@ -580,6 +580,7 @@ class ResumeView(ApiView):
             run_id=run.pk,
             checkpoint=data["checkpoint"],
             carry_over_steering=data["carry_over_steering"],
+            note=data["note"],
             actor=self.caller.actor,
         )
         return Response(s.RunOut(self.run(run_id, Capability.READ)).data)

@@ -25,10 +25,10 @@ from runs.errors import (
 )
 from runs.ledger import ledger_append
 from runs.models import (
+    OUTBOX_IN_FLIGHT_STATUSES,
     ExecutionRecord,
     ExecutionState,
     Lease,
-    OutboxStatus,
     RejectedWrite,
     Run,
     RunStatus,
@@ -38,7 +38,7 @@ from runs.models import (
 )
 
 OPEN_EXECUTION_STATES = (ExecutionState.PERMITTED, ExecutionState.RUNNING)
-IN_FLIGHT_OUTBOX = (OutboxStatus.DISPATCHING, OutboxStatus.UNKNOWN)
+IN_FLIGHT_OUTBOX = OUTBOX_IN_FLIGHT_STATUSES
 
 # DESIGN §2, the legal moves. Anything not listed is refused with `illegal_transition`.
 TRANSITIONS: dict[str, frozenset[str]] = {

@@ -50,7 +50,6 @@ from runs.models import (
 )
 from runs.services._base import (
     _RESULT_STATES,
-    IN_FLIGHT_OUTBOX,
     OPEN_EXECUTION_STATES,
     _apply_tool_result,
     _changed,
@@ -378,14 +377,9 @@ def _settle_locked(run: Run, *, actor: Actor, now: Any, forced_dirty_reason: str
 def run_dirty_reasons(run: Run) -> list[str]:
     """What is still unknown about this run's side effects (empty means clean)."""
     reasons = []
-    if ExecutionRecord.objects.filter(
-        run=run,
-        side_effect=SideEffect.WRITE,
-        side_effect_state=SideEffectState.PENDING_VERIFICATION,
-        resolved=False,
-    ).exists():
+    if ExecutionRecord.objects.filter(run=run).unconfirmed().exists():
         reasons.append("unconfirmed_side_effects")
-    if OutboxItem.objects.filter(run=run, status__in=IN_FLIGHT_OUTBOX, resolved=False).exists():
+    if OutboxItem.objects.filter(run=run).unconfirmed().exists():
         reasons.append("outbox_in_flight")
     if Lease.objects.filter(run=run, fenced_unconfirmed=True).exists():
         reasons.append("worker_unconfirmed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from runs.models import StopRequest
+from runs.models import LedgerEntry, StopRequest
 from tests.runs.factories import make_run, make_running, reload
 from tests.support.api import Api, lease_body, stop, url
 
@@ -236,6 +236,15 @@ def test_resume_and_close_of_a_running_run_are_409_illegal_transition(api, team,
             response.json()["status"],
             response.json()["stop_epoch"],
         ) == ("illegal_transition", "running", 1)
+
+
+def test_the_resume_note_reaches_the_ledger(api, team, reviewer_token):
+    run = make_run(team)
+    stop(run)
+    response = api.post(url(run, "resume/"), {"note": "fixed the credentials"}, reviewer_token)
+    assert response.status_code == 200
+    entry = LedgerEntry.objects.filter(run=run, action="run.resume").get()
+    assert entry.payload["note"] == "fixed the credentials"
 
 
 def test_resume_from_an_unknown_checkpoint_is_400(api, team, reviewer_token):

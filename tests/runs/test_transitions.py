@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from handoff import services as handoff_services
-from handoff.models import Handoff, HandoffStatus, StopPacket
+from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
 from handoff.services import resolution_record
 from runs import services
 from runs.actors import Actor
 from runs.errors import IllegalTransition, LeaseHeld, LeaseRevoked, RunNotRunning, StaleEpoch
 from runs.models import (
     ExecutionState,
+    Lease,
     LedgerEntry,
     OutboxStatus,
     RunStatus,
@@ -326,6 +330,41 @@ def test_a_second_resolution_with_another_decision_is_refused(team):
             evidence="x",
             actor=ALICE,
         )
+
+
+def test_a_fenced_worker_resolution_is_a_valid_resolution_target(team):
+    run, lease = make_running(team)
+    services.run_stop(run_id=run.pk, reason="user_stop", actor=ALICE)
+    Lease.objects.filter(pk=lease.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    services.lease_expire(lease_id=lease.pk)
+    assert reload(run).status == RunStatus.STOPPED_DIRTY
+
+    resolution_record(
+        run_id=run.pk,
+        target="worker",
+        target_id=lease.token,
+        decision="not_applied",
+        evidence="the worker's host was powered off",
+        actor=ALICE,
+    )
+
+    resolution = Resolution.objects.get(run=run)
+    resolution.full_clean()  # `worker` is one of the target choices
+    assert resolution.get_target_display() == "Fenced worker"
+    assert reload(run).status == RunStatus.STOPPED_CLEANLY
+
+
+def test_a_handoff_returned_with_a_note_ledgers_the_note(team, bob):
+    run = make_run(team)
+    services.run_takeover(run_id=run.pk, actor=Actor.for_user(bob))
+    handoff = Handoff.objects.get(run=run)
+
+    handoff_services.handoff_return(
+        handoff_id=handoff.pk, actor=Actor.for_user(bob), note="back to the agent"
+    )
+
+    entry = LedgerEntry.objects.get(run=run, action="run.returned_to_automation")
+    assert entry.payload["note"] == "back to the agent"
 
 
 def test_handoff_complete_return_and_close(team, bob):
