@@ -41,6 +41,10 @@ def beat_schedule(interval: float) -> dict[str, dict[str, object]]:
         "send-due-notifications": entry(
             "notifications.tasks.send_due_notifications", max(every, 1.0)
         ),
+        "remind-waiting-handoffs": entry("notifications.tasks.remind_waiting_handoffs", 60.0),
+        "verify-ledger": entry(
+            "notifications.tasks.verify_ledger", settings.SAFESTOP_LEDGER_VERIFY_SECONDS
+        ),
     }
 
 

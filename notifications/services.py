@@ -29,13 +29,21 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from notifications.events import Notice, event_for_entry, sample_message
+from handoff.models import Handoff, HandoffStatus
+from notifications.events import (
+    Notice,
+    event_for_entry,
+    handoff_message,
+    ledger_broken_message,
+    sample_message,
+)
 from notifications.models import (
     ALL_EVENTS,
     TEST_EVENT,
     ChannelKind,
     Delivery,
     DeliveryStatus,
+    Event,
     NotificationChannel,
     UserSubscription,
 )
@@ -50,7 +58,7 @@ from notifications.transports import (
 from runs.actors import Actor
 from runs.dispatch import dispatcher_name
 from runs.errors import InvalidInput, NotFound
-from runs.ledger import ledger_append
+from runs.ledger import ChainBreak, ledger_append, ledger_verify
 from runs.models import LedgerEntry, Membership, Run, Team
 
 logger = logging.getLogger(__name__)
@@ -443,3 +451,89 @@ def subscription_set(
             user=user, team=team, defaults={"events": chosen, "agent_glob": glob}
         )
     return subscription
+
+
+# --------------------------------------------------------------------------------------------
+# periodic checks: a handoff nobody accepted, a broken ledger
+
+
+def _enqueue_new(notices: list[Notice]) -> int:
+    """Enqueue notices whose key has no delivery yet (one query to skip the ones done)."""
+    done = set(
+        Delivery.objects.filter(event_key__in=[notice.key for notice in notices]).values_list(
+            "event_key", flat=True
+        )
+    )
+    queued = 0
+    for notice in notices:
+        if notice.key not in done:
+            with transaction.atomic():
+                queued += deliveries_enqueue(notice)
+    return queued
+
+
+def handoffs_remind_waiting(*, now: Any = None, limit: int = 200) -> int:
+    """`handoff.waiting` again for each handoff still open (nobody accepted it) after
+    `SAFESTOP_HANDOFF_REMIND_SECONDS`: once per handoff (its own event key)."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.SAFESTOP_HANDOFF_REMIND_SECONDS)
+    waiting = list(
+        Handoff.objects.filter(status=HandoffStatus.OPEN, created_at__lt=cutoff)
+        .select_related("run", "assignee")
+        .order_by("created_at")[:limit]
+    )
+    notices = []
+    for handoff in waiting:
+        run = handoff.run
+        minutes = int((now - handoff.created_at).total_seconds() // 60)
+        message = handoff_message(
+            run,
+            handoff_id=handoff.pk,
+            assignee=handoff.assignee.get_username() if handoff.assignee else None,
+            reminder=True,
+            waited=f"{minutes} min",
+        )
+        notices.append(
+            Notice(
+                event=Event.HANDOFF_WAITING,
+                key=f"{Event.HANDOFF_WAITING}:{handoff.pk}:still-waiting",
+                team_id=run.team_id,
+                agent=run.agent,
+                run_id=run.pk,
+                message=message.as_json(),
+            )
+        )
+    return _enqueue_new(notices)
+
+
+def ledger_check() -> ChainBreak | None:
+    """Verify every ledger chain; a break is `ledger.broken` for the team it belongs to (every
+    team, for a break in the global chain), once per broken entry."""
+    _checked, broken = ledger_verify()
+    if broken is None:
+        return None
+    logger.error("ledger chain broken at entry %s: %s", broken.entry_id, broken.problem)
+    slug = (
+        LedgerEntry.objects.filter(pk=broken.entry_id).values_list("team_slug", flat=True).first()
+    )
+    teams = Team.objects.filter(slug=slug) if slug else Team.objects.all()
+    message = ledger_broken_message(
+        entry_id=broken.entry_id,
+        run_id=broken.run_id,
+        run_seq=broken.run_seq,
+        problem=broken.problem,
+    ).as_json()
+    _enqueue_new(
+        [
+            Notice(
+                event=Event.LEDGER_BROKEN,
+                key=f"{Event.LEDGER_BROKEN}:{broken.entry_id}",
+                team_id=team_id,
+                agent="",
+                run_id=None,
+                message=message,
+            )
+            for team_id in teams.values_list("pk", flat=True)
+        ]
+    )
+    return broken

@@ -1,0 +1,66 @@
+"""The periodic checks: a handoff still waiting, and a ledger whose chain is broken."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from handoff.models import Handoff
+from notifications import services as notify
+from notifications.models import Delivery
+from runs.actors import Actor
+from runs.models import LedgerEntry
+from tests.support.scenarios import handed_off, stopped_dirty
+
+pytestmark = pytest.mark.django_db
+
+BOB = Actor("user", "2", "bob")
+
+
+def test_a_handoff_nobody_accepted_is_announced_again_once(team, webhook, settings):
+    settings.SAFESTOP_HANDOFF_REMIND_SECONDS = 600
+    run = handed_off(team, by=BOB)
+    handoff = Handoff.objects.get(run=run)
+    assert Delivery.objects.filter(event="handoff.waiting").count() == 1  # when it opened
+    assert notify.handoffs_remind_waiting() == 0  # not waiting long enough yet
+    Handoff.objects.filter(pk=handoff.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    assert notify.handoffs_remind_waiting() == 1
+    assert notify.handoffs_remind_waiting() == 0  # once per handoff
+    reminder = Delivery.objects.get(event_key=f"handoff.waiting:{handoff.pk}:still-waiting")
+    assert reminder.message["title"].startswith("Handoff still waiting")
+    assert reminder.message["link"].endswith(f"/handoffs/#handoff-{handoff.pk}")
+    assert ["Waiting for", "60 min"] in reminder.message["facts"]
+
+
+def test_an_accepted_handoff_is_not_announced_again(team, webhook, bob):
+    from handoff.services import handoff_accept
+
+    run = handed_off(team, by=BOB)
+    handoff = Handoff.objects.get(run=run)
+    handoff_accept(handoff_id=handoff.pk, user=bob, actor=Actor.for_user(bob))
+    Handoff.objects.filter(pk=handoff.pk).update(created_at=timezone.now() - timedelta(days=1))
+    assert notify.handoffs_remind_waiting() == 0
+
+
+def test_a_broken_ledger_chain_is_delivered_once(team, other_team, webhook, make_channel, receiver):
+    other_channel, _ = make_channel(other_team, receiver.url("/other"))
+    run = stopped_dirty(team)
+    assert notify.ledger_check() is None
+    Delivery.objects.all().delete()
+    target = LedgerEntry.objects.get(run=run, action="run.stop_requested")
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute("UPDATE runs_ledgerentry SET reason = 'timeout' WHERE id = %s", [target.pk])
+        cursor.execute("SET session_replication_role = DEFAULT")
+    broken = notify.ledger_check()
+    assert broken is not None and broken.entry_id == target.pk
+    notify.ledger_check()  # found again: not announced again
+    [delivery] = Delivery.objects.filter(event="ledger.broken")
+    assert delivery.channel_id == webhook.pk  # the run's team only
+    assert delivery.message["link"].endswith("/audit/")
+    assert "changed" in delivery.message["text"]
+    assert notify.deliveries_send_due(limit=5, sender="t") == 1
+    assert receiver.hits[0].verified
