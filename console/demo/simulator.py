@@ -56,8 +56,9 @@ from safestop_agent import (
 log = logging.getLogger("safestop.simulator")
 
 # Scenario kinds that stay running long enough for a reviewer (bot or human) to press Stop.
-# A release waiting for its approval is one of them: the stop voids the approval.
-REVIEWABLE = frozenset({"watch", "slow_report", "deploy", "release"})
+# (Not the approval scenarios: their waiting approvals are left for a person to decide, or to
+# stop, which voids the approval.)
+REVIEWABLE = frozenset({"watch", "slow_report", "deploy"})
 
 
 @dataclass(frozen=True)
