@@ -100,3 +100,47 @@ def refusal(code: str, *, status: str = "cancel_requested", stop_epoch: int = 4)
             "stop_epoch": stop_epoch,
         },
     )
+
+
+class ApprovalServer:
+    """Permits for tools in `held` answer 202 until `decide()`; then the decision."""
+
+    def __init__(self, api: FakeApi, held: set[str]) -> None:
+        self.api = api
+        self.held = held
+        self.decision: dict[str, Any] | None = None
+        self.asked: list[dict[str, Any]] = []
+        api.overrides["permits/"] = self.permit
+        api.overrides["/api/v1/approvals/appr_1/"] = self.get_approval
+
+    def permit(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response | None:
+        if body["tool"] not in self.held:
+            return None
+        self.asked.append(body)
+        approval = {"id": "appr_1", "status": "waiting", "deadline": "soon"}
+        if self.decision is None:
+            answer = {"tool_call_id": body["tool_call_id"], "epoch": body["epoch"]}
+            return httpx.Response(202, json={**answer, "approval": approval})
+        if self.decision["status"] != "approved":
+            closed = {**approval, **self.decision}
+            return httpx.Response(
+                409, json={"error": "approval_closed", "detail": "no", "approval": closed}
+            )
+        return httpx.Response(
+            200,
+            json={
+                "permit_id": "permit_9",
+                "tool_call_id": body["tool_call_id"],
+                "epoch": body["epoch"],
+                "approval": {**approval, "status": "approved"},
+                "arguments": self.decision["arguments"],
+            },
+        )
+
+    def get_approval(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        if self.decision is None:
+            return httpx.Response(200, json={"id": "appr_1", "status": "waiting"})
+        return httpx.Response(200, json={"id": "appr_1", "permit_id": "permit_9", **self.decision})
+
+    def decide(self, status: str, *, arguments: Any = None, message: str = "") -> None:
+        self.decision = {"status": status, "arguments": arguments, "message": message}

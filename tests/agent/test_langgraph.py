@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypedDict
 
 import httpx
 import pytest
-from agent_fakes import FakeApi, refusal
+from agent_fakes import ApprovalServer, FakeApi, refusal
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
@@ -66,50 +66,6 @@ def results(api: FakeApi) -> list[tuple[str, str]]:
         (path.split("/")[1], body["execution_state"])
         for path, body in api.sent_matching("tool-calls/")
     ]
-
-
-class ApprovalServer:
-    """Permits for tools in `held` answer 202 until `decide()`; then the decision."""
-
-    def __init__(self, api: FakeApi, held: set[str]) -> None:
-        self.api = api
-        self.held = held
-        self.decision: dict[str, Any] | None = None
-        self.asked: list[dict[str, Any]] = []
-        api.overrides["permits/"] = self.permit
-        api.overrides["/api/v1/approvals/appr_1/"] = self.get_approval
-
-    def permit(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response | None:
-        if body["tool"] not in self.held:
-            return None
-        self.asked.append(body)
-        approval = {"id": "appr_1", "status": "waiting", "deadline": "soon"}
-        if self.decision is None:
-            answer = {"tool_call_id": body["tool_call_id"], "epoch": body["epoch"]}
-            return httpx.Response(202, json={**answer, "approval": approval})
-        if self.decision["status"] != "approved":
-            closed = {**approval, **self.decision}
-            return httpx.Response(
-                409, json={"error": "approval_closed", "detail": "no", "approval": closed}
-            )
-        return httpx.Response(
-            200,
-            json={
-                "permit_id": "permit_9",
-                "tool_call_id": body["tool_call_id"],
-                "epoch": body["epoch"],
-                "approval": {**approval, "status": "approved"},
-                "arguments": self.decision["arguments"],
-            },
-        )
-
-    def get_approval(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
-        if self.decision is None:
-            return httpx.Response(200, json={"id": "appr_1", "status": "waiting"})
-        return httpx.Response(200, json={"id": "appr_1", "permit_id": "permit_9", **self.decision})
-
-    def decide(self, status: str, *, arguments: Any = None, message: str = "") -> None:
-        self.decision = {"status": status, "arguments": arguments, "message": message}
 
 
 # -- steps -------------------------------------------------------------------------------

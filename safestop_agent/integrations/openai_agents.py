@@ -1,0 +1,414 @@
+"""OpenAI Agents SDK runs under a safestop lease (`pip install 'safestop-agent[openai-agents]'`).
+
+    agent = Agent(name="support", tools=[lookup_order, refund], model=...)
+    with client.lease(run_id, "worker-1") as run:
+        agent = guard_agent(agent, writes={"refund"}, approvals={"refund"})
+        result = run_agent_sync(run, agent, "Refund order 1042")
+        run.complete({"answer": result.final_output})
+
+What the adapter does (DESIGN §9, §10):
+
+- **Function tools ask for permits.** `safestop_tool(tool, ...)` (or
+  `guard_agent(agent, ...)` for all of an agent's function tools) returns a
+  copy whose invocation asks a permit before the tool runs and reports its
+  outcome after: `succeeded` with the output, `failed`, or `unknown` for a
+  write that did not finish (a stop, a crash) — never `failed`. Each call is
+  a step (`<tool>#<n>`). The permit's `tool_call_id` is the model's call id
+  with the lease's epoch (`<call_id>.e<epoch>`).
+- **Approvals.** A tool marked `needs_approval` (here, or the SDK's own flag,
+  which the copy hands to safestop instead), or matched by a team rule (the
+  permit answers 202), waits for a reviewer; the tool then runs with the
+  final, possibly edited, arguments. A rejection (or expiry) is not an error:
+  the reviewer's message goes back to the model as the tool's output
+  (`rejection_output`), so it can change course.
+- **A stop cancels the run.** `run_agent` / `run_agent_sync` cancel the SDK's
+  run task the moment the run's token is set (push or heartbeat), and
+  `run_agent_streamed` calls `RunResultStreaming.cancel()`; a tool in flight
+  is reported (`unknown` for a write), and `SafestopHooks` refuse every new
+  model call or tool after the stop. The caller sees `Cancelled`, which the
+  lease block turns into `drained`.
+- **Each model call is a step** (`model#<n>`) reported by `SafestopHooks`,
+  which wrap the caller's own `RunHooks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import inspect
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
+
+from agents import Agent, FunctionTool, RunHooks, Runner
+from agents.result import RunResult, RunResultStreaming
+from agents.tool import default_tool_error_function
+from agents.tool_context import ToolContext
+
+from ..cancel import Cancelled
+from ..errors import REFUSAL_CODES, ApprovalRejected, Refused
+from ..wire import RecoveryPolicy, Risk, SideEffect
+from ..worker import AgentRun, ToolCall
+
+log = logging.getLogger("safestop_agent")
+
+_ACTIVE: contextvars.ContextVar[AgentRun | None] = contextvars.ContextVar(
+    "safestop_openai_agents_run", default=None
+)
+
+Summary = str | Callable[[Mapping[str, Any]], str] | None
+
+
+def default_rejection_output(error: ApprovalRejected) -> str:
+    """What the model reads when a reviewer did not approve the call."""
+    reason = error.message or "no reason given"
+    if error.status == "expired":
+        return f"Not done: no reviewer approved this call in time ({reason})."
+    return f"Not done: a reviewer rejected this call. Reviewer's message: {reason}"
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def next(self, name: str) -> int:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + 1
+            return self._counts[name]
+
+
+_STEPS = contextvars.ContextVar[_Counter | None]("safestop_openai_agents_steps", default=None)
+
+
+def _counter() -> _Counter:
+    counter = _STEPS.get()
+    if counter is None:
+        counter = _Counter()
+        _STEPS.set(counter)
+    return counter
+
+
+def active_run(context: Any = None) -> AgentRun:
+    """The leased run a tool or hook belongs to: the one `run_agent*` set, or the run context."""
+    run = _ACTIVE.get()
+    if run is None:
+        candidate: Any = getattr(context, "context", None)
+        nested: Any = getattr(candidate, "safestop_run", None)
+        if isinstance(candidate, AgentRun):
+            run = candidate
+        elif isinstance(nested, AgentRun):
+            run = nested
+    if run is None:
+        raise RuntimeError(
+            "no safestop run: run the agent with run_agent / run_agent_sync / "
+            "run_agent_streamed, or pass the AgentRun as the run context"
+        )
+    return run
+
+
+async def _event(run: AgentRun, type: str, **fields: Any) -> None:
+    """Start a step (refused after a stop → `Cancelled`) or report a fact."""
+    answer = await asyncio.to_thread(run.event, type, **fields)
+    if type == "step.started":
+        if answer.get("status") == "rejected" and answer.get("code") in REFUSAL_CODES:
+            raise run._refused(
+                Refused(409, str(answer.get("code")), "step.started rejected", answer)
+            )
+
+
+async def _fact(run: AgentRun, type: str, **fields: Any) -> None:
+    try:
+        await asyncio.to_thread(run.event, type, **fields)
+    except Exception as error:  # a fact that cannot be sent must not end the run
+        log.warning("safestop: %s not reported: %r", type, error)
+
+
+def safestop_tool(
+    tool: FunctionTool,
+    *,
+    side_effect: SideEffect = "none",
+    needs_approval: bool | None = None,
+    summary: Summary = None,
+    risk: Risk | None = None,
+    arguments_schema: Mapping[str, Any] | None = None,
+    recovery_policy: RecoveryPolicy | None = None,
+    idempotency_key: Callable[[Mapping[str, Any]], str] | None = None,
+    rejection_output: Callable[[ApprovalRejected], Any] = default_rejection_output,
+) -> FunctionTool:
+    """A copy of `tool` whose every call asks a safestop permit first (see the module docstring).
+
+    `needs_approval=None` takes the tool's own SDK flag (a bool, or the SDK's
+    async policy `(run_context, arguments, call_id) -> bool`); the copy's SDK
+    flag is off, so the reviewer decides in safestop, not in the SDK's state.
+    """
+    original_invoke = tool.on_invoke_tool
+    # A tool made by `function_tool` turns a body's exception into a message for the model
+    # before we could see it; call underneath that, so a stop or crash is reported as it is,
+    # and give the model the same message afterwards.
+    invoke_body = getattr(original_invoke, "_invoke_tool_impl", None) or original_invoke
+    policy: Any = tool.needs_approval if needs_approval is None else needs_approval
+
+    async def asks(ctx: ToolContext[Any], arguments: Mapping[str, Any]) -> bool:
+        if callable(policy):
+            decided = policy(ctx, dict(arguments), ctx.tool_call_id)
+            return bool(await decided) if inspect.isawaitable(decided) else bool(decided)
+        return bool(policy)
+
+    async def on_invoke_tool(ctx: ToolContext[Any], raw_arguments: str) -> Any:
+        run = active_run(ctx)
+        run.token.raise_if_cancelled()
+        arguments = json.loads(raw_arguments) if raw_arguments else {}
+        call_id = f"{ctx.tool_call_id}.e{run.epoch}"[-120:]
+        step_key = f"{tool.name}#{_counter().next(tool.name)}"
+        await _event(
+            run,
+            "step.started",
+            key=step_key,
+            name=f"tool {tool.name}",
+            kind="tool_write" if side_effect == "write" else "tool_read",
+        )
+        call = run.new_tool_call(
+            tool.name,
+            arguments,
+            side_effect,
+            tool_call_id=call_id,
+            step_key=step_key,
+            idempotency_key=idempotency_key(arguments) if idempotency_key else None,
+            recovery_policy=recovery_policy,
+            needs_approval=await asks(ctx, arguments),
+            summary=summary(arguments) if callable(summary) else summary,
+            risk=risk,
+            arguments_schema=arguments_schema,
+        )
+        try:
+            # Blocking (an approval may take minutes), so off the event loop; a stop wakes it.
+            await asyncio.to_thread(run.ask_permit, call)
+        except ApprovalRejected as rejected:
+            await _fact(run, "step.completed", key=step_key, detail=f"approval {rejected.status}")
+            return rejection_output(rejected)
+        except BaseException as error:
+            await _fact(run, "step.failed", key=step_key, error=str(error), cancelled=True)
+            raise
+        output = await _run_body(run, call, ctx, invoke_body, tool)
+        await _fact(run, "step.completed", key=step_key)
+        return output
+
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=False)
+
+
+async def _run_body(
+    run: AgentRun, call: ToolCall, ctx: ToolContext[Any], invoke_body: Any, tool: FunctionTool
+) -> Any:
+    try:
+        output = await invoke_body(ctx, json.dumps(call.arguments))
+    except Exception as error:
+        # A stop inside the body, or a crash: `unknown` for a write, `failed` otherwise.
+        run.report_outcome(call, error)
+        if isinstance(error, Cancelled) or run.token.cancelled:
+            raise
+        return default_tool_error_function(ctx, error)
+    except BaseException as error:  # the run task cancelled by the stop while the tool ran
+        run.report_outcome(call, error)
+        raise
+    call.result = output
+    run.report_outcome(call, None)
+    return output
+
+
+def guard_agent(
+    agent: Agent[Any],
+    *,
+    writes: Iterable[str] = (),
+    approvals: Iterable[str] = (),
+    risk: Mapping[str, Risk] | None = None,
+    summaries: Mapping[str, Summary] | None = None,
+    recovery_policy: RecoveryPolicy | None = "manual_confirmation",
+    rejection_output: Callable[[ApprovalRejected], Any] = default_rejection_output,
+) -> Agent[Any]:
+    """A copy of `agent` whose function tools all go through `safestop_tool`.
+
+    `writes` names the tools with side effects (their unfinished calls are
+    `unknown`, and get `recovery_policy`); `approvals` the ones a reviewer
+    must approve (tools carrying the SDK's `needs_approval` wait too).
+    """
+    write_names, approval_names = set(writes), set(approvals)
+    tools: list[Any] = []
+    for tool in agent.tools:
+        if not isinstance(tool, FunctionTool):
+            tools.append(tool)
+            continue
+        is_write = tool.name in write_names
+        tools.append(
+            safestop_tool(
+                tool,
+                side_effect="write" if is_write else "none",
+                needs_approval=True if tool.name in approval_names else None,
+                summary=(summaries or {}).get(tool.name),
+                risk=(risk or {}).get(tool.name),
+                recovery_policy=recovery_policy if is_write else None,
+                rejection_output=rejection_output,
+            )
+        )
+    return agent.clone(tools=tools)
+
+
+class SafestopHooks(RunHooks[Any]):
+    """Run hooks: no model call or tool starts after a stop; each model call is a step.
+
+    Wraps `inner` (the caller's own hooks), which still sees every callback.
+    """
+
+    def __init__(self, run: AgentRun, inner: RunHooks[Any] | None = None) -> None:
+        self.run = run
+        self.inner = inner
+        self._open: dict[int, str] = {}
+        self._counter = _Counter()
+
+    async def on_llm_start(
+        self, context: Any, agent: Any, system_prompt: Any, input_items: Any
+    ) -> None:
+        self.run.token.raise_if_cancelled()
+        key = f"model#{self._counter.next('model')}"
+        await _event(self.run, "step.started", key=key, name=f"{agent.name}: model call")
+        self._open[id(agent)] = key
+        if self.inner is not None:
+            await self.inner.on_llm_start(context, agent, system_prompt, input_items)
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        key = self._open.pop(id(agent), None)
+        if key is not None:
+            await _fact(self.run, "step.completed", key=key)
+        if self.inner is not None:
+            await self.inner.on_llm_end(context, agent, response)
+
+    async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        self.run.token.raise_if_cancelled()
+        if self.inner is not None:
+            await self.inner.on_tool_start(context, agent, tool)
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_tool_end(context, agent, tool, result)
+
+    async def on_agent_start(self, context: Any, agent: Any) -> None:
+        self.run.token.raise_if_cancelled()
+        if self.inner is not None:
+            await self.inner.on_agent_start(context, agent)
+
+    async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_agent_end(context, agent, output)
+
+    async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
+        self.run.token.raise_if_cancelled()
+        if self.inner is not None:
+            await self.inner.on_handoff(context, from_agent, to_agent)
+
+    async def close_open_steps(self) -> None:
+        """After a stop: the model calls cut short are failed steps."""
+        for key in list(self._open.values()):
+            await _fact(
+                self.run, "step.failed", key=key, error="interrupted by stop", cancelled=True
+            )
+        self._open.clear()
+
+
+def _cancelled(run: AgentRun) -> Cancelled:
+    return Cancelled(
+        run.token.reason, stop_epoch=run.token.stop_epoch, requested_by=run.token.requested_by
+    )
+
+
+async def run_agent(
+    run: AgentRun,
+    agent: Agent[Any],
+    input: Any,
+    *,
+    hooks: RunHooks[Any] | None = None,
+    **kwargs: Any,
+) -> RunResult:
+    """`Runner.run(agent, input, ...)` that a stop cancels (raises `Cancelled`)."""
+    run.token.raise_if_cancelled()
+    safestop_hooks = SafestopHooks(run, hooks)
+    active, steps = _ACTIVE.set(run), _STEPS.set(_Counter())
+    try:
+        task = asyncio.ensure_future(Runner.run(agent, input, hooks=safestop_hooks, **kwargs))
+    finally:
+        _ACTIVE.reset(active)
+        _STEPS.reset(steps)
+    loop = asyncio.get_running_loop()
+    forget = run.token.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))
+    try:
+        return await task
+    except BaseException as error:
+        if run.token.cancelled:
+            await safestop_hooks.close_open_steps()
+            raise _cancelled(run) from error
+        raise
+    finally:
+        forget()
+
+
+def run_agent_sync(run: AgentRun, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
+    """`run_agent` for synchronous code (its own event loop)."""
+    return asyncio.run(run_agent(run, agent, input, **kwargs))
+
+
+def run_agent_streamed(
+    run: AgentRun,
+    agent: Agent[Any],
+    input: Any,
+    *,
+    hooks: RunHooks[Any] | None = None,
+    **kwargs: Any,
+) -> RunResultStreaming:
+    """`Runner.run_streamed(...)` whose run a stop cancels (`result.cancel()`).
+
+    Call it inside a running event loop, and read the events with
+    `stream_events(run, result)`, which raises `Cancelled` when a stop ended it.
+    """
+    run.token.raise_if_cancelled()
+    loop = asyncio.get_running_loop()
+    active, steps = _ACTIVE.set(run), _STEPS.set(_Counter())
+    try:
+        result = Runner.run_streamed(agent, input, hooks=SafestopHooks(run, hooks), **kwargs)
+    finally:
+        _ACTIVE.reset(active)
+        _STEPS.reset(steps)
+    forget = run.token.on_cancel(lambda: loop.call_soon_threadsafe(result.cancel))
+    result._safestop_forget = forget  # type: ignore[attr-defined]
+    return result
+
+
+async def stream_events(run: AgentRun, result: RunResultStreaming) -> AsyncIterator[Any]:
+    """`result.stream_events()`, then `Cancelled` if a stop cut the run short."""
+    try:
+        async for event in result.stream_events():
+            yield event
+    except BaseException as error:
+        if run.token.cancelled:
+            raise _cancelled(run) from error
+        raise
+    finally:
+        forget = getattr(result, "_safestop_forget", None)
+        if forget is not None:
+            forget()
+    if run.token.cancelled:
+        raise _cancelled(run)
+
+
+__all__ = [
+    "SafestopHooks",
+    "active_run",
+    "default_rejection_output",
+    "guard_agent",
+    "run_agent",
+    "run_agent_streamed",
+    "run_agent_sync",
+    "safestop_tool",
+    "stream_events",
+]
