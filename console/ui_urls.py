@@ -100,4 +100,10 @@ urlpatterns = [
         notifications.subscriptions,
         name="notification_subscriptions",
     ),
+    path(
+        "notifications/subscriptions/slack/",
+        notifications.slack_link,
+        name="notification_slack_link",
+    ),
+    path("integrations/slack/actions/", notifications.slack_actions, name="slack_actions"),
 ]

@@ -206,3 +206,28 @@ class CapturedMail(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} → {', '.join(self.to)}"
+
+
+class SlackLink(models.Model):
+    """A console user's Slack member id, set by the user on their own page: Slack clicks by
+    that member decide with this user's rights (and only theirs)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slack_link"
+    )
+    slack_user_id = models.CharField(max_length=32, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.slack_user_id} → {self.user_id}"
+
+
+class SlackRequestSeen(models.Model):
+    """The signature of every Slack action request accepted in the last minutes: a replay of a
+    correctly signed request meets the unique constraint and is refused."""
+
+    signature = models.CharField(max_length=100, unique=True)
+    seen_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"Slack request seen at {self.seen_at}"

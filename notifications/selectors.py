@@ -10,6 +10,7 @@ from notifications.models import (
     CapturedMail,
     Delivery,
     NotificationChannel,
+    SlackLink,
     UserSubscription,
 )
 from runs.models import Team
@@ -45,3 +46,7 @@ def subscriptions_of(*, user_id: int) -> dict[int, UserSubscription]:
 
 def captured_mails(*, limit: int = 100) -> list[CapturedMail]:
     return list(CapturedMail.objects.order_by("-captured_at", "-id")[:limit])
+
+
+def slack_link_of(*, user_id: int) -> SlackLink | None:
+    return SlackLink.objects.filter(user_id=user_id).first()

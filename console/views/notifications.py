@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, visible_teams
@@ -21,7 +22,13 @@ from console.views.common import HtmxHttpRequest, actor_of, error_text, page, re
 from notifications import selectors
 from notifications import services as notify
 from notifications.forms import ChannelEditForm, ChannelForm, SubscriptionForm
-from notifications.models import ALL_EVENTS, DeliveryStatus, Event, NotificationChannel
+from notifications.models import (
+    ALL_EVENTS,
+    DeliveryStatus,
+    Event,
+    NotificationChannel,
+)
+from notifications.slack import slack_action_handle, slack_link_set, slack_reply
 from runs.errors import DomainError, InvalidInput
 from runs.models import Team
 
@@ -222,4 +229,37 @@ def subscriptions(request: HtmxHttpRequest) -> HttpResponse:
         )
     mine = selectors.subscriptions_of(user_id=request.user.pk)  # type: ignore[arg-type]
     rows = [{"team": team, "subscription": mine.get(team.pk)} for team in teams]
-    return page(request, SUBSCRIPTIONS, _common(rows=rows))
+    link = selectors.slack_link_of(user_id=request.user.pk)  # type: ignore[arg-type]
+    return page(
+        request,
+        SUBSCRIPTIONS,
+        _common(rows=rows, slack_link=link, slack_on=bool(settings.SAFESTOP_SLACK_SIGNING_SECRET)),
+    )
+
+
+@login_required
+@require_POST
+def slack_link(request: HtmxHttpRequest) -> HttpResponse:
+    """The user's own Slack member id: their clicks in Slack decide with their rights."""
+    back = reverse("console:notification_subscriptions")
+    try:
+        link = slack_link_set(
+            user=request.user, slack_user_id=request.POST.get("slack_user_id", "")
+        )
+    except DomainError as exc:
+        return redirect_with(request, back, error=exc)
+    return redirect_with(
+        request, back, ok="Slack account linked." if link else "Slack account unlinked."
+    )
+
+
+@csrf_exempt  # Slack signs the request instead (verified before anything is read or changed)
+@require_POST
+def slack_actions(request: HtmxHttpRequest) -> HttpResponse:
+    """Slack's Approve / Reject clicks (`notifications.slack`). 401 for anything unsigned,
+    forged, stale or replayed; the decision itself is the approval service's."""
+    if not settings.SAFESTOP_SLACK_SIGNING_SECRET:
+        raise Http404("Slack interactivity is not configured")
+    answer = slack_action_handle(body=request.body, headers=dict(request.headers))
+    slack_reply(answer)
+    return HttpResponse(status=answer.status)
