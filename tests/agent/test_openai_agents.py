@@ -1,6 +1,6 @@
 """`safestop_agent.integrations.openai_agents` with the real `openai-agents` package, on fakes.
 
-The model is `ScriptedModel`, an implementation of the SDK's `Model` interface that plays a
+The model is `ScriptedModel` (tests/support/scripted_model.py), an implementation of the SDK's `Model` interface that plays a
 script of turns (no network, tracing off); the server is the scripted `FakeApi`. The live
 version is tests/agent_e2e/test_integrations_live.py.
 """
@@ -10,22 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from agent_fakes import ApprovalServer, FakeApi
 from agents import Agent, function_tool, set_tracing_disabled
-from agents.items import ModelResponse
 from agents.models.interface import Model
-from agents.usage import Usage
-from openai.types.responses import (
-    Response,
-    ResponseCompletedEvent,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
 
 from safestop_agent import AgentRun, Cancelled, SafestopClient
 from safestop_agent.integrations.openai_agents import (
@@ -35,84 +25,11 @@ from safestop_agent.integrations.openai_agents import (
     run_agent_sync,
     stream_events,
 )
+from tests.support.scripted_model import ScriptedModel, call, say
 
 pytestmark = pytest.mark.timeout(60)
 os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-never-used")
 set_tracing_disabled(True)
-
-
-def call(name: str, arguments: str, call_id: str) -> ResponseFunctionToolCall:
-    return ResponseFunctionToolCall(
-        id=call_id, call_id=call_id, type="function_call", name=name, arguments=arguments
-    )
-
-
-def say(text: str) -> ResponseOutputMessage:
-    return ResponseOutputMessage(
-        id="msg",
-        type="message",
-        role="assistant",
-        status="completed",
-        content=[ResponseOutputText(text=text, type="output_text", annotations=[])],
-    )
-
-
-class ScriptedModel(Model):
-    """Plays `turns` in order; records what it was given. `hold` makes a turn wait first."""
-
-    def __init__(self, turns: list[list[Any]], hold: dict[int, float] | None = None) -> None:
-        self.turns = list(turns)
-        self.inputs: list[Any] = []
-        self.hold = hold or {}
-
-    async def _next(self, input: Any) -> list[Any]:
-        self.inputs.append(input)
-        turn = len(self.inputs)
-        if turn in self.hold:
-            await asyncio.sleep(self.hold[turn])
-        if not self.turns:
-            raise AssertionError(f"the model was called a {turn}th time")
-        return self.turns.pop(0)
-
-    async def get_response(
-        self,
-        system_instructions,
-        input,
-        model_settings,
-        tools,
-        output_schema,
-        handoffs,
-        tracing,
-        **kwargs,
-    ):  # type: ignore[no-untyped-def]  # noqa: E501
-        return ModelResponse(output=await self._next(input), usage=Usage(), response_id=None)
-
-    async def stream_response(
-        self,
-        system_instructions,
-        input,
-        model_settings,
-        tools,
-        output_schema,
-        handoffs,
-        tracing,
-        **kwargs,
-    ) -> AsyncIterator[Any]:  # type: ignore[no-untyped-def]  # noqa: E501
-        output = await self._next(input)
-        response = Response(
-            id="resp",
-            created_at=0,
-            model="scripted",
-            object="response",
-            output=output,
-            tool_choice="auto",
-            tools=[],
-            parallel_tool_calls=False,
-            status="completed",
-        )
-        yield ResponseCompletedEvent(
-            type="response.completed", response=response, sequence_number=0
-        )
 
 
 def leased(client: SafestopClient) -> AgentRun:
@@ -144,14 +61,6 @@ def refund(order: str, amount: int) -> str:
 def support_agent(model: Model) -> Agent[Any]:
     agent = Agent(name="support", instructions="Help.", tools=[lookup_order, refund], model=model)
     return guard_agent(agent, writes={"refund"}, risk={"refund": "high"})
-
-
-def tool_outputs(model: ScriptedModel) -> list[str]:
-    return [
-        item["output"]
-        for item in model.inputs[-1]
-        if isinstance(item, dict) and item.get("type") == "function_call_output"
-    ]
 
 
 def results(api: FakeApi) -> list[tuple[str, str]]:
@@ -226,7 +135,7 @@ def test_an_approved_call_runs_with_the_reviewers_arguments(
         threading.Thread(target=reviewer, daemon=True).start()
         result = run_agent_sync(run, support_agent(model), "Refund A-1")
     assert DONE == [("refund", ("A-1", 90))]
-    assert tool_outputs(model) == ["refunded 90 EUR on A-1"]
+    assert model.tool_outputs() == ["refunded 90 EUR on A-1"]
     assert result.final_output == "Refunded."
     (asked,) = server.asked
     assert asked["needs_approval"] is True and asked["risk"] == "high"
@@ -261,7 +170,7 @@ def test_a_rejection_goes_back_to_the_model_as_the_tool_output(
         threading.Thread(target=reviewer, daemon=True).start()
         result = run_agent_sync(run, support_agent(model), "Refund A-1")
     assert DONE == []
-    (output,) = tool_outputs(model)
+    (output,) = model.tool_outputs()
     assert "rejected" in output and "Over the 100 EUR limit." in output
     assert result.final_output.startswith("I could not refund it")
     assert not run.token.cancelled and results(fake_api) == []
