@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -227,6 +228,16 @@ def _age_text(seconds: float) -> str:
     return f"{seconds // 86400:.0f} d ago"
 
 
+def _left_text(seconds: float) -> str:
+    """'in 24 s', 'in 14 min 29 s', 'in 2 h 5 min' (as console.js's leftText)."""
+    whole = math.ceil(seconds)
+    if whole < 60:
+        return f"in {whole} s"
+    if whole < 3600:
+        return f"in {whole // 60} min {whole % 60} s"
+    return f"in {whole // 3600} h {whole % 3600 // 60} min"
+
+
 @register.simple_tag
 def countdown(value: Any, offset_seconds: Any = 0) -> str:
     """'in 24 s' until `value` + offset; the page's script keeps it counting down."""
@@ -239,7 +250,7 @@ def countdown(value: Any, offset_seconds: Any = 0) -> str:
 
     end = moment + timedelta(seconds=float(offset_seconds or 0))
     left = (end - timezone.now()).total_seconds()
-    text = f"in {int(left) + 1} s" if left > 0 else f"passed, {_age_text(-left)}"
+    text = _left_text(left) if left > 0 else f"passed, {_age_text(-left)}"
     return format_html(
         '<time class="{}" datetime="{}" data-countdown data-offset="{}" title="{}">{}</time>',
         "" if left > 0 else "is-late",
@@ -259,7 +270,7 @@ def stamp(value: Any) -> str:
     return format_html(
         '<time datetime="{}">{}</time>',
         moment.isoformat(),
-        moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}",
+        moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC",
     )
 
 

@@ -237,6 +237,14 @@
     return Math.floor(seconds / 86400) + " d ago";
   }
 
+  // "in 24 s", "in 14 min 29 s", "in 2 h 5 min": approval deadlines run to minutes and hours.
+  function leftText(seconds) {
+    var s = Math.ceil(seconds);
+    if (s < 60) return "in " + s + " s";
+    if (s < 3600) return "in " + Math.floor(s / 60) + " min " + (s % 60) + " s";
+    return "in " + Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+  }
+
   function tick() {
     var now = Date.now();
     var ages = document.querySelectorAll("time[data-ago]");
@@ -249,7 +257,7 @@
       var end = Date.parse(downs[j].getAttribute("datetime")) + 1000 * Number(downs[j].dataset.offset || 0);
       if (isNaN(end)) continue;
       var left = (end - now) / 1000;
-      downs[j].textContent = left > 0 ? "in " + Math.ceil(left) + " s" : "passed, " + ageText(-left);
+      downs[j].textContent = left > 0 ? leftText(left) : "passed, " + ageText(-left);
       downs[j].classList.toggle("is-late", left <= 0);
     }
   }
