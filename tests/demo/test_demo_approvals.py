@@ -74,8 +74,9 @@ def test_demo_setup_creates_the_approval_rules_once_and_keeps_an_admins_edits():
 
 
 def _waiting(run_ids: list[str]) -> dict[str, Approval]:
+    """The first waiting approval of each rule."""
     waiting = Approval.objects.filter(run_id__in=run_ids, status=ApprovalStatus.WAITING)
-    return {approval.rule_name: approval for approval in waiting.order_by("requested_at")}
+    return {approval.rule_name: approval for approval in waiting.order_by("-requested_at")}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -184,7 +185,12 @@ def test_demo_approvals_arrive_in_the_first_minute_and_decisions_let_the_agents_
 
         # 4. the workers picked new runs, and those wait again
         wait_until(
-            lambda: len(_waiting(simulator.run_ids)) >= 2,
+            lambda: (
+                Approval.objects.filter(
+                    run_id__in=simulator.run_ids, status=ApprovalStatus.WAITING
+                ).count()
+                >= 2
+            ),
             timeout=FIRST_MINUTE,
             what="the next approvals",
         )
