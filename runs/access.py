@@ -22,7 +22,7 @@ the reviewer role" and "holds every capability of a reviewer" are the same quest
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from runs.models import AGENT_STOP_REASONS, Membership, Role, StopReason, TokenRole
@@ -125,6 +125,28 @@ class Grants:
         if self.every_team:
             return None
         return sorted(team_id for team_id, held in self.by_team.items() if capability in held)
+
+
+def stop_refusals(
+    team_ids: Iterable[int],
+    *,
+    reason: str,
+    capabilities: Callable[[int], frozenset[Capability]],
+    token_role: str | None = None,
+) -> dict[int, str]:
+    """For a stop of many runs at once: why the caller may not stop runs of each of `team_ids`
+    for `reason` (teams where it may are left out). `capabilities(team_id)` is the caller's."""
+    refusals: dict[int, str] = {}
+    for team_id in team_ids:
+        held = capabilities(team_id)
+        why = (
+            WHY_NOT[Capability.STOP]
+            if Capability.STOP not in held
+            else stop_reason_refusal(reason, capabilities=held, token_role=token_role)
+        )
+        if why is not None:
+            refusals[team_id] = why
+    return refusals
 
 
 def is_admin_of_every_team(user: object) -> bool:

@@ -103,3 +103,10 @@ class ApprovalClosed(Conflict):
     """A permit asked again for a call whose approval was rejected, expired or voided."""
 
     code = "approval_closed"
+
+
+class BulkTooLarge(DomainError):
+    """A bulk stop over the limit (SAFESTOP_BULK_STOP_LIMIT) that was not confirmed."""
+
+    code = "bulk_too_large"
+    http_status = 400

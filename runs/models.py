@@ -827,3 +827,85 @@ class Approval(models.Model):
     @property
     def public_id(self) -> str:
         return f"appr_{self.pk}"
+
+
+def new_bulk_id() -> str:
+    return "bulk_" + secrets.token_hex(6)
+
+
+class BulkStopOutcome(models.TextChoices):
+    # Written with the BulkStop, before any run is stopped: a row still pending after the
+    # bulk finished names a run the process never reached (it died midway).
+    PENDING = "pending", "Pending"
+    STOPPED = "stopped", "Stopped"
+    ALREADY_STOPPING = "already_stopping", "Already stopping"
+    ALREADY_STOPPED = "already_stopped", "Already stopped"
+    ALREADY_FINISHED = "already_finished", "Already finished"
+    NOT_ALLOWED = "not_allowed", "Not allowed"
+    NOT_FOUND = "not_found", "Not found"
+    # The stop service refused (a run in a state no stop can reach); `detail` says why.
+    FAILED = "failed", "Failed"
+
+
+class BulkStop(models.Model):
+    """Many runs stopped at once (DESIGN §12): who, why, which filter, and one result per run.
+
+    Each run is stopped by `run_stop` in its own transaction (its own StopRequest, epoch bump and
+    ledger entry, whose payload names `bulk_id`); this record only ties them together.
+    """
+
+    bulk_id = models.CharField(max_length=32, unique=True, default=new_bulk_id, editable=False)
+    requested_by = models.CharField(max_length=150)
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    actor_id = models.CharField(max_length=64, blank=True)
+    reason = models.CharField(max_length=24, choices=StopReason.choices)
+    note = models.TextField(blank=True)
+    filter = models.JSONField(default=dict, blank=True)
+    # The client's id for this bulk stop, so a retried POST answers the first one (blank: none).
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    requested = models.PositiveIntegerField(default=0)
+    counts = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["actor_kind", "actor_id", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="bulkstop_unique_actor_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.bulk_id} by {self.requested_by} ({self.reason}, {self.requested} runs)"
+
+
+class BulkStopResult(models.Model):
+    """What a bulk stop did to one run. `run_id` is plain text: an id the caller named may not
+    exist (or not be theirs to see), and that answer is a result too."""
+
+    # No index of its own: the unique (bulk, run_id) index serves every lookup by bulk.
+    bulk = models.ForeignKey(
+        BulkStop, on_delete=models.CASCADE, related_name="results", db_index=False
+    )
+    run_id = models.CharField(max_length=64)
+    outcome = models.CharField(
+        max_length=20, choices=BulkStopOutcome.choices, default=BulkStopOutcome.PENDING
+    )
+    status = models.CharField(max_length=24, blank=True)
+    stop_epoch = models.PositiveIntegerField(null=True, blank=True)
+    stop_request = models.ForeignKey(
+        StopRequest, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    detail = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["bulk", "run_id"], name="bulkresult_unique_bulk_run"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.bulk_id} {self.run_id}: {self.outcome}"

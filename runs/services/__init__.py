@@ -49,6 +49,15 @@ from runs.services.budget import (
     run_enforce_budget,
     runs_over_budget_ids,
 )
+from runs.services.bulk import (
+    BULK_STOP_REASONS,
+    BulkFilter,
+    BulkPreview,
+    BulkStopAnswer,
+    bulk_stop,
+    bulk_stop_limit,
+    bulk_stop_preview,
+)
 from runs.services.create import (
     PlannedStep,
     run_create,
@@ -108,6 +117,13 @@ from runs.services.tool_calls import (
 )
 
 __all__ = [
+    "BULK_STOP_REASONS",
+    "BulkFilter",
+    "BulkPreview",
+    "BulkStopAnswer",
+    "bulk_stop",
+    "bulk_stop_limit",
+    "bulk_stop_preview",
     "APPROVAL_RULE_FIELDS",
     "approval_rule_create",
     "approval_rule_delete",

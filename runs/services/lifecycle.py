@@ -73,12 +73,19 @@ class StopOutcome:
 
 
 def run_stop(
-    *, run_id: str, reason: str, actor: Actor, note: str = "", takeover: bool = False
+    *,
+    run_id: str,
+    reason: str,
+    actor: Actor,
+    note: str = "",
+    takeover: bool = False,
+    bulk_id: str = "",
 ) -> StopOutcome:
     """Record a stop: close the entrance, freeze the outbox, bump the epoch, signal the worker.
 
     Idempotent: a repeat returns the same StopRequest and writes nothing. A stop that arrives
     after the run finished is answered "already finished", logged, and changes nothing.
+    `bulk_id` names the bulk stop this one belongs to (DESIGN §12) in its ledger entry.
     """
     if reason not in StopReason.values:
         raise InvalidInput(f"reason must be one of {', '.join(StopReason.values)}", field="reason")
@@ -91,7 +98,11 @@ def run_stop(
                 actor=actor,
                 action="stop.ignored",
                 reason=reason,
-                payload={"status": run.status, "why": "already finished"},
+                payload={
+                    "status": run.status,
+                    "why": "already finished",
+                    **({"bulk_id": bulk_id} if bulk_id else {}),
+                },
             )
             return StopOutcome(
                 None, False, already_finished=True, status=run.status, stop_epoch=run.stop_epoch
@@ -102,7 +113,7 @@ def run_stop(
                 _upgrade_to_takeover(run, stop_request, actor=actor, now=now)
             return StopOutcome(stop_request, False, status=run.status, stop_epoch=run.stop_epoch)
         stop_request = _stop_locked(
-            run, reason=reason, note=note, actor=actor, now=now, takeover=takeover
+            run, reason=reason, note=note, actor=actor, now=now, takeover=takeover, bulk_id=bulk_id
         )
         return StopOutcome(stop_request, True, status=run.status, stop_epoch=run.stop_epoch)
 
@@ -137,7 +148,14 @@ def _upgrade_to_takeover(run: Run, stop_request: StopRequest, *, actor: Actor, n
 
 
 def _stop_locked(
-    run: Run, *, reason: str, note: str, actor: Actor, now: Any, takeover: bool = False
+    run: Run,
+    *,
+    reason: str,
+    note: str,
+    actor: Actor,
+    now: Any,
+    takeover: bool = False,
+    bulk_id: str = "",
 ) -> StopRequest:
     """1. close the entrance and bump the epoch; 2. void waiting approvals (a stop never waits
     on one: the held call never starts, a held item is frozen); 3. freeze the outbox; 4. flag
@@ -182,6 +200,7 @@ def _stop_locked(
             "frozen_outbox": frozen,
             "approvals_voided": voided,
             "takeover": takeover,
+            **({"bulk_id": bulk_id} if bulk_id else {}),
         },
         fields=("stop_epoch", "stop_reason", "stop_requested_by", "stop_requested_at"),
     )
