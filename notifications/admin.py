@@ -2,7 +2,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from notifications.models import CapturedMail, Delivery, NotificationChannel, UserSubscription
+from notifications.models import (
+    CapturedMail,
+    Delivery,
+    NotificationChannel,
+    SlackLink,
+    SlackRequestSeen,
+    UserSubscription,
+)
 
 
 @admin.register(NotificationChannel)
@@ -44,3 +51,15 @@ class DeliveryAdmin(admin.ModelAdmin):
 class CapturedMailAdmin(admin.ModelAdmin):
     list_display = ("subject", "to", "captured_at")
     readonly_fields = ("from_email", "to", "subject", "text", "html", "headers", "captured_at")
+
+
+@admin.register(SlackLink)
+class SlackLinkAdmin(admin.ModelAdmin):
+    list_display = ("slack_user_id", "user", "created_at")
+    search_fields = ("slack_user_id", "user__username")
+
+
+@admin.register(SlackRequestSeen)
+class SlackRequestSeenAdmin(admin.ModelAdmin):
+    list_display = ("seen_at",)
+    readonly_fields = ("signature", "seen_at")

@@ -172,3 +172,19 @@ def test_the_demo_mail_channel_lands_in_the_outbox_page(alice, team, settings):
 
 def test_the_nav_links_the_notifications(charlie):
     assert 'href="/notifications/"' in _client(charlie).get("/").content.decode()
+
+
+def test_every_notifications_model_has_an_admin_page(team, receiver, make_channel):
+    from django.apps import apps
+    from django.contrib import admin
+
+    make_channel(team, receiver.url())
+    stopped_dirty(team)
+    client = _client_staff()
+    for model in apps.get_app_config("notifications").get_models():
+        assert model in admin.site._registry, model.__name__
+        url = f"/admin/notifications/{model._meta.model_name}/"
+        assert client.get(url).status_code == 200, url
+    delivery = Delivery.objects.get()
+    page = client.get(f"/admin/notifications/delivery/{delivery.pk}/change/")
+    assert page.status_code == 200
