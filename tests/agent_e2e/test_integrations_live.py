@@ -180,8 +180,14 @@ def test_langgraph_approval_decided_by_a_reviewer_resumes_with_the_final_argumen
     worker.start()
     approval = waiting_approval(reviewer, run_id)
     # While it waits the graph is paused at a LangGraph interrupt, not inside the node.
-    paused = graph.get_state({"configurable": {"thread_id": f"safestop-{run_id}"}})
-    assert paused.interrupts and paused.next == ("settle",) and refunded == []
+    # (the server holds the call a moment before the node raises its interrupt)
+    thread = {"configurable": {"thread_id": f"safestop-{run_id}"}}
+    paused = wait_until(
+        lambda: (state := graph.get_state(thread)).interrupts and state,
+        timeout=10,
+        what="the graph paused at its interrupt",
+    )
+    assert paused.next == ("settle",) and refunded == []
     reviewer.decide_approval(
         approval["id"], "approve", message="capped", arguments={"order": "1042", "amount": 90}
     )
