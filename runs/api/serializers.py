@@ -21,6 +21,7 @@ from runs.models import (
     ApprovalRisk,
     ApprovalStatus,
     ApprovalTarget,
+    BulkStopOutcome,
     ExecutionState,
     RecoveryPolicy,
     RemoteCancelState,
@@ -645,6 +646,105 @@ class StopOut(serializers.Serializer):
     stop_epoch = serializers.IntegerField()
     created = serializers.BooleanField(help_text="false when this repeats an earlier stop")
     stop_request = StopRequestOut()
+
+
+class BulkStopIn(serializers.Serializer):
+    """DESIGN §12. Every filter field given must match; at least one, or `all`."""
+
+    agent = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    team = serializers.CharField(
+        max_length=64, required=False, allow_blank=True, default="", help_text="team slug"
+    )
+    status = serializers.ChoiceField(
+        choices=RunStatus.choices, required=False, allow_blank=True, default=""
+    )
+    tool = serializers.CharField(
+        max_length=120,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="runs with a tool call of this tool (exact name)",
+    )
+    ids = serializers.ListField(
+        child=serializers.CharField(max_length=32),
+        required=False,
+        default=list,
+        max_length=services.MAX_BULK_IDS,
+        help_text="explicit run ids; an id that is not yours or does not exist is `not_found`",
+    )
+    all = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="the kill switch: every run of your teams (an empty filter is refused)",
+    )
+    reason = serializers.ChoiceField(
+        choices=services.BULK_STOP_REASONS, required=False, default="user_stop"
+    )
+    note = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    dry_run = serializers.BooleanField(
+        required=False, default=False, help_text="answer the preview; stop nothing"
+    )
+    idempotency_key = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="client id of this bulk stop: a retry answers the first one (200)",
+    )
+    confirm = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="needed to stop more than the limit (10,000 runs) at once",
+    )
+
+
+class BulkPreviewOut(serializers.Serializer):
+    dry_run = serializers.BooleanField(default=True)
+    matching = serializers.IntegerField(help_text="runs the filter selects, in any state")
+    by_status = serializers.DictField(child=serializers.IntegerField())
+    will_stop = serializers.IntegerField()
+    already_stopping = serializers.IntegerField()
+    already_stopped = serializers.IntegerField(help_text="stopped cleanly or dirty, handed off")
+    already_finished = serializers.IntegerField(help_text="left alone unless named in `ids`")
+    not_allowed = serializers.IntegerField()
+    not_allowed_because = serializers.ListField(child=serializers.CharField(), source="refusals")
+    not_found = serializers.ListField(child=serializers.CharField())
+    limit = serializers.IntegerField()
+    needs_confirm = serializers.BooleanField()
+
+
+class BulkStopResultOut(serializers.Serializer):
+    run_id = serializers.CharField()
+    outcome = serializers.ChoiceField(choices=BulkStopOutcome.choices)
+    status = serializers.CharField(help_text="the run's status after this stop (blank: not found)")
+    stop_epoch = serializers.IntegerField(allow_null=True)
+    stop_request_id = serializers.IntegerField(allow_null=True)
+    detail = serializers.CharField()
+
+
+class BulkStopOut(serializers.Serializer):
+    BULK_FIELDS = (
+        "bulk_id",
+        "requested_by",
+        "reason",
+        "note",
+        "filter",
+        "requested",
+        "counts",
+        "created_at",
+        "finished_at",
+    )
+
+    bulk_id = serializers.CharField()
+    requested_by = serializers.CharField()
+    reason = serializers.CharField()
+    note = serializers.CharField()
+    filter = AnyJSONField()  # type: ignore[assignment]
+    requested = serializers.IntegerField(help_text="runs with a result below")
+    counts = serializers.DictField(child=serializers.IntegerField(), help_text="per outcome")
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    results = BulkStopResultOut(many=True)
 
 
 class ResolutionIn(serializers.Serializer):

@@ -14,6 +14,8 @@ RUN = "runs/<str:run_id>/"
 
 urlpatterns = [
     path("runs/", views.RunsView.as_view(), name="runs"),
+    # before RUN: "stop" is not a run id
+    path("runs/stop/", views.BulkStopView.as_view(), name="runs-bulk-stop"),
     path(RUN, views.RunDetailView.as_view(), name="run"),
     path(RUN + "lease/", views.LeaseAcquireView.as_view(), name="lease"),
     path(RUN + "lease/heartbeat/", views.LeaseHeartbeatView.as_view(), name="lease-heartbeat"),

@@ -15,7 +15,7 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
@@ -28,7 +28,7 @@ from handoff import selectors as handoff_selectors
 from handoff import services as handoff_services
 from runs import selectors as run_selectors
 from runs import services
-from runs.access import WHY_NOT
+from runs.access import WHY_NOT, stop_refusals
 from runs.api import schema as _schema  # noqa: F401  (registers the bearer auth scheme)
 from runs.api import selectors
 from runs.api import serializers as s
@@ -542,6 +542,83 @@ class CancelView(ApiView):
             services.run_stop(
                 run_id=run.pk, reason=data["reason"], note=data["note"], actor=self.caller.actor
             )
+        )
+
+
+class BulkStopView(ApiView):
+    @extend_schema(
+        operation_id="runs_bulk_stop",
+        summary="Stop many runs at once (DESIGN §12), or preview it",
+        description="A filter — `agent`, `team` (slug), `status`, `tool` (runs with a tool call of "
+        "that tool), explicit `ids`, or `all: true` (every run of your teams) — selects the runs; "
+        "every field given must match. `dry_run: true` answers the preview (how many runs in which "
+        "states, how many would be stopped) and stops nothing. Otherwise each selected run is "
+        "stopped through the same stop service as `/cancel/`, in its own transaction (its own stop "
+        "request, epoch bump and ledger entry naming the `bulk_id`), and the answer has one result "
+        "per run: `stopped`, `already_stopping`, `already_stopped`, `already_finished` (a finished "
+        "run is only listed when named in `ids`), `not_allowed` (your role, or the reason, may not "
+        "stop that team's runs), `not_found` (an id that does not exist or is not yours), "
+        "`failed`. Runs of teams you are not in are never touched. 201 for a new bulk stop, 200 "
+        "for a retry with the same `idempotency_key` (the first one's answer). More than 10,000 "
+        "runs to stop at once: 400 `bulk_too_large` unless `confirm: true`. Agent tokens stop "
+        "only their team's runs, only for budget_exhausted, timeout or dependency_failure; "
+        "admin_kill needs an admin (of each run's team).",
+        request=s.BulkStopIn,
+        responses={
+            201: s.BulkStopOut,
+            200: PolymorphicProxySerializer(
+                component_name="BulkStopOrPreview",
+                serializers=[s.BulkStopOut, s.BulkPreviewOut],
+                resource_type_field_name=None,
+            ),
+            **_errors(*_ALWAYS, 400, 403, 413, 415),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        self.caller.require(Capability.STOP)
+        data = self.parse(s.BulkStopIn)
+        team_ids = self.caller.team_ids(Capability.READ)
+        refusals = stop_refusals(
+            team_ids or [],
+            reason=data["reason"],
+            capabilities=self.caller.grants.on,
+            token_role=self.caller.token.role if self.caller.token is not None else None,
+        )
+        if team_ids is not None and team_ids and set(refusals) >= set(team_ids):
+            # Nothing this caller could stop with this reason: say why, as /cancel/ does.
+            raise WrongRole(refusals[team_ids[0]])
+        bulk_filter = services.BulkFilter(
+            agent=data["agent"],
+            team=data["team"],
+            status=data["status"],
+            tool=data["tool"],
+            ids=tuple(data["ids"]),
+            every_run=data["all"],
+        )
+        if data["dry_run"]:
+            preview = services.bulk_stop_preview(
+                team_ids=team_ids, filter=bulk_filter, refusals=refusals
+            )
+            return Response(s.BulkPreviewOut(preview).data)
+        answer = services.bulk_stop(
+            actor=self.caller.actor,
+            team_ids=team_ids,
+            filter=bulk_filter,
+            reason=data["reason"],
+            note=data["note"],
+            idempotency_key=data["idempotency_key"],
+            confirm_large=data["confirm"],
+            refusals=refusals,
+        )
+        bulk = answer.bulk
+        body = s.BulkStopOut(
+            {
+                **{name: getattr(bulk, name) for name in s.BulkStopOut.BULK_FIELDS},
+                "results": answer.results,
+            }
+        ).data
+        return Response(
+            body, status=status.HTTP_201_CREATED if answer.created else status.HTTP_200_OK
         )
 
 

@@ -51,6 +51,7 @@ from runs.services.budget import (
 )
 from runs.services.bulk import (
     BULK_STOP_REASONS,
+    MAX_BULK_IDS,
     BulkFilter,
     BulkPreview,
     BulkStopAnswer,
@@ -118,6 +119,7 @@ from runs.services.tool_calls import (
 
 __all__ = [
     "BULK_STOP_REASONS",
+    "MAX_BULK_IDS",
     "BulkFilter",
     "BulkPreview",
     "BulkStopAnswer",
