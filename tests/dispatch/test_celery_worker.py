@@ -217,7 +217,8 @@ def test_celery_beat_drives_dispatch_and_the_lease_reaper(
 
 
 def test_the_beat_schedule_names_only_registered_tasks() -> None:
-    import runs.tasks  # noqa: F401  (registers the tasks)
+    import notifications.tasks  # noqa: F401  (registers the tasks)
+    import runs.tasks  # noqa: F401
 
     schedule = beat_schedule(0.5)
     assert {entry["task"] for entry in schedule.values()} <= set(safestop_app.tasks)
