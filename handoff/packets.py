@@ -24,6 +24,7 @@ from runs.models import (
     StopRequest,
     is_unconfirmed_side_effect,
 )
+from runs.services import run_dirty_reasons
 
 
 def _iso(value: Any) -> str | None:
@@ -87,63 +88,9 @@ _RECORD_FIELDS = (
 
 
 def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
-    completed_steps: list[dict[str, Any]] = []
-    pending_steps: list[dict[str, Any]] = []
-    for seq, key, name, status, finished_at, late in (
-        Step.objects.filter(run=run).order_by("seq").values_list(*_STEP_FIELDS)
-    ):
-        if status == StepStatus.COMPLETED:
-            completed_steps.append(
-                {
-                    "seq": seq,
-                    "key": key,
-                    "name": name,
-                    "finished_at": _iso(finished_at),
-                    "reported_after_stop": late,
-                }
-            )
-        else:
-            pending_steps.append({"seq": seq, "key": key, "name": name, "status": status})
-
-    frozen_ids: list[str] = []
-    in_flight_ids: list[str] = []
-    outbox: list[dict[str, Any]] = []
-    for pk, transport, destination, status, idempotency_key, claimed_at, frozen_at in (
-        OutboxItem.objects.filter(run=run).order_by("id").values_list(*_OUTBOX_FIELDS)
-    ):
-        public_id = f"outbox_{pk}"  # OutboxItem.public_id
-        if status == OutboxStatus.FROZEN:
-            frozen_ids.append(public_id)
-        elif status in OUTBOX_IN_FLIGHT_STATUSES:
-            in_flight_ids.append(public_id)
-        outbox.append(
-            {
-                "id": public_id,
-                "transport": transport,
-                "destination": destination,
-                "status": status,
-                "idempotency_key": idempotency_key,
-                "claimed_at": _iso(claimed_at),
-                "frozen_at": _iso(frozen_at),
-            }
-        )
-
-    tool_calls: list[dict[str, Any]] = []
-    unconfirmed: list[dict[str, Any]] = []
-    for record in (
-        ExecutionRecord.objects.filter(run=run)
-        .order_by("permitted_at", "id")
-        .values(*_RECORD_FIELDS)
-    ):
-        summary = _record_summary(record)
-        tool_calls.append(summary)
-        if is_unconfirmed_side_effect(
-            side_effect=record["side_effect"],
-            side_effect_state=record["side_effect_state"],
-            resolved=record["resolved"],
-        ):
-            unconfirmed.append(dict(summary))
-
+    steps = _steps_part(run)
+    outbox = _outbox_part(run)
+    calls = _calls_part(run)
     leases = list(Lease.objects.filter(run=run, epoch=stop_request.epoch_before))
     return {
         "run_id": run.pk,
@@ -161,6 +108,148 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "stopped_at": _iso(stop_request.stopped_at),
         "state": run.status,
         "dirty_reasons": list(stop_request.dirty_reasons),
+        **_leases_part(leases),
+        "resume_from": run.resume_from or None,
+        **outbox,
+        **steps,
+        "artifacts": _artifacts_part(run),
+        **calls,
+        "unapplied_steering": [
+            {"id": message.pk, "text": message.text, "author": message.author}
+            for message in SteeringMessage.objects.filter(
+                run=run, status=SteeringStatus.UNAPPLIED_AT_STOP
+            )
+        ],
+        # DESIGN §10: held at the stop, voided by it, never executed.
+        "approvals_void_at_stop": _approvals_void_at_stop(run, stop_request),
+        "reported_after_stop": list(run.late_reports),
+        "late_writes_rejected": run.late_writes_rejected,
+    }
+
+
+def interruption_packet(run: Run) -> dict[str, Any]:
+    """An interrupted run's packet: the interruption point and the stop packet's lists, read now.
+
+    Not stored: an interruption bumps no epoch and is not a stop, so there is no stop packet
+    for it; the run itself keeps the point (`run.interruption`). The unknowns are the ones the
+    interruption left — the writes among the calls it marked `unknown`, the outbox items it
+    found in flight — and any still open, each in its current state, so a reviewer sees what
+    is resolved and what is not. The lists have the stop packet's shape (DESIGN §4).
+    """
+    point = dict(run.interruption or {})
+    steps = _steps_part(run)
+    outbox = _outbox_part(run, frozen_by_epoch=run.stop_epoch)
+    marked = set(point.get("calls_in_flight", []))
+    calls = _calls_part(run, also=marked)
+    in_flight = list(
+        dict.fromkeys([*point.get("outbox_in_flight", []), *outbox["in_flight_outbox_ids"]])
+    )
+    leases = list(Lease.objects.filter(run=run, epoch=run.stop_epoch))
+    return {
+        "kind": "interruption",
+        "run_id": run.pk,
+        "title": run.title,
+        "agent": run.agent,
+        "team": run.team.slug,
+        "stop_epoch": run.stop_epoch,
+        "state": run.status,
+        "interruption": point,
+        "interrupted_at": point.get("at"),
+        "interruption_reason": point.get("reason", ""),
+        "dirty_reasons": run_dirty_reasons(run),
+        **_leases_part(leases),
+        "resume_from": run.resume_from or None,
+        **outbox,
+        "in_flight_outbox_ids": in_flight,
+        **steps,
+        "artifacts": _artifacts_part(run),
+        **calls,
+        "late_writes_rejected": run.late_writes_rejected,
+    }
+
+
+def _steps_part(run: Run) -> dict[str, list[dict[str, Any]]]:
+    completed_steps: list[dict[str, Any]] = []
+    pending_steps: list[dict[str, Any]] = []
+    for seq, key, name, status, finished_at, late in (
+        Step.objects.filter(run=run).order_by("seq").values_list(*_STEP_FIELDS)
+    ):
+        if status == StepStatus.COMPLETED:
+            completed_steps.append(
+                {
+                    "seq": seq,
+                    "key": key,
+                    "name": name,
+                    "finished_at": _iso(finished_at),
+                    "reported_after_stop": late,
+                }
+            )
+        else:
+            pending_steps.append({"seq": seq, "key": key, "name": name, "status": status})
+    return {"completed_steps": completed_steps, "pending_steps": pending_steps}
+
+
+def _outbox_part(run: Run, *, frozen_by_epoch: int | None = None) -> dict[str, Any]:
+    """The outbox lists. `frozen_ids` are the items frozen now, or with `frozen_by_epoch`, every
+    item that epoch froze whatever became of it (an interruption's: released ones stay listed)."""
+    frozen_ids: list[str] = []
+    in_flight_ids: list[str] = []
+    outbox: list[dict[str, Any]] = []
+    for pk, transport, destination, status, idempotency_key, claimed_at, frozen_at, epoch in (
+        OutboxItem.objects.filter(run=run)
+        .order_by("id")
+        .values_list(*_OUTBOX_FIELDS, "frozen_by_epoch")
+    ):
+        public_id = f"outbox_{pk}"  # OutboxItem.public_id
+        if frozen_by_epoch is None and status == OutboxStatus.FROZEN:
+            frozen_ids.append(public_id)
+        elif frozen_by_epoch is not None and frozen_at and epoch == frozen_by_epoch:
+            frozen_ids.append(public_id)
+        elif status in OUTBOX_IN_FLIGHT_STATUSES:
+            in_flight_ids.append(public_id)
+        outbox.append(
+            {
+                "id": public_id,
+                "transport": transport,
+                "destination": destination,
+                "status": status,
+                "idempotency_key": idempotency_key,
+                "claimed_at": _iso(claimed_at),
+                "frozen_at": _iso(frozen_at),
+            }
+        )
+    return {
+        "frozen_outbox_ids": frozen_ids,
+        "in_flight_outbox_ids": in_flight_ids,
+        "outbox": outbox,
+    }
+
+
+def _calls_part(run: Run, *, also: set[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Every call, and the unconfirmed writes; `also` names calls whose writes are listed there
+    even once resolved or settled by a late fact (an interruption's: the calls it marked unknown)."""
+    tool_calls: list[dict[str, Any]] = []
+    unconfirmed: list[dict[str, Any]] = []
+    for record in (
+        ExecutionRecord.objects.filter(run=run)
+        .order_by("permitted_at", "id")
+        .values(*_RECORD_FIELDS)
+    ):
+        summary = _record_summary(record)
+        tool_calls.append(summary)
+        if is_unconfirmed_side_effect(
+            side_effect=record["side_effect"],
+            side_effect_state=record["side_effect_state"],
+            resolved=record["resolved"],
+        ) or (
+            also and record["tool_call_id"] in also and record["side_effect"] == SideEffect.WRITE
+        ):
+            unconfirmed.append(dict(summary))
+    return {"tool_calls": tool_calls, "unconfirmed_side_effects": unconfirmed}
+
+
+def _leases_part(leases: list[Lease]) -> dict[str, Any]:
+    return {
         "lease_released": all(
             lease.released_at is not None and not lease.fenced_unconfirmed for lease in leases
         ),
@@ -175,39 +264,24 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
             }
             for lease in leases
         ],
-        "resume_from": run.resume_from or None,
-        "frozen_outbox_ids": frozen_ids,
-        "in_flight_outbox_ids": in_flight_ids,
-        "outbox": outbox,
-        "completed_steps": completed_steps,
-        "pending_steps": pending_steps,
-        "artifacts": [
-            {
-                "id": pk,
-                "name": name,
-                "kind": kind,
-                "uri": uri,
-                "checksum": checksum,
-                "reusable": reusable,
-                "evidence": evidence,
-            }
-            for pk, name, kind, uri, checksum, reusable, evidence in (
-                Artifact.objects.filter(run=run).order_by("id").values_list(*_ARTIFACT_FIELDS)
-            )
-        ],
-        "tool_calls": tool_calls,
-        "unconfirmed_side_effects": unconfirmed,
-        "unapplied_steering": [
-            {"id": message.pk, "text": message.text, "author": message.author}
-            for message in SteeringMessage.objects.filter(
-                run=run, status=SteeringStatus.UNAPPLIED_AT_STOP
-            )
-        ],
-        # DESIGN §10: held at the stop, voided by it, never executed.
-        "approvals_void_at_stop": _approvals_void_at_stop(run, stop_request),
-        "reported_after_stop": list(run.late_reports),
-        "late_writes_rejected": run.late_writes_rejected,
     }
+
+
+def _artifacts_part(run: Run) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": pk,
+            "name": name,
+            "kind": kind,
+            "uri": uri,
+            "checksum": checksum,
+            "reusable": reusable,
+            "evidence": evidence,
+        }
+        for pk, name, kind, uri, checksum, reusable, evidence in (
+            Artifact.objects.filter(run=run).order_by("id").values_list(*_ARTIFACT_FIELDS)
+        )
+    ]
 
 
 def _approvals_void_at_stop(run: Run, stop_request: StopRequest) -> list[dict[str, Any]]:

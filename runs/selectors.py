@@ -8,15 +8,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 
 from runs.models import (
     Approval,
     ApprovalStatus,
     ExecutionRecord,
+    Lease,
     LedgerEntry,
     OutboxItem,
     Run,
+    RunStatus,
 )
 
 
@@ -84,37 +86,58 @@ def side_effect_leakage(
 def interruptions_recovered(
     *, since: datetime, until: datetime, team_ids: list[int] | None = None
 ) -> dict[str, Any]:
-    """Of runs interrupted in the period, the share that later stopped cleanly or resumed with no unknowns."""
+    """Of runs interrupted in the period, the share whose interruption ended cleanly (DESIGN §7).
+
+    A run's first interruption in the period ends at the first of: a resume (which the server
+    allows only once every unknown the interruption left is resolved), a clean stop, or a dirty
+    stop. The first two are a clean recovery; a dirty stop is not, whatever is resolved after
+    it. What a later round does (a stop after the resume) is that round's, not the
+    interruption's. An interruption that has not ended yet is not recovered.
+    """
     interrupted = team_filter(
         LedgerEntry.objects.filter(action="run.interrupted", at__gte=since, at__lt=until),
         team_ids,
         "run__team_id",
     )
     firsts: dict[str, Any] = {}
-    for run_id, at in interrupted.values_list("run_id", "at"):
-        firsts.setdefault(run_id, at)
-    recovered = 0
+    for run_id, run_seq in interrupted.order_by("run_seq").values_list("run_id", "run_seq"):
+        firsts.setdefault(run_id, run_seq)
+    endings: dict[str, str] = {}
     if firsts:
-        later = LedgerEntry.objects.filter(
-            run_id__in=list(firsts),
-            action__in=("run.stopped_cleanly", "run.stopped_dirty", "run.resume"),
-        ).values_list("run_id", "action", "at")
-        outcomes: dict[str, list[str]] = {}
-        for run_id, action, at in later:
-            if at >= firsts[run_id]:
-                outcomes.setdefault(run_id, []).append(action)
-        recovered = sum(
-            1
-            for actions in outcomes.values()
-            if "run.stopped_dirty" not in actions
-            and ("run.stopped_cleanly" in actions or "run.resume" in actions)
+        later = (
+            LedgerEntry.objects.filter(
+                run_id__in=list(firsts),
+                action__in=("run.stopped_cleanly", "run.stopped_dirty", "run.resume"),
+            )
+            .order_by("run_seq")
+            .values_list("run_id", "action", "run_seq")
         )
+        for run_id, action, run_seq in later:
+            if run_seq > firsts[run_id]:
+                endings.setdefault(run_id, action)
+    recovered = sum(
+        1 for action in endings.values() if action in ("run.resume", "run.stopped_cleanly")
+    )
     total = len(firsts)
     return {
         "interrupted": total,
         "recovered_cleanly": recovered,
         "rate": (recovered / total) if total else None,
     }
+
+
+def needs_resolution_q() -> Q:
+    """Runs a person must decide something on before anything else may happen to them: stopped
+    dirty, or interrupted with an unknown — an unconfirmed write, an outbox item in flight, a
+    worker fenced without confirming (the dirty reasons of `run_dirty_reasons`; DESIGN §2:
+    resume is refused while one holds)."""
+    run = OuterRef("pk")
+    unknown = (
+        Q(Exists(ExecutionRecord.objects.filter(run=run).unconfirmed()))
+        | Q(Exists(OutboxItem.objects.filter(run=run).unconfirmed()))
+        | Q(Exists(Lease.objects.filter(run=run, fenced_unconfirmed=True)))
+    )
+    return Q(status=RunStatus.STOPPED_DIRTY) | (Q(status=RunStatus.INTERRUPTED) & unknown)
 
 
 def runs_for_teams(team_ids: list[int] | None) -> QuerySet[Run]:

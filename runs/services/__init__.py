@@ -79,6 +79,7 @@ from runs.services.leases import (
 from runs.services.lifecycle import (
     RESUMABLE_STATUSES,
     StopOutcome,
+    resume_blocked_reason,
     run_acknowledge_stop,
     run_close,
     run_close_locked,
@@ -180,6 +181,7 @@ __all__ = [
     "run_move",
     "run_resume",
     "run_resume_locked",
+    "resume_blocked_reason",
     "run_stop",
     "run_takeover",
     "run_touch",

@@ -466,6 +466,15 @@ def _interrupt_locked(
     # An interruption is a failure: what the worker queued is not sent on anyone's say-so but a
     # reviewer's (release), and a later resume (new epoch) cannot strand it as `pending`.
     frozen = _freeze_outbox(run, now=now)
+    # Claimed before the interruption, outcome not reported: an unknown a person resolves (the
+    # interruption packet lists these with the calls above; resume waits for them).
+    outbox_in_flight = [
+        f"outbox_{pk}"  # OutboxItem.public_id
+        for pk in OutboxItem.objects.filter(run=run)
+        .unconfirmed()
+        .order_by("id")
+        .values_list("pk", flat=True)
+    ]
     current = Step.objects.filter(run=run, status=StepStatus.RUNNING).order_by("-seq").first()
     run.interruption = {
         "reason": reason,
@@ -474,6 +483,7 @@ def _interrupt_locked(
         "current_step": {"seq": current.seq, "key": current.key} if current else None,
         "calls_in_flight": [record.tool_call_id for record in in_flight],
         "frozen_outbox": frozen,
+        "outbox_in_flight": outbox_in_flight,
         "worker_id": lease.worker_id if lease else None,
     }
     _move(
@@ -535,10 +545,9 @@ def run_resume(
     with locked_run(run_id) as run:
         if run.status not in RESUMABLE_STATUSES:
             raise IllegalTransition.for_run(run, f"a {run.status} run cannot be resumed")
-        if run_dirty_reasons(run):
-            raise IllegalTransition.for_run(
-                run, "resolve the run's unknown side effects before resuming it"
-            )
+        reasons = run_dirty_reasons(run)
+        if reasons:
+            raise IllegalTransition.for_run(run, resume_blocked_reason(run.status, reasons))
         _resume_locked(
             run,
             actor=actor,
@@ -548,6 +557,15 @@ def run_resume(
             via=via,
         )
     return run
+
+
+def resume_blocked_reason(status: str, reasons: list[str]) -> str:
+    """Why a run with these dirty reasons cannot resume: the server's refusal and the console's
+    disabled Resume say the same words (DESIGN §2: resume is refused while a reason holds)."""
+    what = ", ".join(reason.replace("_", " ") for reason in reasons)
+    if status == RunStatus.INTERRUPTED:
+        return f"resolve the interruption's unknowns before resuming ({what})"
+    return f"resolve the run's unknown side effects before resuming it ({what})"
 
 
 def _resume_locked(

@@ -11,7 +11,7 @@ from typing import Any
 from runs import services
 from runs.actors import Actor
 from runs.models import Lease, Run, Team
-from tests.support.run_factories import run_complete, run_fail
+from tests.support.run_factories import run_complete, run_fail, run_interrupt
 
 AGENT = Actor(kind="api_client", id="1", name="agent-1")
 SYSTEM = Actor.system("test")
@@ -199,5 +199,18 @@ def completed(team: Team, **kwargs: Any) -> Run:
 def failed(team: Team, **kwargs: Any) -> Run:
     run, lease = running(team, **kwargs)
     run_fail(run_id=run.pk, epoch=lease.epoch, actor=AGENT, error={"message": "model refused"})
+    run.refresh_from_db()
+    return run
+
+
+def interrupted(team: Team, *, outbox_in_flight: bool = False, **kwargs: Any) -> Run:
+    """Running with a write in flight (unless `write_open=False`) and, with `outbox_in_flight`,
+    an outbox item claimed and never reported; then the dependency fails: interrupted, and the
+    interruption leaves those unknown."""
+    run, _lease = running(team, **{"write_open": True, **kwargs})
+    if outbox_in_flight:
+        item = run.outbox_items.order_by("pk").first()
+        assert item is not None and services.outbox_claim(item_id=item.pk, dispatcher="d-1")
+    run_interrupt(run_id=run.pk, reason="dependency_failure", actor=SYSTEM, detail="db down")
     run.refresh_from_db()
     return run
