@@ -809,6 +809,40 @@ class StopPacketOut(serializers.Serializer):
     )
 
 
+class InterruptionPacketOut(serializers.Serializer):
+    """An interrupted run's packet: the stop packet's lists (DESIGN §4), read now, with the
+    interruption point and what is unknown now."""
+
+    kind = serializers.CharField(help_text='"interruption"')
+    run_id = serializers.CharField()
+    stop_epoch = serializers.IntegerField()
+    state = serializers.CharField()
+    interruption = serializers.DictField(help_text="the interruption point, as kept on the run")
+    interrupted_at = serializers.DateTimeField(allow_null=True)
+    interruption_reason = serializers.CharField()
+    dirty_reasons = serializers.ListField(
+        child=serializers.CharField(), help_text="unknown now; resume is refused while any holds"
+    )
+    lease_released = serializers.BooleanField()
+    resume_from = serializers.CharField(allow_null=True)
+    frozen_outbox_ids = serializers.ListField(child=serializers.CharField())
+    in_flight_outbox_ids = serializers.ListField(child=serializers.CharField())
+    completed_steps = serializers.ListField(child=serializers.DictField())
+    pending_steps = serializers.ListField(child=serializers.DictField())
+    artifacts = serializers.ListField(child=serializers.DictField())
+    tool_calls = serializers.ListField(child=serializers.DictField())
+    unconfirmed_side_effects = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="the writes the interruption left unknown (resolved ones stay listed) and any "
+        "unconfirmed now",
+    )
+    late_writes_rejected = serializers.IntegerField()
+    run_status = serializers.ChoiceField(choices=RunStatus.choices)
+    resolutions = serializers.ListField(
+        child=serializers.DictField(), help_text="decisions recorded on top"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # ledger, metrics, denials
 

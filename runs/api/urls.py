@@ -36,6 +36,11 @@ urlpatterns = [
     path(RUN + "close/", views.CloseView.as_view(), name="close"),
     path(RUN + "stop-packet/", views.StopPacketView.as_view(), name="stop-packet"),
     path(
+        RUN + "interruption-packet/",
+        views.InterruptionPacketView.as_view(),
+        name="interruption-packet",
+    ),
+    path(
         RUN + "stop-packets/<int:epoch>/",
         views.StopPacketEpochView.as_view(),
         name="stop-packet-epoch",

@@ -26,6 +26,7 @@ from rest_framework.views import APIView
 
 from handoff import selectors as handoff_selectors
 from handoff import services as handoff_services
+from handoff.packets import interruption_packet
 from runs import selectors as run_selectors
 from runs import services
 from runs.access import WHY_NOT, stop_refusals
@@ -43,7 +44,7 @@ from runs.errors import (
     DomainError,
     NotFound,
 )
-from runs.models import Approval, ApprovalStatus, ExecutionState, OutboxStatus
+from runs.models import Approval, ApprovalStatus, ExecutionState, OutboxStatus, RunStatus
 from runs.services import EventAnswer, PlannedStep, StopOutcome
 
 # ---------------------------------------------------------------------------------------------
@@ -806,6 +807,11 @@ class ApprovalDecideView(ApiView):
 
 def _packet_answer(run: Any, packet: Any) -> Response:
     if packet is None:
+        if run.status == RunStatus.INTERRUPTED or run.interruption:
+            raise NotFound(
+                f"run {run.pk} has no such stop packet: it was interrupted, not stopped "
+                f"(see GET /api/v1/runs/{run.pk}/interruption-packet/)"
+            )
         raise NotFound(f"run {run.pk} has no such stop packet (it has not stopped at that epoch)")
     body = {
         **packet.snapshot,
@@ -841,6 +847,36 @@ class StopPacketEpochView(ApiView):
             selectors.stop_packet_get(run=run, epoch=epoch) if 0 <= epoch <= s.INT32_MAX else None
         )
         return _packet_answer(run, packet)
+
+
+class InterruptionPacketView(ApiView):
+    @extend_schema(
+        operation_id="interruption_packet",
+        summary="An interrupted run's packet: the interruption point and its unknowns",
+        description=(
+            "The stop packet's lists (DESIGN §4), read now rather than stored — an interruption "
+            "is not a stop and bumps no epoch — with `interruption` (reason, detail, at, current "
+            "step, calls in flight, frozen outbox count, outbox in flight, worker id), "
+            "`dirty_reasons` (what is unknown now; resume is refused while one holds) and the "
+            "`resolutions` recorded since. Resolve each unknown with `POST .../resolutions/`. "
+            "404 when the run is not interrupted."
+        ),
+        parameters=[RUN_ID],
+        responses={200: s.InterruptionPacketOut, **READ_ERRORS},
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        run = self.run(run_id, Capability.READ)
+        if run.status != RunStatus.INTERRUPTED:
+            raise NotFound(
+                f"run {run.pk} is not interrupted (it is {run.status}): it has no interruption "
+                "packet"
+            )
+        body = {
+            **interruption_packet(run),
+            "run_status": run.status,
+            "resolutions": selectors.resolutions_for(run=run),
+        }
+        return Response(body)
 
 
 # ---------------------------------------------------------------------------------------------
