@@ -55,6 +55,7 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
         "waiting_by_run": approvals_waiting_by_run([run.pk for run in result.rows]),
     }
     if wants_fragment(request) and request.htmx.target == "runs-region":
-        # The table region, and the status select (a chip click changes the status filter).
-        return fragments(request, TEMPLATE, "region", context, oob=["status-select"])
+        # The table region only: the filter form is the page's one copy of the query (a chip
+        # sets its field and submits it, console.js), so nothing here rewrites the form.
+        return fragments(request, TEMPLATE, "region", context)
     return page(request, TEMPLATE, context)

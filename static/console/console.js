@@ -34,13 +34,16 @@
     if (state.busy) { state.again = true; return; }
     state.busy = true;
     var run = function () {
+      // A person's own request for this region is under way: it carries what they asked for,
+      // so the live fetch waits for its answer and starts after it (see queryRegion below).
+      if (userGets[id] > 0) { heldLive[id] = run; return; }
       state.again = false;
       state.startedAt = Date.now();
       var parts = Object.keys(state.parts);
       state.parts = {};
       var el = document.getElementById(id);
       if (!el || !el.dataset.liveUrl) { state.busy = false; return; }
-      var options = { source: el, target: el, swap: "outerHTML" };
+      var options = { source: el, target: el, swap: "outerHTML", headers: { "X-Safestop-Live": "1" } };
       if (parts.length) options.values = { "with": parts.join(",") };
       htmx.ajax("GET", el.dataset.liveUrl, options)
         .catch(function () { /* network error: the next frame or a reconnect retries */ })
@@ -51,6 +54,101 @@
     var later = function () { setTimeout(run, Math.max(0, state.startedAt + MIN_GAP_MS - Date.now())); };
     later();
   }
+
+  // A filtered region (data-query-form="<form id>", the runs table) shows what that form asks
+  // for, and the form is the one place the query lives:
+  // - every GET that swaps the region carries the form's current values (a live refresh, the
+  //   pager; the form's own request serialises itself); a changed filter drops the page cursor;
+  // - only the answer to the newest GET issued for the region is swapped in: an older one that
+  //   lands late (a refresh that left before the person typed) is dropped, and the newest is
+  //   swapped into the region as it is now, even if an older answer replaced it meanwhile;
+  // - a live fetch waits while a person's own GET for the region is in flight (that answer is
+  //   the one that also updates the address bar).
+  var PAGE_PARAMS = ["after", "before"];
+  var issued = {}; // region id -> number of the newest GET issued for it
+  var userGets = {}; // region id -> GETs a person started, in flight
+  var heldLive = {}; // region id -> the live fetch waiting for them
+
+  function queryRegion(target) {
+    return target && target.dataset && target.dataset.queryForm && target.id ? target : null;
+  }
+
+  function withFormQuery(path, form) {
+    var url = new URL(path, window.location.href);
+    var params = url.searchParams;
+    var data = new FormData(form);
+    var changed = false;
+    var seen = {};
+    for (var i = 0; i < form.elements.length; i++) {
+      var name = form.elements[i].name;
+      if (!name || seen[name]) continue;
+      seen[name] = true;
+      var value = String(data.get(name) || "");
+      if ((params.get(name) || "") !== value) changed = true;
+      if (value) params.set(name, value); else params.delete(name);
+    }
+    if (changed) PAGE_PARAMS.forEach(function (name) { params.delete(name); });
+    var query = params.toString();
+    return url.pathname + (query ? "?" + query : "");
+  }
+
+  document.addEventListener("htmx:configRequest", function (evt) {
+    var detail = evt.detail;
+    var region = queryRegion(detail.target);
+    if (!region || String(detail.verb).toLowerCase() !== "get") return;
+    var form = document.getElementById(region.dataset.queryForm);
+    if (form && detail.elt !== form) detail.path = withFormQuery(detail.path, form);
+  });
+
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    var detail = evt.detail;
+    var region = queryRegion(detail.target);
+    if (!region || !detail.xhr || isWrite(evt)) return;
+    var id = region.id;
+    issued[id] = (issued[id] || 0) + 1;
+    detail.xhr.safestopRegion = id;
+    detail.xhr.safestopIssued = issued[id];
+    var headers = (detail.requestConfig && detail.requestConfig.headers) || {};
+    if (!headers["X-Safestop-Live"]) {
+      detail.xhr.safestopUser = true;
+      userGets[id] = (userGets[id] || 0) + 1;
+    }
+  });
+
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var xhr = evt.detail.xhr;
+    var id = xhr && xhr.safestopRegion;
+    if (!id) return;
+    if (xhr.safestopIssued !== issued[id]) { evt.detail.shouldSwap = false; return; }
+    var current = document.getElementById(id);
+    if (current) evt.detail.target = current;
+  });
+
+  document.addEventListener("htmx:afterRequest", function (evt) {
+    var xhr = evt.detail.xhr;
+    if (!xhr || !xhr.safestopUser || xhr.safestopDone) return;
+    xhr.safestopDone = true; // afterRequest may fire twice (on the element and its parent)
+    var id = xhr.safestopRegion;
+    userGets[id] = Math.max(0, (userGets[id] || 0) - 1);
+    if (!userGets[id] && heldLive[id]) {
+      var go = heldLive[id];
+      heldLive[id] = null;
+      go();
+    }
+  });
+
+  // A filter chip (the runs page's state pills) sets its field in the form and submits it, so
+  // the form stays the one copy of the query. Without script it is a plain link.
+  document.addEventListener("click", function (evt) {
+    var chip = evt.target.closest && evt.target.closest("[data-filter-field]");
+    if (!chip || evt.button || evt.ctrlKey || evt.metaKey || evt.shiftKey || evt.altKey) return;
+    var form = document.getElementById(chip.dataset.filterForm);
+    var field = form && form.elements[chip.dataset.filterField];
+    if (!field || !form.requestSubmit) return;
+    evt.preventDefault();
+    field.value = chip.dataset.filterValue || "";
+    form.requestSubmit();
+  });
 
   function refreshRegion(el) {
     if (el.dataset.liveVia) refresh(el.dataset.liveVia, el.dataset.livePart);
