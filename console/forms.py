@@ -18,6 +18,7 @@ from runs.models import (
     StopReason,
     TokenRole,
 )
+from runs.services import BulkFilter
 
 # Reasons a person picks when pressing Stop. manual_takeover is the Take over button;
 # lease_expired and drain_deadline are the system's own and never chosen by hand.
@@ -284,3 +285,63 @@ class ApprovalDecisionForm(forms.Form):
         if data.get("decision") == "reject" and data.get("arguments") is not None:
             raise forms.ValidationError("a rejection carries a message, not arguments")
         return data
+
+
+class _RunIdsField(forms.Field):
+    """The ticked rows of the runs page: every `ids` value of the form."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[str]:
+        if not value:
+            return []
+        return [str(item).strip() for item in value if str(item).strip()]
+
+
+class BulkSelectionForm(forms.Form):
+    """Which runs a bulk stop is about (DESIGN §12): the ticked rows, or every run matching the
+    runs page's filters (no filter at all: every run of the user's teams)."""
+
+    scope = forms.ChoiceField(choices=[("selected", "selected"), ("matching", "matching")])
+    ids = _RunIdsField(required=False)
+    status = forms.ChoiceField(choices=[("", "any"), *RunStatus.choices], required=False)
+    agent = forms.CharField(required=False, max_length=120)
+    team = forms.CharField(required=False, max_length=64)
+    q = forms.CharField(required=False, max_length=200)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("scope") == "selected" and not data.get("ids"):
+            raise forms.ValidationError("Tick at least one run, or stop all matching runs.")
+        return data
+
+    def bulk_filter(self) -> BulkFilter:
+        data = self.cleaned_data
+        if data["scope"] == "selected":
+            return BulkFilter(ids=tuple(dict.fromkeys(data["ids"])))
+        return BulkFilter(
+            status=data["status"],
+            agent=data["agent"],
+            team=data["team"],
+            search=data["q"],
+            every_run=True,
+        )
+
+
+class BulkStopForm(BulkSelectionForm):
+    reason = forms.ChoiceField(choices=HUMAN_STOP_REASONS, initial=StopReason.USER_STOP)
+    note = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why, in a sentence. It goes into every run's stop packet and the ledger.",
+    )
+    # Made when the preview is shown: a second click (or a resent form) answers the first bulk
+    # stop instead of making another.
+    idempotency_key = forms.CharField(max_length=200)
+    confirm_large = forms.BooleanField(required=False)
+
+    def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if admin:
+            self.fields["reason"].choices = [*HUMAN_STOP_REASONS, *ADMIN_STOP_REASONS]  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ from django.views.generic import RedirectView
 from console.views import (
     approvals,
     audit,
+    bulk,
     handoffs,
     notifications,
     packets,
@@ -70,6 +71,9 @@ urlpatterns = [
     path("approvals/<str:approval_id>/", approvals.approval_page, name="approval"),
     path("approvals/<str:approval_id>/decide/", approvals.approval_decide, name="approval_decide"),
     path("handoffs/", handoffs.handoffs, name="handoffs"),
+    path("stops/bulk/preview/", bulk.bulk_stop_preview, name="bulk_stop_preview"),
+    path("stops/bulk/", bulk.bulk_stop_confirm, name="bulk_stop_confirm"),
+    path("stops/bulk/<str:bulk_id>/", bulk.bulk_stop_page, name="bulk_stop"),
     path("handoffs/<int:handoff_id>/<str:action>/", handoffs.handoff_action, name="handoff_action"),
     path("audit/", audit.audit, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit_verify"),

@@ -10,7 +10,7 @@ from console.access import request_access, visible_teams
 from console.forms import RunFilterForm
 from console.selectors import RunFilters, runs_page
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
-from runs.models import RunStatus
+from runs.models import Role, RunStatus
 from runs.selectors import approvals_waiting_by_run
 
 TEMPLATE = "console/runs.html"
@@ -53,6 +53,9 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
         "state_counts": state_counts,
         "status_choices": RunStatus.choices,
         "waiting_by_run": approvals_waiting_by_run([run.pk for run in result.rows]),
+        # Bulk stop (DESIGN §12): checkboxes for reviewers, on the rows of teams they may stop.
+        "can_bulk_stop": access.is_reviewer_anywhere,
+        "bulk_team_ids": access.ids_with(Role.REVIEWER),  # None: every team
     }
     if wants_fragment(request) and request.htmx.target == "runs-region":
         # The table region only: the filter form is the page's one copy of the query (a chip

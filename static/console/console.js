@@ -215,6 +215,10 @@
       // Already showing this change or a newer one (a frame can arrive after our own POST's answer):
       // the region itself is about one run, or it shows that run in a row or card that says its seq.
       if (el.dataset.seq && el.dataset.runId === msg.run_id && Number(msg.seq) <= Number(el.dataset.seq)) continue;
+      // A region listing some runs only (a bulk stop's results: data-live-listed) ignores the
+      // frames of every other run of the team.
+      if (el.dataset.liveListed && window.CSS && CSS.escape &&
+          !el.querySelector('[data-run-id="' + CSS.escape(String(msg.run_id)) + '"]')) continue;
       if (!el.dataset.seq && window.CSS && CSS.escape) {
         var shown = el.querySelector('[data-run-id="' + CSS.escape(String(msg.run_id)) + '"][data-seq]');
         if (shown && Number(msg.seq) <= Number(shown.dataset.seq)) continue;
