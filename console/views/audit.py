@@ -73,7 +73,8 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
         "stop_action": STOP_ACTIONS,
     }
     if wants_fragment(request) and request.htmx.target == "audit-region":
-        return fragments(request, TEMPLATE, "region", context)
+        # The export link comes along: it exports what the table now shows (the same query).
+        return fragments(request, TEMPLATE, "region", context, oob=["export"])
     return page(request, TEMPLATE, context)
 
 

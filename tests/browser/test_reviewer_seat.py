@@ -6,15 +6,21 @@ As in test_console.py, every change a browser must see live goes through the liv
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from runs import services
+from runs.actors import Actor
 from tests.browser.test_console import collect_errors, create_run, login, wait_live
+from tests.support.browser import in_thread
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -88,4 +94,31 @@ def test_a_search_typed_while_runs_update_keeps_the_table_filtered(
     finally:
         stop.set()
         churn.join(timeout=10)
+    assert not errors, errors
+
+
+def test_the_audit_export_is_what_the_table_shows(
+    page: Page, live_stack, agent_api, team, bob, alice
+) -> None:
+    stopped = create_run(agent_api, "Stopped for the audit")
+    create_run(agent_api, "Left running")
+    in_thread(
+        services.run_stop, run_id=stopped, reason="user_stop", actor=Actor.for_user(bob), note=""
+    )
+    errors = collect_errors(page)
+    login(page, live_stack.url, "alice")
+    page.goto(f"{live_stack.url}/audit/")
+    # Filters applied in place (no page load): the table and the export follow them.
+    page.get_by_label("Action").select_option("run.stop_requested")
+    expect(page.locator("#audit-region tbody tr")).to_have_count(1, timeout=LIVE_TIMEOUT)
+    page.get_by_label("Run").fill(stopped)
+    page.get_by_label("Run").press("Enter")
+    export = page.get_by_test_id("audit-export")
+    expect(export).to_have_attribute("href", re.compile(f"run={stopped}"), timeout=LIVE_TIMEOUT)
+    expect(export).to_have_attribute("href", re.compile(r"action=run\.stop_requested"))
+    expect(page.locator("#audit-region tbody tr")).to_have_count(1)
+    with page.expect_download() as download_info:
+        export.click()
+    rows = list(csv.DictReader(io.StringIO(Path(download_info.value.path()).read_text())))
+    assert [(row["action"], row["run_id"]) for row in rows] == [("run.stop_requested", stopped)]
     assert not errors, errors
