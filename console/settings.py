@@ -82,7 +82,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "console.views.approvals.approvals_nav",
+                "console.views.needs_me.nav",
             ],
         },
     }
@@ -138,7 +138,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 LOGIN_URL = "console:login"
-LOGIN_REDIRECT_URL = "console:runs"
+LOGIN_REDIRECT_URL = "console:home"
 LOGOUT_REDIRECT_URL = "console:login"
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("SAFESTOP_MAX_BODY_BYTES", 1024 * 1024))

@@ -1,5 +1,5 @@
 """Approvals (DESIGN §10): the inbox, one approval's page with its decision, the team's rules,
-and the waiting count in the navigation.
+and the waiting count in the navigation (from `console.views.needs_me.nav`).
 
 - `/approvals/`: the approvals of the user's teams, waiting ones soonest deadline first (a tab
   per decided status), filtered by team, agent, tool and risk. The table is a region refetched
@@ -29,7 +29,6 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.functional import SimpleLazyObject
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import Access, request_access, visible_teams
@@ -70,24 +69,6 @@ INBOX_LIMIT = 100
 SOON_SECONDS = 120
 # The run's latest steps shown on an approval page: what led to the call.
 RECENT_STEPS = 8
-
-
-# --------------------------------------------------------------------------------------------
-# navigation
-
-
-def approvals_nav(request: HttpRequest) -> dict[str, Any]:
-    """Context processor: the waiting count in the navigation of every page.
-
-    Lazy: the one COUNT runs only when a template shows it (the full pages), never for the
-    fragments that htmx refetches."""
-    if not getattr(request, "user", None) or not request.user.is_authenticated:
-        return {}
-    return {
-        "approvals_waiting": SimpleLazyObject(
-            lambda: approvals_waiting_count(team_ids=request_access(request).team_ids)
-        )
-    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -174,6 +174,13 @@
     // every status change passes too.
     approvals: function (msg) {
       return (msg.kind || "").indexOf("approval") === 0 || msg.status !== "running";
+    },
+    // Needs me: approvals and handoffs come and go with their own changes; a dirty stop or an
+    // interrupted run's unknowns with any change of a run that is neither running nor pending.
+    needs: function (msg) {
+      var kind = msg.kind || "";
+      return kind.indexOf("approval") === 0 || kind.indexOf("handoff") === 0 ||
+        (msg.status !== "running" && msg.status !== "pending");
     }
   };
 

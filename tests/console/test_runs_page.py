@@ -25,7 +25,8 @@ def test_anonymous_is_sent_to_login(client):
 def test_login_with_password_lands_on_runs(client, bob):
     response = client.post("/login/", {"username": "bob", "password": "pw-bob"})
     assert response.status_code == 302
-    assert response["Location"] == "/"
+    assert response["Location"] == "/home/"  # nothing needs bob: on to the runs page
+    assert client.get("/home/")["Location"] == "/"
     page = client.get("/")
     assert page.status_code == 200
     assert b"Runs" in page.content and b"reviewer" in page.content

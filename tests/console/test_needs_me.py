@@ -1,0 +1,172 @@
+"""Needs me: one page for everything on the user's teams that waits for a person, most urgent
+first, each row linking to the page that decides it; its count in the navigation; where a
+reviewer lands after signing in."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from runs import services
+from runs.actors import Actor
+from runs.models import Approval, Lease, Run, RunStatus, Team
+from tests.support.htmx import htmx
+from tests.support.scenarios import AGENT, handed_off, new_run, running, start, stopped_dirty
+
+pytestmark = pytest.mark.django_db
+
+_calls = iter(range(1, 10_000))
+
+
+def waiting(team: Team, *, title: str = "Refunds", deadline_in: float | None = None) -> Approval:
+    """A running run whose write asked for approval (as the agent would)."""
+    run = new_run(team, title=title)
+    lease = start(run)
+    record, _created = services.permit_request(
+        run_id=run.pk,
+        epoch=lease.epoch,
+        tool_call_id=f"needs_call_{next(_calls)}",
+        tool="payments.refund",
+        actor=AGENT,
+        side_effect="write",
+        arguments={"amount": 120},
+        needs_approval=True,
+        summary=f"Refund for {title}",
+        risk="high",
+    )
+    approval = Approval.objects.get(execution_record=record)
+    if deadline_in is not None:
+        Approval.objects.filter(pk=approval.pk).update(
+            deadline=timezone.now() + timedelta(seconds=deadline_in)
+        )
+        approval.refresh_from_db()
+    return approval
+
+
+def interrupted_with_a_write(team: Team, *, title: str = "Deploy") -> Run:
+    """The worker vanished while a write was in flight: the lease expired, the run interrupted."""
+    run, lease = running(team, title=title, write_open=True)
+    Lease.objects.filter(pk=lease.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    services.lease_expire(lease_id=lease.pk)
+    run.refresh_from_db()
+    assert run.status == RunStatus.INTERRUPTED
+    return run
+
+
+def test_everything_waiting_is_listed_most_urgent_first_with_its_deciding_page(
+    as_reviewer, team, bob
+):
+    later = waiting(team, title="Later refund", deadline_in=3600)
+    dirty = stopped_dirty(team, title="Dirty report")
+    broken = interrupted_with_a_write(team, title="Broken deploy")
+    handoff = handed_off(team, by=Actor.for_user(bob), title="Handed report").handoffs.get()
+    soon = waiting(team, title="Soon refund", deadline_in=60)
+    running(team, title="Busy and fine")  # needs nobody
+
+    response = as_reviewer.get("/needs-me/")
+    body = response.content.decode()
+    assert response.status_code == 200
+    kinds = [item.kind for item in response.context["items"]]
+    assert kinds == ["approval", "stopped_dirty", "interrupted", "approval", "handoff"]
+    order = [
+        body.index(f'href="/approvals/{soon.public_id}/"'),
+        body.index(f'href="/runs/{dirty.pk}/packet/"'),
+        body.index(f'href="/runs/{broken.pk}/packet/"'),
+        body.index(f'href="/approvals/{later.public_id}/"'),
+        body.index(f'href="/handoffs/#handoff-{handoff.pk}"'),
+    ]
+    assert order == sorted(order)
+    assert "Busy and fine" not in body
+    assert "1 unconfirmed side effect" in body
+    assert 'id="nav-needs-count" class="nav-count" >5<' in body
+
+
+def test_only_my_teams_and_only_where_i_may_act(as_viewer, as_outsider, as_admin, team):
+    waiting(team)
+    stopped_dirty(team)
+    assert as_outsider.get("/needs-me/").context["items"] == []
+    viewer = as_viewer.get("/needs-me/")
+    assert viewer.context["items"] == []
+    assert "takes the reviewer role" in viewer.content.decode()
+    assert 'href="/needs-me/"' not in viewer.content.decode()  # no nav link for a viewer
+    assert len(as_admin.get("/needs-me/").context["items"]) == 2
+
+
+def test_an_accepted_handoff_needs_only_its_assignee(as_reviewer, as_admin, team, bob):
+    handoff = handed_off(team, by=Actor.for_user(bob)).handoffs.get()
+    assert [i.kind for i in as_admin.get("/needs-me/").context["items"]] == ["handoff"]
+    as_reviewer.post(f"/handoffs/{handoff.pk}/accept/")
+    assert as_admin.get("/needs-me/").context["items"] == []
+    items = as_reviewer.get("/needs-me/").context["items"]
+    assert [i.handoff.pk for i in items] == [handoff.pk]
+
+
+def test_the_count_is_in_the_navigation_of_every_page(as_reviewer, team):
+    waiting(team)
+    stopped_dirty(team)
+    body = as_reviewer.get("/handoffs/").content.decode()
+    assert 'id="nav-needs-count" class="nav-count" >2<' in body
+    assert 'id="nav-approvals-count" class="nav-count" >1<' in body
+
+
+def test_htmx_refresh_returns_the_list_and_the_nav_counts(as_reviewer, team):
+    dirty = stopped_dirty(team)
+    response = as_reviewer.get("/needs-me/", **htmx("needs-me-region"))
+    body = response.content.decode()
+    assert "<html" not in body and body.lstrip().startswith('<section id="needs-me-region"')
+    assert dirty.pk in body
+    assert 'id="nav-needs-count" class="nav-count" hx-swap-oob="true">1<' in body
+    assert 'id="nav-approvals-count"' in body and 'ws-connect="/ws/runs/"' not in body
+
+
+def test_the_page_follows_the_team_socket(as_reviewer, team):
+    stopped_dirty(team)
+    body = as_reviewer.get("/needs-me/").content.decode()
+    assert 'ws-connect="/ws/runs/"' in body and 'data-live-filter="needs"' in body
+
+
+def test_queries_do_not_grow_with_what_waits(as_reviewer, team, bob, django_assert_max_num_queries):
+    waiting(team)
+    stopped_dirty(team)
+    handed_off(team, by=Actor.for_user(bob))
+    with CaptureQueriesContext(connection) as few:
+        assert len(as_reviewer.get("/needs-me/").context["items"]) == 3
+    for index in range(4):
+        waiting(team, title=f"refund {index}")
+        stopped_dirty(team, title=f"dirty {index}")
+        interrupted_with_a_write(team, title=f"deploy {index}")
+        handed_off(team, by=Actor.for_user(bob), title=f"handed {index}")
+    with CaptureQueriesContext(connection) as many:
+        assert len(as_reviewer.get("/needs-me/").context["items"]) == 19
+    assert len(many) == len(few)
+    with django_assert_max_num_queries(len(few)):
+        as_reviewer.get("/needs-me/", **htmx("needs-me-region"))
+
+
+def test_the_navigation_counts_cost_one_query(as_reviewer, team, django_assert_num_queries):
+    waiting(team)
+    stopped_dirty(team)
+    as_reviewer.get("/tokens/")  # warm the session
+    with CaptureQueriesContext(connection) as queries:
+        as_reviewer.get("/handoffs/")
+    counting = [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+    assert len(counting) == 1
+
+
+def test_a_reviewer_with_something_waiting_lands_on_needs_me(client, bob, team):
+    assert client.post("/login/", {"username": "bob", "password": "pw-bob"})["Location"] == (
+        "/home/"
+    )
+    assert client.get("/home/")["Location"] == "/"
+    stopped_dirty(team)
+    assert client.get("/home/")["Location"] == "/needs-me/"
+
+
+def test_a_viewer_lands_on_the_runs_page(client, charlie, team):
+    stopped_dirty(team)
+    client.force_login(charlie)
+    assert client.get("/home/")["Location"] == "/"
