@@ -6,7 +6,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 REDIS ?= redis://127.0.0.1:6379/0
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast lint migrations-check bench services chromium clean
+.PHONY: install run test test-fast lint migrations-check bench services chromium clean ts-client node
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,18 @@ services:
 chromium:
 	bash scripts/ensure-chromium.sh
 
+node:
+	bash scripts/ensure-node.sh
+
+# The TypeScript client (clients/typescript, `@safestop/agent`): dependencies from its lockfile,
+# a strict `tsc` build, then Node's test runner against a live server the tests start (about
+# 20 s). The runner's summary lines (`# tests`, `# pass`, `# fail`, ...) end the output.
+TS_DIR := clients/typescript
+ts-client: install node
+	cd $(TS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	cd $(TS_DIR) && rm -rf dist && npx tsc -p .
+	cd $(TS_DIR) && node --test --test-concurrency=1 dist/test/*.test.js
+
 # Every pytest session has its own test database (test_safestop_<pid>, console/settings.py) and
 # its own Redis database (claimed among 1-15 by tests/support/isolation.py), so two suites on one
 # machine never collide; SAFESTOP_TEST_DB_NAME and SAFESTOP_TEST_REDIS_URL choose them instead.
@@ -34,6 +46,7 @@ PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 test: install services chromium
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory ts-client
 
 # What a developer runs while working (under two minutes): no browser, no live servers, no other
 # processes, no races (tests/conftest.py says what counts as slow).
