@@ -417,13 +417,58 @@
     clearTimeout(box._timer);
     box._timer = setTimeout(function () { box.hidden = true; }, 8000);
   }
+  // A write that did not go through is said next to its button, with a button that sends it
+  // again (`data-action-name` on the form names it: "stop"). Never "retrying" when nothing is.
+  function sayNotDone(evt, status) {
+    if (!isWrite(evt)) return false;
+    var elt = evt.detail.elt;
+    var form = elt && (elt.tagName === "FORM" ? elt : elt.closest && elt.closest("form"));
+    if (!form || !document.body.contains(form)) return false;
+    var what = form.dataset.actionName || "request";
+    var What = what.charAt(0).toUpperCase() + what.slice(1);
+    var text = status
+      ? "The " + what + " may not have been recorded: the server answered " + status + ". Sending it again is safe."
+      : What + " not sent: the server could not be reached" +
+        (what === "stop" ? ", so the run has not been told to stop." : ". Nothing was changed.");
+    var note = form.querySelector(".send-failed");
+    if (!note) {
+      note = document.createElement("div");
+      note.className = "send-failed note note--bad";
+      note.setAttribute("role", "alert");
+      var submit = form.querySelector("button[type=submit]");
+      if (submit) submit.insertAdjacentElement("afterend", note); else form.appendChild(note);
+    }
+    note.textContent = "";
+    var line = document.createElement("span");
+    line.textContent = text;
+    var retry = document.createElement("button");
+    retry.type = "button";
+    retry.className = "btn btn--small";
+    retry.setAttribute("data-retry-send", "");
+    retry.textContent = "Retry " + what;
+    note.appendChild(line);
+    note.appendChild(retry);
+    return true;
+  }
+  document.addEventListener("click", function (evt) {
+    var retry = evt.target.closest && evt.target.closest("[data-retry-send]");
+    var form = retry && retry.closest("form");
+    if (!form) return;
+    var note = retry.closest(".send-failed");
+    if (note) note.parentNode.removeChild(note);
+    if (form.requestSubmit) form.requestSubmit(form.querySelector("button[type=submit]") || undefined);
+  });
   document.addEventListener("htmx:responseError", function (evt) {
     var status = evt.detail.xhr ? evt.detail.xhr.status : 0;
+    if (status >= 500 && sayNotDone(evt, status)) return;
     toast(status === 403 ? "Not allowed: your role does not permit this." :
           status === 404 ? "Not found: it may belong to a team you are not in." :
           "The server could not do that (" + status + "). Reload the page and try again.");
   });
-  document.addEventListener("htmx:sendError", function () { toast("The server is unreachable. Retrying when it is back."); });
+  document.addEventListener("htmx:sendError", function (evt) {
+    if (sayNotDone(evt, 0)) return;
+    toast("The server could not be reached: that request was not sent.");
+  });
 
   // A printed stop packet carries its raw JSON too.
   window.addEventListener("beforeprint", function () {

@@ -19,6 +19,7 @@ from playwright.sync_api import Page, expect
 
 from runs import services
 from runs.actors import Actor
+from runs.models import Run, RunStatus, StopRequest
 from tests.browser.test_console import collect_errors, create_run, login, wait_live
 from tests.support.browser import in_thread
 
@@ -122,3 +123,31 @@ def test_the_audit_export_is_what_the_table_shows(
     rows = list(csv.DictReader(io.StringIO(Path(download_info.value.path()).read_text())))
     assert [(row["action"], row["run_id"]) for row in rows] == [("run.stop_requested", stopped)]
     assert not errors, errors
+
+
+def test_a_stop_that_did_not_reach_the_server_says_so_and_can_be_sent_again(
+    page: Page, live_stack, agent_api, bob
+) -> None:
+    run_id = create_run(agent_api, "Stop me on a bad connection")
+    agent_api.post(
+        f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "worker-7", "ttl_seconds": 60}
+    )
+    login(page, live_stack.url, "bob")
+    page.goto(f"{live_stack.url}/runs/{run_id}/")
+    wait_live(page)
+    page.route("**/stop/", lambda route: route.abort("connectionrefused"))
+    page.get_by_test_id("stop-open").click()
+    page.get_by_test_id("stop-confirm").click()
+    failed = page.locator("#run-actions .send-failed")
+    expect(failed).to_contain_text("Stop not sent", timeout=LIVE_TIMEOUT)
+    expect(failed).to_contain_text("the run has not been told to stop")
+    expect(page.locator("body")).not_to_contain_text("Retrying when it is back")
+    expect(page.locator("#run-summary .chip")).to_have_text("Running")
+    assert not StopRequest.objects.filter(run_id=run_id).exists()
+
+    page.unroute("**/stop/")
+    failed.get_by_role("button", name="Retry stop").click()
+    expect(page.locator("#run-actions")).to_contain_text("Stop recorded", timeout=LIVE_TIMEOUT)
+    expect(page.locator("#run-actions .send-failed")).to_have_count(0)
+    assert StopRequest.objects.filter(run_id=run_id).count() == 1
+    assert Run.objects.get(pk=run_id).status != RunStatus.RUNNING
