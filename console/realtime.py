@@ -30,7 +30,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 from django.utils.crypto import salted_hmac
 
-from runs.groups import agent_group, run_group, team_group, user_group
+from runs.groups import agent_group, run_group, team_group, token_group, user_group
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,11 @@ def publish(event: dict[str, Any]) -> None:
     # forward it (docs/BENCHMARKS.md, fan-out).
     message = {**event, "type": "run.updated", "frame": browser_frame(event)}
     sends: list[tuple[Any, str, dict[str, Any]]] = []
+    if event.get("kind") == "token_revoked":
+        if workers is not None:
+            sends.append((workers, token_group(event["token_id"]), event))
+        _send(sends)
+        return
     if event.get("kind") == "approval_decided":
         # For the worker only: viewers hear of the decision from its own run.updated frame.
         if workers is not None:

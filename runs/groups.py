@@ -7,7 +7,8 @@ consumer importing the console.
 - `run_<id>`: viewers of one run (browser) — every change, with its sequence number;
 - `team_<team_id>`: the runs page of a team — every change of any of its runs;
 - `user_<user_id>`: every browser socket of one user — access changes;
-- `agent_<id>`: the worker of one run — the stop signal only.
+- `agent_<id>`: the worker of one run — the stop signal and approval decisions;
+- `token_<token_id>`: every agent socket opened with one token — its revocation.
 """
 
 from __future__ import annotations
@@ -27,3 +28,7 @@ def user_group(user_id: int | str) -> str:
 
 def agent_group(run_id: str) -> str:
     return f"agent_{run_id}"
+
+
+def token_group(token_id: int | str) -> str:
+    return f"token_{token_id}"

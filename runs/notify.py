@@ -111,3 +111,10 @@ def approval_decided(run: Any, approval: Any) -> None:
         "decision": decision,
     }
     transaction.on_commit(lambda: _deliver(event))
+
+
+def token_revoked(token: Any) -> None:
+    """A revoked token's open agent sockets close at once (after the revocation commits), so a
+    revoked worker neither hears the next stop nor moves the run with an `ack`."""
+    event = {"type": "token.revoked", "kind": "token_revoked", "token_id": token.pk}
+    transaction.on_commit(lambda: _deliver(event))

@@ -8,6 +8,7 @@ import secrets
 from django.db import transaction
 from django.utils import timezone
 
+from runs import notify
 from runs.actors import Actor
 from runs.errors import InvalidInput
 from runs.ledger import ledger_append
@@ -74,6 +75,7 @@ def api_token_revoke(*, token_id: int, actor: Actor) -> ApiToken:
         if token.revoked_at is None:
             token.revoked_at = timezone.now()
             token.save(update_fields=["revoked_at"])
+            notify.token_revoked(token)
             ledger_append(
                 run=None,
                 actor=actor,

@@ -17,7 +17,9 @@ Frames sent:
 - `{"type": "pong"}`, `{"type": "error", "error", "detail"}`.
 
 Refusals: the socket is accepted and closed at once with a code a client can read —
-4401 no, unknown or revoked token; 4404 no such run *or another team's run* (like the HTTP
+4401 no, unknown or revoked token (and at once, while open, when the token is revoked:
+a revoked worker neither hears the next stop nor moves the run with an `ack`, which re-checks
+the token); 4404 no such run *or another team's run* (like the HTTP
 API's 404, so a token cannot probe other teams' run ids). Both are counted as denials.
 
 ORM work only through `database_sync_to_async`; the consumer calls services, never models.
@@ -39,7 +41,7 @@ from runs.api.permissions import plausible_run_id
 from runs.api.ratelimit import denial_record
 from runs.api.selectors import current_stop_signal
 from runs.errors import DomainError
-from runs.groups import agent_group
+from runs.groups import agent_group, token_group
 from runs.models import ApiToken, Run
 from runs.tokens import api_token_authenticate
 
@@ -85,6 +87,15 @@ def _authorise(raw_token: str, run_id: str, client_ip: str) -> Verdict:
     return Verdict(token, None)
 
 
+def _acknowledge_if_token_active(token: ApiToken | None, run_id: str) -> Run | None:
+    """The worker's ack moves the run, so the token is re-checked first, in the same DB hop."""
+    if token is None or not ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).exists():
+        return None
+    return services.run_acknowledge_stop(
+        run_id=run_id, actor=Actor.for_token(token), via="websocket"
+    )
+
+
 def _token_from_scope(scope: dict[str, Any]) -> str:
     for name, value in scope.get("headers", []):
         if name.lower() == b"authorization":
@@ -99,6 +110,7 @@ def _token_from_scope(scope: dict[str, Any]) -> str:
 class AgentRunConsumer(AsyncJsonWebsocketConsumer):
     run_id: str = ""
     group: str = ""
+    token_group: str = ""
     token: ApiToken | None = None
 
     async def connect(self) -> None:
@@ -112,6 +124,9 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=verdict.close_code)
             return
         self.token = verdict.token
+        # Join the token's group first: a revocation that commits from here on closes us.
+        self.token_group = token_group(self.token.pk)
+        await self.channel_layer.group_add(self.token_group, self.channel_name)
         # Join the group before reading the run's state: a stop that commits in between is then
         # either seen in the state or pushed to the group — never missed.
         self.group = agent_group(self.run_id)
@@ -124,6 +139,12 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.token_group:
+            await self.channel_layer.group_discard(self.token_group, self.channel_name)
+
+    async def token_revoked(self, event: dict[str, Any]) -> None:
+        """The token was revoked while this socket was open: close at once (4401)."""
+        await self.close(code=CLOSE_BAD_TOKEN)
 
     async def stop_signal(self, event: dict[str, Any]) -> None:
         """Group message from `console.realtime.publish` once a stop of this run committed."""
@@ -154,11 +175,16 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
         kind = content.get("type") if isinstance(content, dict) else None
         if kind == "ack":
             try:
-                run = await database_sync_to_async(services.run_acknowledge_stop)(
-                    run_id=self.run_id, actor=Actor.for_token(self.token), via="websocket"
+                run = await database_sync_to_async(_acknowledge_if_token_active)(
+                    self.token, self.run_id
                 )
             except DomainError as error:
                 await self._error(error.code, error.detail)
+                return
+            if run is None:
+                # Revoked (or expired) since connect, and the revocation's message has not
+                # reached us yet: a state change needs a live token, so nothing moved.
+                await self.close(code=CLOSE_BAD_TOKEN)
                 return
             await self.send_json(
                 {"type": "ack", "status": run.status, "stop_epoch": run.stop_epoch}

@@ -128,3 +128,38 @@ async def test_another_teams_stop_is_never_pushed_to_this_token(
     await database_sync_to_async(stop)(theirs)
     assert await socket.receive_nothing(timeout=0.3)
     await socket.disconnect()
+
+
+async def test_revoking_a_token_closes_its_open_sockets_at_once(team, agent_token):
+    from runs.actors import Actor
+    from runs.tokens import api_token_revoke
+
+    run, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    assert await socket.receive_nothing(timeout=0.1)
+    await database_sync_to_async(api_token_revoke)(
+        token_id=agent_token.token.pk, actor=Actor.system("test")
+    )
+    message = await socket.receive_output(timeout=3)
+    assert message == {"type": "websocket.close", "code": 4401}
+    # the next stop is not delivered to it: the socket is gone, and a new one is refused
+    assert await close_code(f"/ws/agent/runs/{run.pk}/", bearer(agent_token)) == 4401
+
+
+async def test_an_ack_with_a_token_revoked_since_connect_moves_nothing(team, agent_token):
+    from runs.models import ApiToken
+
+    run, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    await database_sync_to_async(stop)(run)
+    await socket.receive_json_from(timeout=3)
+    # revoked behind the service's back: no message reaches the socket, only the re-check can
+    await database_sync_to_async(
+        lambda: ApiToken.objects.filter(pk=agent_token.token.pk).update(
+            revoked_at="2026-01-01T00:00Z"
+        )
+    )()
+    await socket.send_json_to({"type": "ack"})
+    message = await socket.receive_output(timeout=3)
+    assert message == {"type": "websocket.close", "code": 4401}
+    assert (await database_sync_to_async(Run.objects.get)(pk=run.pk)).status == "cancel_requested"
