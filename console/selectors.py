@@ -18,6 +18,7 @@ from django.utils.dateparse import parse_datetime
 
 from console.access import Access
 from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
+from handoff.packets import interruption_packet
 from runs.ledger_queries import LedgerFilters, ledger_entries
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
@@ -42,6 +43,7 @@ from runs.models import (
     Team,
     is_unconfirmed_side_effect,
 )
+from runs.selectors import needs_resolution_q
 
 RUNS_PAGE_SIZE = 50
 RUN_LEDGER_LIMIT = 200
@@ -102,7 +104,10 @@ class RunsPage:
     older_cursor: str = ""
     agents: list[str] = field(default_factory=list)
     teams: list[Team] = field(default_factory=list)
-    needs_resolution: int = 0
+    needs_resolution: int = 0  # stopped dirty
+    # interrupted with an unknown (`runs.selectors.needs_resolution_q`): how many, which rows
+    interrupted_unresolved: int = 0
+    unresolved_ids: set[str] = field(default_factory=set)
 
 
 def _scoped_runs(access: Access) -> QuerySet[Run]:
@@ -162,6 +167,14 @@ def runs_page(
         has_older = len(chunk) > size
         rows = chunk[:size]
         has_newer = after is not None
+    # Only when there is an interrupted run to ask about: a page of running runs costs nothing.
+    interrupted_unresolved, unresolved_ids = 0, set()
+    if counts.get(RunStatus.INTERRUPTED):
+        unresolved = narrowed.filter(needs_resolution_q(), status=RunStatus.INTERRUPTED)
+        interrupted_unresolved = unresolved.count()
+        shown = [run.pk for run in rows if run.status == RunStatus.INTERRUPTED]
+        if interrupted_unresolved and shown:
+            unresolved_ids = set(unresolved.filter(pk__in=shown).values_list("pk", flat=True))
     return RunsPage(
         rows=rows,
         counts=counts,
@@ -173,6 +186,8 @@ def runs_page(
         agents=agents,
         teams=teams,
         needs_resolution=counts.get(RunStatus.STOPPED_DIRTY, 0),
+        interrupted_unresolved=interrupted_unresolved,
+        unresolved_ids=unresolved_ids,
     )
 
 
@@ -361,7 +376,7 @@ class FrozenItem:
 
 @dataclass
 class PacketView:
-    packet: StopPacket
+    packet: StopPacket | None  # None: an interruption packet, read now and never stored
     snap: dict[str, Any]
     is_current: bool
     unknowns: list[Unknown]
@@ -428,7 +443,31 @@ def packet_view(run: Run, packet: StopPacket, *, everything: bool = False) -> Pa
     Without `everything`, only the newest PACKET_WINDOW completed steps, tool calls and artifacts
     are listed; pending steps, unknowns, frozen and in-flight outbox items are always listed whole:
     they are what a reviewer must act on."""
-    snap = packet.snapshot
+    return _packet_view(
+        run,
+        packet.snapshot,
+        packet=packet,
+        is_current=packet.stop_epoch == run.stop_epoch,
+        everything=everything,
+    )
+
+
+def interruption_view(run: Run, *, everything: bool = False) -> PacketView:
+    """An interrupted run's packet (`handoff.packets.interruption_packet`) shown as a stop
+    packet is: each unknown the interruption left, with what is true now and its resolution."""
+    return _packet_view(
+        run, interruption_packet(run), packet=None, is_current=True, everything=everything
+    )
+
+
+def _packet_view(
+    run: Run,
+    snap: dict[str, Any],
+    *,
+    packet: StopPacket | None,
+    is_current: bool,
+    everything: bool,
+) -> PacketView:
     resolutions = list(Resolution.objects.filter(run=run).order_by("at"))
     resolved = {(resolution.target, resolution.target_id): resolution for resolution in resolutions}
     call_ids = [entry["tool_call_id"] for entry in snap.get("unconfirmed_side_effects", [])]
@@ -511,7 +550,7 @@ def packet_view(run: Run, packet: StopPacket, *, everything: bool = False) -> Pa
     return PacketView(
         packet=packet,
         snap=snap,
-        is_current=packet.stop_epoch == run.stop_epoch,
+        is_current=is_current,
         unknowns=unknowns,
         frozen=frozen,
         resolutions=resolutions,

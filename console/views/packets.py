@@ -1,5 +1,6 @@
 """The stop packet page (DESIGN §4): the immutable snapshot, printable and downloadable as JSON,
-with the current resolution status on top and a control per unknown."""
+with the current resolution status on top and a control per unknown. An interrupted run's
+`/packet/` is its interruption packet, with the same control per unknown."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
 from console.forms import ResolutionForm
-from console.selectors import packet_view, stop_packet_epochs, stop_packet_get
+from console.selectors import (
+    PacketView,
+    interruption_view,
+    packet_view,
+    stop_packet_epochs,
+    stop_packet_get,
+)
 from console.views.common import (
     HtmxHttpRequest,
     Outcome,
@@ -28,23 +36,63 @@ from console.views.decisions import check_outbox_decision, outbox_decision
 from handoff import services as handoff_services
 from handoff.models import ResolutionDecision, StopPacket
 from runs import services
-from runs.models import Role, Run
+from runs.models import Role, Run, RunStatus
 
 TEMPLATE = "console/packet.html"
+INTERRUPTION_TEMPLATE = "console/interruption.html"
+
+
+class NoPacket(Http404):
+    """A 404 that says what is true about the run, not "a team you are not in": the run was
+    found and the user may see it (`run_for` answered first)."""
+
+
+def _no_packet_reason(run: Run, epoch: int | None) -> str:
+    which = "no stop packet" if epoch is None else f"no stop packet for epoch {epoch}"
+    if run.status == RunStatus.INTERRUPTED or run.interruption:
+        return f"This run has {which}: it was interrupted, not stopped. See its interruption."
+    if epoch is not None and stop_packet_get(run=run) is not None:
+        return f"This run has {which}: it did not stop at that epoch."
+    return f"This run has {which}: it has not been stopped (it is {run.status.replace('_', ' ')})."
 
 
 def _packet(run: Run, epoch: int | None) -> StopPacket:
     packet = stop_packet_get(run=run, epoch=epoch)
     if packet is None:
-        raise Http404("this run has no stop packet for that epoch")
+        raise NoPacket(_no_packet_reason(run, epoch))
     return packet
 
 
+def _no_packet_page(request: HtmxHttpRequest, run: Run, error: NoPacket) -> HttpResponse:
+    return render(
+        request,
+        "404.html",
+        {"message": str(error), "run": run, "run_link": True},
+        status=404,
+    )
+
+
+def _shows_interruption(request: HtmxHttpRequest, run: Run) -> bool:
+    """`/packet/` of an interrupted run is its interruption packet; so is the status region that
+    page refetches live, after the run moved on (it then says what the run is now)."""
+    return run.status == RunStatus.INTERRUPTED or (
+        wants_fragment(request) and request.htmx.target == "interruption-status"
+    )
+
+
+def _current_view(request: HtmxHttpRequest, run: Run) -> tuple[str, PacketView]:
+    """The page decisions are made on: the interruption packet of an interrupted run, else the
+    latest stop packet."""
+    everything = request.GET.get("all") == "1"
+    if _shows_interruption(request, run):
+        return INTERRUPTION_TEMPLATE, interruption_view(run, everything=everything)
+    return TEMPLATE, packet_view(run, _packet(run, None), everything=everything)
+
+
 def packet_context(
-    request: HtmxHttpRequest, run: Run, packet: StopPacket, **extra: Any
+    request: HtmxHttpRequest, run: Run, view: PacketView, **extra: Any
 ) -> dict[str, Any]:
     # ?all=1 lists every completed step, call and artifact; the JSON download is always whole.
-    view = packet_view(run, packet, everything=request.GET.get("all") == "1")
     epochs = stop_packet_epochs(run=run)
     can_act = request_access(request).can_act(run.team_id)
     return {
@@ -63,7 +111,16 @@ def packet_context(
 @require_GET
 def packet_latest(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_for(request, run_id)
-    packet = _packet(run, None)
+    if _shows_interruption(request, run):
+        template, view = _current_view(request, run)
+        context = packet_context(request, run, view)
+        if wants_fragment(request) and request.htmx.target == "interruption-status":
+            return fragments(request, template, "status", context)
+        return page(request, template, context)
+    try:
+        packet = _packet(run, None)
+    except NoPacket as error:
+        return _no_packet_page(request, run, error)
     return HttpResponseRedirect(reverse("console:packet", args=[run.pk, packet.stop_epoch]))
 
 
@@ -71,8 +128,12 @@ def packet_latest(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 @require_GET
 def packet_page(request: HtmxHttpRequest, run_id: str, epoch: int) -> HttpResponse:
     run = run_for(request, run_id)
-    packet = _packet(run, epoch)
-    context = packet_context(request, run, packet)
+    try:
+        packet = _packet(run, epoch)
+    except NoPacket as error:
+        return _no_packet_page(request, run, error)
+    everything = request.GET.get("all") == "1"
+    context = packet_context(request, run, packet_view(run, packet, everything=everything))
     if wants_fragment(request) and request.htmx.target == "packet-status":
         return fragments(request, TEMPLATE, "status", context)
     return page(request, TEMPLATE, context)
@@ -102,10 +163,11 @@ def outbox_decide(
 
     def answer(outcome: Outcome) -> HttpResponse:
         run.refresh_from_db()
+        template, view = _current_view(request, run)
         context = packet_context(
-            request, run, _packet(run, None), frozen_ok=outcome.ok, frozen_error=outcome.error
+            request, run, view, frozen_ok=outcome.ok, frozen_error=outcome.error
         )
-        return fragments(request, TEMPLATE, "frozen", context, oob=["status"])
+        return fragments(request, template, "frozen", context, oob=["status"])
 
     return act(
         request,
@@ -139,18 +201,21 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             ok += " That was the last unknown: the run is now stopped cleanly."
         elif result.run_status == "handed_off":
             ok += " That was the last unknown: the run is stopped cleanly and handed off."
+        elif result.run_status == RunStatus.INTERRUPTED and not services.run_dirty_reasons(run):
+            ok += " That was the last unknown: the run can be resumed from its page."
         return ok
 
     def answer(outcome: Outcome) -> HttpResponse:
         run.refresh_from_db()
-        context = packet_context(request, run, _packet(run, None))
+        template, view = _current_view(request, run)
+        context = packet_context(request, run, view)
         unknown = next(
             (u for u in context["p"].unknowns if u.target == target and u.target_id == target_id),
             None,
         )
         if unknown is None:
             status_error = outcome.error or "unknown target"
-            return fragments(request, TEMPLATE, "status", {**context, "status_error": status_error})
+            return fragments(request, template, "status", {**context, "status_error": status_error})
         context.update(
             {
                 "u": unknown,
@@ -159,7 +224,7 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
                 "card_form": form if outcome.error else None,
             }
         )
-        return fragments(request, TEMPLATE, "unknown-card", context, oob=["status"])
+        return fragments(request, template, "unknown-card", context, oob=["status"])
 
     return act(
         request,

@@ -54,6 +54,9 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
     status = run.status
     can_act = access.can_act(run.team_id)
     checkpoints = [checkpoint.label for checkpoint in detail.checkpoints]
+    can_resume = status in services.RESUMABLE_STATUSES and status != RunStatus.HANDED_OFF
+    # The server refuses a resume while a dirty reason holds; the page says so, in its words.
+    reasons = services.run_dirty_reasons(run) if can_resume else []
     context: dict[str, Any] = {
         "run": run,
         "d": detail,
@@ -63,7 +66,11 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "is_stopping": status in STOPPING_STATUSES,
         "is_stopped": status in STOPPED_STATUSES,
         "is_terminal": status in TERMINAL_STATUSES,
-        "can_resume": status in services.RESUMABLE_STATUSES and status != RunStatus.HANDED_OFF,
+        "can_resume": can_resume,
+        "resume_blocked": services.resume_blocked_reason(status, reasons) if reasons else "",
+        # stopped dirty, or interrupted with an unknown: a person decides before it goes on
+        "needs_resolution": status == RunStatus.STOPPED_DIRTY
+        or (status == RunStatus.INTERRUPTED and bool(reasons)),
         "can_close": status == RunStatus.STOPPED_CLEANLY,
         "can_take_over": status in (*STOPPABLE_STATUSES, *STOPPING_STATUSES, *STOPPED_STATUSES),
         "takeover_pending": bool(
@@ -93,7 +100,14 @@ def run_page(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if wants_fragment(request):
         if request.htmx.target == "run-summary":
             # The actions region comes along when the page saw the status change (?with=actions).
-            also = ["actions"] if "actions" in request.GET.get("with", "").split(",") else []
+            # So does an interrupted run's: its last unknown resolved (on the packet page) enables
+            # Resume without changing the status the page compares.
+            also = (
+                ["actions"]
+                if "actions" in request.GET.get("with", "").split(",")
+                or run.status == RunStatus.INTERRUPTED
+                else []
+            )
             return fragments(request, TEMPLATE, "summary", context, oob=["detail", *also])
         if request.htmx.target == "run-actions":
             return fragments(request, TEMPLATE, "actions", context)
