@@ -52,6 +52,22 @@ class NoteForm(forms.Form):
     )
 
 
+class HandoffFilterForm(forms.Form):
+    """The handoff inbox: whose (`me`, `none`, a username, or everyone's) and in which order."""
+
+    assignee = forms.CharField(required=False, max_length=150)
+    sort = forms.ChoiceField(
+        required=False, choices=[("oldest", "Oldest first"), ("newest", "Newest first")]
+    )
+    mine = forms.CharField(required=False, max_length=1)  # the "Handed to me" tab: assignee=me
+
+
+class HandoffAssignForm(forms.Form):
+    """`me`, a teammate's username, or empty for nobody."""
+
+    assignee = forms.CharField(required=False, max_length=150)
+
+
 class SteeringForm(forms.Form):
     text = forms.CharField(
         max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}), label="Message to the agent"

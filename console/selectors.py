@@ -19,6 +19,7 @@ from django.utils.dateparse import parse_datetime
 from console.access import Access
 from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
 from handoff.packets import interruption_packet
+from runs.access import ROLE_CAPABILITIES, Capability
 from runs.ledger_queries import LedgerFilters, ledger_entries
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
@@ -31,6 +32,7 @@ from runs.models import (
     ExecutionRecord,
     Lease,
     LedgerEntry,
+    Membership,
     OutboxItem,
     RejectedWrite,
     Role,
@@ -591,22 +593,55 @@ class HandoffCard:
     checkpoints: list[Checkpoint]
     unapplied: list[SteeringMessage]
     can_act: bool = False
+    # Who may take it: the reviewers and admins of the run's team (the assign control's choices).
+    teammates: list[str] = field(default_factory=list)
+
+
+# The inbox's assignee filter: everyone's, mine, nobody's, or one person's (a username).
+ASSIGNEE_ME = "me"
+ASSIGNEE_NONE = "none"
+
+
+def _reviewer_roles() -> list[str]:
+    return [role for role in Role.values if Capability.REVIEW in ROLE_CAPABILITIES[role]]
+
+
+def handoff_teammates(team_ids: list[int] | None) -> dict[int, list[str]]:
+    """Per team, the usernames of who may take a handoff (active reviewers and admins), sorted;
+    one query."""
+    members = Membership.objects.filter(role__in=_reviewer_roles(), user__is_active=True)
+    if team_ids is not None:
+        members = members.filter(team_id__in=team_ids)
+    teammates: dict[int, list[str]] = defaultdict(list)
+    for team_id, username in members.order_by("user__username").values_list(
+        "team_id", "user__username"
+    )[:2000]:
+        teammates[team_id].append(username)
+    return teammates
 
 
 def handoff_inbox(
-    access: Access, *, user_id: int | None, mine_only: bool
-) -> tuple[list[HandoffCard], list[Handoff]]:
-    """Open handoffs of the user's teams (or only theirs), and the recently ended ones.
+    access: Access, *, user_id: int | None, assignee: str = "", oldest_first: bool = True
+) -> tuple[list[HandoffCard], list[Handoff], dict[int, list[str]]]:
+    """Open handoffs of the user's teams — all, the user's (`ASSIGNEE_ME`), nobody's
+    (`ASSIGNEE_NONE`) or one person's (a username) — by age, oldest first unless asked; the
+    recently ended ones; and the teammates per team (for the assign controls and the filter).
 
-    Four queries: open handoffs, their checkpoints, their unapplied steering, the ended ones.
+    Five queries: open handoffs, their checkpoints, their unapplied steering, the ended ones,
+    the teammates.
     """
     handoffs = Handoff.objects.select_related("run", "run__team", "assignee", "stop_packet")
     if not access.all_teams:
         handoffs = handoffs.filter(run__team_id__in=access.team_ids or [])
     open_handoffs = handoffs.filter(status__in=OPEN_HANDOFF)
-    if mine_only:
+    if assignee == ASSIGNEE_ME:
         open_handoffs = open_handoffs.filter(assignee_id=user_id)
-    open_list = list(open_handoffs.order_by("-created_at", "-pk")[:100])
+    elif assignee == ASSIGNEE_NONE:
+        open_handoffs = open_handoffs.filter(assignee__isnull=True)
+    elif assignee:
+        open_handoffs = open_handoffs.filter(assignee__username=assignee)
+    order = ("created_at", "pk") if oldest_first else ("-created_at", "-pk")
+    open_list = list(open_handoffs.order_by(*order)[:100])
     run_ids = [handoff.run_id for handoff in open_list]
     checkpoints: dict[str, list[Checkpoint]] = defaultdict(list)
     for checkpoint in Checkpoint.objects.filter(run_id__in=run_ids).order_by("pk"):
@@ -616,17 +651,19 @@ def handoff_inbox(
         run_id__in=run_ids, status=SteeringStatus.UNAPPLIED_AT_STOP
     ).order_by("pk"):
         unapplied[message.run_id].append(message)
+    teammates = handoff_teammates(access.team_ids)
     cards = [
         HandoffCard(
             handoff,
             checkpoints[handoff.run_id],
             unapplied[handoff.run_id],
             can_act=access.can_act(handoff.run.team_id),
+            teammates=teammates.get(handoff.run.team_id, []),
         )
         for handoff in open_list
     ]
     ended = list(handoffs.exclude(status__in=OPEN_HANDOFF).order_by("-closed_at", "-pk")[:20])
-    return cards, ended
+    return cards, ended, teammates
 
 
 def handoff_card(handoff_id: int) -> HandoffCard | None:
@@ -645,7 +682,14 @@ def handoff_card(handoff_id: int) -> HandoffCard | None:
                 run_id=handoff.run_id, status=SteeringStatus.UNAPPLIED_AT_STOP
             ).order_by("pk")
         ),
+        teammates=handoff_teammates([handoff.run.team_id]).get(handoff.run.team_id, []),
     )
+
+
+def user_by_username(*, username: str) -> Any:
+    """An active user by username, or None (whether they may take a handoff is the service's
+    question)."""
+    return get_user_model().objects.filter(username=username, is_active=True).first()
 
 
 def handoff_get(*, handoff_id: int) -> Handoff | None:

@@ -1,5 +1,5 @@
-"""What happens after a stop, on the handoff side: resolve unknowns, hand off to a human, accept,
-complete, return to automation, close.
+"""What happens after a stop, on the handoff side: resolve unknowns, hand off to a human, assign,
+accept, complete, return to automation, close.
 
 `handoff` sits above `runs` (docs/ARCHITECTURE.md, "Layers"): every function here opens the run's
 `locked_run` transaction (run row first, then the handoff: the one lock order) and moves the
@@ -29,6 +29,12 @@ from handoff.models import (
     ResolutionDecision,
     ResolutionTarget,
     StopPacket,
+)
+from runs.access import (
+    ROLE_CAPABILITIES,
+    Capability,
+    is_admin_of_every_team,
+    membership_roles,
 )
 from runs.actors import Actor
 from runs.errors import Forbidden, IllegalTransition, InvalidInput, NotFound
@@ -177,6 +183,55 @@ def handoff_accept(*, handoff_id: int, user: AbstractBaseUser, actor: Actor) -> 
             run=run, actor=actor, action="handoff.accepted", payload={"handoff_id": handoff.pk}
         )
         run_touch(run, kind="handoff.accepted")
+    return handoff
+
+
+def _may_take_handoffs(user: AbstractBaseUser, team_id: int) -> bool:
+    """Whether `user` may act on a run of the team: an active reviewer or admin there, or staff."""
+    if not user.is_active:
+        return False
+    if is_admin_of_every_team(user):
+        return True
+    role = membership_roles(user_id=user.pk).get(team_id)  # type: ignore[arg-type]
+    return role is not None and Capability.REVIEW in ROLE_CAPABILITIES[role]
+
+
+def handoff_assign(*, handoff_id: int, assignee: AbstractBaseUser | None, actor: Actor) -> Handoff:
+    """Give an open handoff to a person who may act on the run (or to nobody).
+
+    Assigning is not accepting: the assignee still accepts it. An accepted handoff given to
+    someone else goes back to open for the new assignee to accept; assigning the person it
+    already has is a no-op (a double click writes nothing).
+    """
+    with _locked_handoff(handoff_id) as (handoff, run):
+        _require_open(handoff, run)
+        if assignee is not None and not _may_take_handoffs(assignee, run.team_id):
+            raise Forbidden(
+                f"{assignee.get_username()} cannot take it: a handoff goes to a reviewer of the "
+                "run's team"
+            )
+        new_id = assignee.pk if assignee is not None else None
+        if handoff.assignee_id == new_id:
+            return handoff
+        previous = handoff.assignee.get_username() if handoff.assignee is not None else None
+        handoff.assignee = assignee  # type: ignore[assignment]
+        fields = ["assignee"]
+        if handoff.status == HandoffStatus.ACCEPTED:
+            handoff.status = HandoffStatus.OPEN
+            handoff.accepted_at = None
+            fields += ["status", "accepted_at"]
+        handoff.save(update_fields=fields)
+        ledger_append(
+            run=run,
+            actor=actor,
+            action="handoff.assigned",
+            payload={
+                "handoff_id": handoff.pk,
+                "assignee": assignee.get_username() if assignee is not None else None,
+                "previous": previous,
+            },
+        )
+        run_touch(run, kind="handoff.assigned")
     return handoff
 
 

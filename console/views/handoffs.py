@@ -1,4 +1,5 @@
-"""The handoff inbox: runs handed to me or my teams; accept, complete, return, close."""
+"""The handoff inbox: runs handed to me or my teams, oldest first (or newest), filtered by
+assignee; assign (to me or a teammate), accept, complete, return, close."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, require, run_for
-from console.forms import NoteForm, ResumeForm
+from console.forms import HandoffAssignForm, HandoffFilterForm, NoteForm, ResumeForm
 from console.selectors import (
+    ASSIGNEE_ME,
+    ASSIGNEE_NONE,
     checkpoint_labels,
     handoff_card,
     handoff_get,
     handoff_inbox,
     latest_handoff_id,
+    user_by_username,
 )
 from console.views.common import (
     HtmxHttpRequest,
@@ -31,19 +35,33 @@ from console.views.common import (
 )
 from console.views.decisions import steering_decision
 from handoff import services as handoff_services
+from runs.errors import InvalidInput
 from runs.models import Role
 
 TEMPLATE = "console/handoffs.html"
-ACTIONS = ("accept", "complete", "return", "close")
+ACTIONS = ("assign", "accept", "complete", "return", "close")
 
 
 @login_required
 @require_GET
 def handoffs(request: HtmxHttpRequest) -> HttpResponse:
     access = request_access(request)
-    mine = request.GET.get("mine") == "1"
-    cards, ended = handoff_inbox(access, user_id=request.user.pk, mine_only=mine)
-    context = {"cards": cards, "ended": ended, "mine": mine}
+    form = HandoffFilterForm(request.GET)
+    data = form.cleaned_data if form.is_valid() else {}
+    assignee = ASSIGNEE_ME if data.get("mine") == "1" else (data.get("assignee") or "")
+    oldest_first = data.get("sort") != "newest"
+    cards, ended, teammates = handoff_inbox(
+        access, user_id=request.user.pk, assignee=assignee, oldest_first=oldest_first
+    )
+    context = {
+        "cards": cards,
+        "ended": ended,
+        "mine": assignee == ASSIGNEE_ME,
+        "assignee": assignee,
+        "sort": "oldest" if oldest_first else "newest",
+        "people": sorted({name for names in teammates.values() for name in names}),
+        "filtered": bool(assignee),
+    }
     if wants_fragment(request) and request.htmx.target == "handoff-list":
         return fragments(request, TEMPLATE, "list", context)
     return page(request, TEMPLATE, context)
@@ -76,7 +94,27 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
     form: forms.Form | None
     service: Callable[[dict[str, Any]], str]
 
-    if action == "accept":
+    if action == "assign":
+        form = HandoffAssignForm(request.POST)
+
+        def service(data: dict[str, Any]) -> str:
+            wanted = data["assignee"]
+            if wanted == ASSIGNEE_ME:
+                user = request.user
+            elif wanted and wanted != ASSIGNEE_NONE:
+                user = user_by_username(username=wanted)
+                if user is None:
+                    raise InvalidInput(f"no active user {wanted}", field="assignee")
+            else:
+                user = None
+            handoff_services.handoff_assign(handoff_id=handoff_id, assignee=user, actor=actor)  # type: ignore[arg-type]
+            if user is None:
+                return "Unassigned: anyone on the team may accept it."
+            if user.pk == request.user.pk:
+                return "Assigned to you: accept it when you start."
+            return f"Assigned to {user.get_username()}: they accept it when they start."
+
+    elif action == "accept":
         form = None
 
         def service(_data: dict[str, Any]) -> str:

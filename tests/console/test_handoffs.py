@@ -89,3 +89,135 @@ def test_a_refused_action_is_a_message(as_reviewer, handoff):
     again = as_reviewer.post(f"/handoffs/{handoff.pk}/complete/", {}, **htmx())
     assert again.status_code == 200 and "the handoff is closed" in again.content.decode()
     assert as_reviewer.post(f"/handoffs/{handoff.pk}/explode/").status_code == 404
+
+
+# ---------------------------------------------------------------- assign, sort, filter, age
+
+
+def test_assign_to_a_teammate_is_ledgered_and_announced(handoff, alice, bob, team):
+    from handoff.services import handoff_assign
+    from runs.models import LedgerEntry
+
+    seq = _run(handoff).change_seq
+    handoff_assign(handoff_id=handoff.pk, assignee=alice, actor=Actor.for_user(bob))
+    handoff.refresh_from_db()
+    assert handoff.assignee == alice and handoff.status == "open"
+    entry = LedgerEntry.objects.filter(run_id=handoff.run_id).order_by("-run_seq").first()
+    assert entry.action == "handoff.assigned" and entry.actor == "bob"
+    assert entry.payload["assignee"] == "alice" and entry.payload["previous"] == "bob"
+    assert _run(handoff).change_seq == seq + 1  # the inbox and needs-me follow it live
+    # the same person again writes nothing
+    handoff_assign(handoff_id=handoff.pk, assignee=alice, actor=Actor.for_user(bob))
+    assert LedgerEntry.objects.filter(run_id=handoff.run_id, action="handoff.assigned").count() == 1
+
+
+def test_assign_refuses_who_cannot_act_on_the_run(handoff, charlie, outsider, bob):
+    from handoff.services import handoff_assign
+    from runs.errors import Forbidden
+
+    for user in (charlie, outsider):  # a viewer of the team; an admin of another team
+        with pytest.raises(Forbidden):
+            handoff_assign(handoff_id=handoff.pk, assignee=user, actor=Actor.for_user(bob))
+    handoff.refresh_from_db()
+    assert handoff.assignee.username == "bob"
+
+
+def test_giving_an_accepted_handoff_to_someone_else_reopens_it(handoff, alice, bob):
+    from handoff.services import handoff_accept, handoff_assign
+
+    handoff_accept(handoff_id=handoff.pk, user=bob, actor=Actor.for_user(bob))
+    handoff_assign(handoff_id=handoff.pk, assignee=alice, actor=Actor.for_user(bob))
+    handoff.refresh_from_db()
+    assert (handoff.status, handoff.assignee, handoff.accepted_at) == ("open", alice, None)
+    handoff_accept(handoff_id=handoff.pk, user=alice, actor=Actor.for_user(alice))
+    handoff.refresh_from_db()
+    assert handoff.status == "accepted" and handoff.assignee == alice
+
+
+def test_assign_to_me_and_to_a_teammate_from_the_inbox(as_admin, handoff, alice, charlie):
+    mine = as_admin.post(f"/handoffs/{handoff.pk}/assign/", {"assignee": "me"}, **htmx())
+    card = mine.content.decode()
+    assert card.lstrip().startswith(f'<article id="handoff-{handoff.pk}"')
+    assert "Assigned to you" in card and "assignee <strong>alice</strong>" in card
+    given = as_admin.post(f"/handoffs/{handoff.pk}/assign/", {"assignee": "bob"})
+    assert given.status_code == 302 and given["Location"] == "/handoffs/"
+    handoff.refresh_from_db()
+    assert handoff.assignee.username == "bob"
+    refused = as_admin.post(f"/handoffs/{handoff.pk}/assign/", {"assignee": "charlie"}, **htmx())
+    assert "charlie cannot take it" in refused.content.decode()
+    unknown = as_admin.post(f"/handoffs/{handoff.pk}/assign/", {"assignee": "nobody"}, **htmx())
+    assert "no active user nobody" in unknown.content.decode()
+    as_admin.post(f"/handoffs/{handoff.pk}/assign/", {"assignee": "none"})
+    handoff.refresh_from_db()
+    assert handoff.assignee is None
+
+
+def test_a_viewer_cannot_assign(as_viewer, handoff):
+    assert as_viewer.post(f"/handoffs/{handoff.pk}/assign/", {"assignee": "me"}).status_code == 403
+    assert "Assign to me" not in as_viewer.get("/handoffs/").content.decode()
+
+
+def _aged(handoff: Handoff, minutes: int) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Handoff.objects.filter(pk=handoff.pk).update(
+        created_at=timezone.now() - timedelta(minutes=minutes)
+    )
+
+
+def test_inbox_sorts_by_age_waiting_longest_first(as_reviewer, team, bob):
+    old = handed_off(team, by=Actor.for_user(bob), title="Old one").handoffs.get()
+    new = handed_off(team, by=Actor.for_user(bob), title="New one").handoffs.get()
+    _aged(old, 90)
+    _aged(new, 5)
+    oldest = as_reviewer.get("/handoffs/").context["cards"]
+    assert [card.handoff.pk for card in oldest] == [old.pk, new.pk]
+    newest = as_reviewer.get("/handoffs/", {"sort": "newest"}).context["cards"]
+    assert [card.handoff.pk for card in newest] == [new.pk, old.pk]
+
+
+def test_an_unaccepted_handoff_shows_its_age(as_reviewer, as_admin, handoff):
+    _aged(handoff, 90)
+    body = as_reviewer.get("/handoffs/").content.decode()
+    assert "Waiting to be accepted · handed off" in body and "1 h ago" in body
+    as_reviewer.post(f"/handoffs/{handoff.pk}/accept/")
+    body = as_reviewer.get("/handoffs/").content.decode()
+    assert "Waiting to be accepted" not in body and "Accepted <time" in body
+
+
+def test_inbox_filters_by_assignee(as_admin, team, bob, alice):
+    from handoff.services import handoff_assign
+
+    bobs = handed_off(team, by=Actor.for_user(bob), title="Bob's").handoffs.get()
+    alices = handed_off(team, by=Actor.for_user(bob), title="Alice's").handoffs.get()
+    nobodys = handed_off(team, by=Actor.for_user(bob), title="Nobody's").handoffs.get()
+    handoff_assign(handoff_id=alices.pk, assignee=alice, actor=Actor.for_user(alice))
+    handoff_assign(handoff_id=nobodys.pk, assignee=None, actor=Actor.for_user(alice))
+
+    def listed(**query: str) -> set[int]:
+        return {card.handoff.pk for card in as_admin.get("/handoffs/", query).context["cards"]}
+
+    assert listed() == {bobs.pk, alices.pk, nobodys.pk}
+    assert listed(assignee="me") == {alices.pk} == listed(mine="1")
+    assert listed(assignee="bob") == {bobs.pk}
+    assert listed(assignee="none") == {nobodys.pk}
+    body = as_admin.get("/handoffs/", {"assignee": "bob"}).content.decode()
+    assert '<option value="bob" selected>bob</option>' in body
+    region = as_admin.get("/handoffs/", {"assignee": "bob"}, **htmx("handoff-list"))
+    assert 'data-live-url="/handoffs/?assignee=bob"' in region.content.decode()
+
+
+def test_inbox_queries_do_not_grow_with_handoffs(as_reviewer, team, bob):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    handed_off(team, by=Actor.for_user(bob))
+    with CaptureQueriesContext(connection) as one:
+        assert as_reviewer.get("/handoffs/").status_code == 200
+    for index in range(5):
+        handed_off(team, by=Actor.for_user(bob), title=f"more {index}")
+    with CaptureQueriesContext(connection) as six:
+        assert len(as_reviewer.get("/handoffs/").context["cards"]) == 6
+    assert len(six) == len(one)
