@@ -20,18 +20,16 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from console.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
+from console.static import StaticFiles  # noqa: E402
 from runs.api.routing import agent_websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # The embedded console serves its own static files (no CDN, no separate server);
         # behind a proxy in production, set SAFESTOP_SERVE_STATIC=0 and serve collectstatic's output.
-        "http": ASGIStaticFilesHandler(django_asgi_app)
-        if settings.SAFESTOP_SERVE_STATIC
-        else django_asgi_app,
+        "http": StaticFiles(django_asgi_app) if settings.SAFESTOP_SERVE_STATIC else django_asgi_app,
         "websocket": URLRouter([*agent_websocket_urlpatterns, *browser_websocket_urlpatterns]),
     }
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from django import forms
@@ -121,9 +121,15 @@ class RunFilterForm(forms.Form):
 
 
 def _aware(value: datetime | None) -> datetime | None:
+    """In UTC, or a validation error: a filter value goes into a query, and PostgreSQL refuses
+    a UTC offset past ±15:59 while Python cannot hold a moment before year 1 or after 9999."""
     if value is None:
         return None
-    return timezone.make_aware(value) if timezone.is_naive(value) else value
+    try:
+        aware = timezone.make_aware(value) if timezone.is_naive(value) else value
+        return aware.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise forms.ValidationError("This date is out of range.") from None
 
 
 class AuditFilterForm(forms.Form):
@@ -185,6 +191,8 @@ class QualityPeriodForm(forms.Form):
                 raise forms.ValidationError("A custom period needs both dates.")
             if since > until:
                 raise forms.ValidationError("The start date is after the end date.")
+            if until >= date.max:  # the window ends the day after `until`
+                raise forms.ValidationError(f"The end date must be before {date.max}.")
         return data
 
     def window(self) -> tuple[datetime, datetime, str]:

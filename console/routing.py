@@ -8,6 +8,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
+import console.converters  # noqa: F401  (registers <run_id:...>)
 from console.consumers import RunConsumer, TeamRunsConsumer
 
 
@@ -17,5 +18,5 @@ def browser_only(app: Any) -> Any:
 
 websocket_urlpatterns: list[Any] = [
     path("ws/runs/", browser_only(TeamRunsConsumer.as_asgi())),
-    path("ws/runs/<str:run_id>/", browser_only(RunConsumer.as_asgi())),
+    path("ws/runs/<run_id:run_id>/", browser_only(RunConsumer.as_asgi())),
 ]

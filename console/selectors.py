@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -17,6 +18,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from console.access import Access
+from console.converters import RunIdConverter
 from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
 from handoff.packets import interruption_packet
 from runs.access import ROLE_CAPABILITIES, Capability
@@ -69,14 +71,20 @@ def cursor_encode(created_at: datetime, run_id: str) -> str:
 
 
 def cursor_decode(value: str) -> tuple[datetime, str] | None:
-    """A tampered or stale cursor is ignored (first page), never a 500."""
+    """A tampered or stale cursor is ignored (first page), never a 500: its two parts go into a
+    query, so each must be what `cursor_encode` writes — an aware datetime PostgreSQL can
+    compare (an impossible date, a naive one or an offset past ±15:59 is not) and a run id
+    (a NUL byte is not)."""
     try:
         raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
         stamp, run_id = raw.split("|", 1)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        created_at = parse_datetime(stamp)  # ValueError: well formed but impossible
+        if created_at is None or timezone.is_naive(created_at):
+            return None
+        created_at = created_at.astimezone(UTC)  # OverflowError: past the calendar's ends
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         return None
-    created_at = parse_datetime(stamp)
-    if created_at is None or not run_id:
+    if not re.fullmatch(RunIdConverter.regex, run_id):
         return None
     return created_at, run_id
 

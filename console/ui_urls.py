@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
+import console.converters  # noqa: F401  (registers <run_id:...>)
 from console.views import (
     approvals,
     audit,
@@ -35,36 +36,36 @@ urlpatterns = [
     path("home/", needs_me.home, name="home"),
     path("needs-me/", needs_me.needs_me, name="needs_me"),
     path("runs/", RedirectView.as_view(pattern_name="console:runs", query_string=True)),
-    path("runs/<str:run_id>/", run.run_page, name="run"),
-    path("runs/<str:run_id>/stop/", run.run_stop, name="run_stop"),
-    path("runs/<str:run_id>/takeover/", run.run_takeover, name="run_takeover"),
-    path("runs/<str:run_id>/resume/", run.run_resume, name="run_resume"),
-    path("runs/<str:run_id>/close/", run.run_close, name="run_close"),
-    path("runs/<str:run_id>/steering/", run.steering_add, name="steering_add"),
+    path("runs/<run_id:run_id>/", run.run_page, name="run"),
+    path("runs/<run_id:run_id>/stop/", run.run_stop, name="run_stop"),
+    path("runs/<run_id:run_id>/takeover/", run.run_takeover, name="run_takeover"),
+    path("runs/<run_id:run_id>/resume/", run.run_resume, name="run_resume"),
+    path("runs/<run_id:run_id>/close/", run.run_close, name="run_close"),
+    path("runs/<run_id:run_id>/steering/", run.steering_add, name="steering_add"),
     path(
-        "runs/<str:run_id>/steering/<int:message_id>/decide/",
+        "runs/<run_id:run_id>/steering/<int:message_id>/decide/",
         run.steering_decide,
         name="steering_decide",
     ),
     path(
-        "runs/<str:run_id>/outbox/<int:item_id>/<str:decision>/",
+        "runs/<run_id:run_id>/outbox/<int:item_id>/<str:decision>/",
         run.outbox_decide,
         name="outbox_decide",
     ),
     path(
-        "runs/<str:run_id>/handoff/steering/<int:message_id>/decide/",
+        "runs/<run_id:run_id>/handoff/steering/<int:message_id>/decide/",
         handoffs.steering_decide,
         name="handoff_steering_decide",
     ),
     path(
-        "runs/<str:run_id>/packet/outbox/<int:item_id>/<str:decision>/",
+        "runs/<run_id:run_id>/packet/outbox/<int:item_id>/<str:decision>/",
         packets.outbox_decide,
         name="packet_outbox_decide",
     ),
-    path("runs/<str:run_id>/packet/", packets.packet_latest, name="packet_latest"),
-    path("runs/<str:run_id>/packets/<int:epoch>/", packets.packet_page, name="packet"),
-    path("runs/<str:run_id>/packets/<int:epoch>.json", packets.packet_json, name="packet_json"),
-    path("runs/<str:run_id>/resolve/", packets.resolve, name="resolve"),
+    path("runs/<run_id:run_id>/packet/", packets.packet_latest, name="packet_latest"),
+    path("runs/<run_id:run_id>/packets/<int:epoch>/", packets.packet_page, name="packet"),
+    path("runs/<run_id:run_id>/packets/<int:epoch>.json", packets.packet_json, name="packet_json"),
+    path("runs/<run_id:run_id>/resolve/", packets.resolve, name="resolve"),
     path("approvals/", approvals.inbox, name="approvals"),
     path("approvals/rules/", approvals.rules, name="approval_rules"),
     path("approvals/rules/<int:rule_id>/", approvals.rule_edit, name="approval_rule"),
