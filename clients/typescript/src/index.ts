@@ -50,7 +50,7 @@ export class SafestopClient extends WireClient {
 export { AgentRun, ToolCallRecord, outcomeOf, decisionFromApproval, decisionFromFrame } from "./run.js";
 export type { ApprovalDecision, LeaseOptions, LeaseOutcome, ToolCallContext, ToolCallOptions } from "./run.js";
 export { WireClient, errorFromAnswer, isNetworkError } from "./wire.js";
-export type { CreateRunInput, PermitRequest, WireClientOptions } from "./wire.js";
+export type { CreateRunInput, OutboxItem, OutboxRequest, PermitRequest, WireClientOptions } from "./wire.js";
 export {
   ApiError,
   ApprovalRejectedError,

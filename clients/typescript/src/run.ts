@@ -48,7 +48,7 @@ import type {
   WireEvent,
 } from "./types.js";
 import { retry, shortText } from "./util.js";
-import { isNetworkError, type WireClient } from "./wire.js";
+import { isNetworkError, type OutboxItem, type WireClient } from "./wire.js";
 
 // Facts are worth a few quick retries: the server accepts them even after a stop, and every
 // one carries a client id (event_id, tool_call_id), so a repeat is harmless.
@@ -725,6 +725,45 @@ export class AgentRun {
     if (this.isStop(error)) return `interrupted by stop (${this.stop?.reason ?? "stop"})`;
     if (error instanceof Error) return `${error.name}: ${error.message}`;
     return String(error);
+  }
+
+  // -- outbox --------------------------------------------------------------------------
+
+  /**
+   * Hand a side effect to the server to dispatch; refused after a stop (throws the stop). An
+   * item a reviewer must approve first answers `status: "awaiting_approval"` with its
+   * `approval`: the server dispatches it once approved and never otherwise
+   * (`run.waitForApproval(item.approval.id)` to know before going on).
+   */
+  async enqueueOutbox(
+    transport: "webhook" | "email",
+    destination: string,
+    payload: JsonValue,
+    options: { idempotencyKey?: string; toolCallId?: string; needsApproval?: boolean; summary?: string; risk?: Risk } = {},
+  ): Promise<OutboxItem> {
+    const { epoch } = this.requireLease();
+    this.throwIfStopped();
+    const key = options.idempotencyKey ?? `outbox_${randomUUID().replaceAll("-", "")}`;
+    try {
+      return await retry(
+        () =>
+          this.client.enqueueOutbox(this.runId, {
+            epoch,
+            transport,
+            destination,
+            payload,
+            idempotency_key: key,
+            tool_call_id: options.toolCallId,
+            needs_approval: options.needsApproval ? true : undefined,
+            summary: options.summary,
+            risk: options.risk,
+          }),
+        { attempts: 3, baseDelayMs: FACT_BASE_DELAY_MS, signal: this.signal, retryIf: isNetworkError },
+      );
+    } catch (error) {
+      if (error instanceof Refused) throw this.refused(error);
+      throw error;
+    }
   }
 
   // -- steps and events ----------------------------------------------------------------

@@ -62,6 +62,27 @@ export interface PermitRequest {
   arguments_schema?: JsonObject;
 }
 
+export interface OutboxRequest {
+  epoch: number;
+  transport: "webhook" | "email";
+  destination: string;
+  payload: JsonValue;
+  idempotency_key: string;
+  tool_call_id?: string;
+  needs_approval?: boolean;
+  summary?: string;
+  risk?: Risk;
+  arguments_schema?: JsonObject;
+}
+
+/** An outbox item; `status` is `awaiting_approval` (with `approval`) while a reviewer decides. */
+export interface OutboxItem {
+  id: string;
+  status: string;
+  idempotency_key: string;
+  approval?: ApprovalInfo;
+}
+
 export class WireClient {
   readonly baseUrl: string;
   readonly token: string;
@@ -128,6 +149,11 @@ export class WireClient {
 
   sendEvents(runId: string, epoch: number, events: WireEvent[]): Promise<EventsAnswer> {
     return this.request("POST", runPath(runId, "events/"), { epoch, events });
+  }
+
+  /** Hand a side effect to the server to dispatch; it may wait in `awaiting_approval` first. */
+  enqueueOutbox(runId: string, item: OutboxRequest): Promise<OutboxItem> {
+    return this.request("POST", runPath(runId, "outbox/"), dropUndefined({ ...item }));
   }
 
   /** The worker says it stopped; `epoch` is the lease's epoch, not the new stop epoch. */

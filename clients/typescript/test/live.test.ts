@@ -163,7 +163,7 @@ describe("a stop", () => {
     assert.deepEqual(states, { fetch_upstream: "failed", shell: "failed", wait: "failed" });
   });
 
-  test("a write in flight is reported unknown, never failed; a call that never began not_started", async () => {
+  test("a write in flight is reported unknown, never failed; so is a write that threw", async () => {
     const runId = await newRun("TS write in flight");
     let outcome: Awaited<ReturnType<SafestopClient["withLease"]>> | undefined;
     let writing = false;
@@ -216,6 +216,21 @@ describe("a stop", () => {
     assert.deepEqual(unconfirmed, ["charge", "deploy"]);
     const deployed = toolCallsIn(packet).find((c) => c["tool"] === "deploy");
     assert.equal(deployed?.["operation_id"], "deploy-77");
+  });
+
+  test("without the push socket the heartbeat still stops the work", async () => {
+    const runId = await newRun("TS heartbeat stop");
+    const run = await agent.lease(runId, "ts-worker", { push: false, heartbeatIntervalMs: 200 });
+    const waiting = settled(
+      run.toolCall("wait", {}, async (_args, call) => delay(30_000, undefined, { signal: call.signal })),
+    );
+    await delay(100);
+    await reviewer.cancel(runId, "user_stop", "heartbeat only");
+    assert.ok(run.isStop(await waiting));
+    assert.equal(run.stop?.via, "heartbeat");
+    assert.equal(run.stop?.reason, "user_stop");
+    await run.finish();
+    await runStatus(runId, "stopped_cleanly");
   });
 
   test("a stop while a call waits for approval: the stop, not a rejection; the body never runs", async () => {
@@ -327,6 +342,28 @@ describe("approvals", () => {
     assert.equal((await run.complete({ answer: "not deleted" })).status, "accepted");
     await run.finish();
     await runStatus(runId, "completed");
+  });
+
+  test("an outbox item held for a reviewer: waitForApproval hears the decision by push", async () => {
+    const runId = await newRun("TS outbox approval");
+    const run = await leased(runId, SLOW_POLL);
+    const item = await run.enqueueOutbox("webhook", "http://127.0.0.1:9/hook", { text: "hello" }, {
+      needsApproval: true,
+      summary: "tell the customer",
+      risk: "medium",
+    });
+    assert.equal(item.status, "awaiting_approval");
+    const approvalId = item.approval?.id ?? "";
+    const decided = run.waitForApproval(approvalId);
+    await reviewer.decideApproval(approvalId, "reject", { message: "wrong customer" });
+    const decision = await decided;
+    assert.equal(decision.status, "rejected");
+    assert.equal(decision.message, "wrong customer");
+    await reviewer.cancel(runId, "user_stop", "done here");
+    await waitFor(async () => (run.stopped ? true : undefined), "the stop");
+    await assert.rejects(run.enqueueOutbox("webhook", "http://127.0.0.1:9/hook", {}), RunStoppedError);
+    await run.finish();
+    await runStatus(runId, "stopped_cleanly");
   });
 });
 

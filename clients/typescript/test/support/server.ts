@@ -51,7 +51,12 @@ export async function startServer(): Promise<LiveServer> {
   const python = process.env["SAFESTOP_PYTHON"] ?? join(repo, ".venv", "bin", "python");
   if (!existsSync(python)) throw new Error(`no Python at ${python}: run 'make install' (or set SAFESTOP_PYTHON)`);
   const scratch = mkdtempSync(join(tmpdir(), "safestop-ts-"));
-  const env: NodeJS.ProcessEnv = { ...process.env, SAFESTOP_SQLITE_PATH: join(scratch, "db.sqlite3") };
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    SAFESTOP_SQLITE_PATH: join(scratch, "db.sqlite3"),
+    // The outbox test's webhook: allowed, but only ever held for a reviewer who rejects it.
+    SAFESTOP_WEBHOOK_ALLOWED_HOSTS: "127.0.0.1:9",
+  };
   delete env["DATABASE_URL"];
   delete env["REDIS_URL"];
   const port = await freePort();
