@@ -816,7 +816,10 @@ export class AgentRun {
   flush(): Promise<void> {
     clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
-    this.flushing = this.flushing.then(() => this.sendQueued());
+    // The chain never rejects: one failed batch must not stop the ones after it.
+    this.flushing = this.flushing
+      .then(() => this.sendQueued())
+      .catch((error: unknown) => this.logger.warn(`safestop: events not sent on ${this.runId}: ${String(error)}`));
     return this.flushing;
   }
 

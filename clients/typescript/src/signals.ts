@@ -149,7 +149,14 @@ export class PushListener {
     if (this.stopped) return;
     const openedAt = Date.now();
     const { headers } = this.options;
-    const socket = new WebSocket(this.options.url, { headers, handshakeTimeout: 10_000 });
+    let socket: WebSocket;
+    try {
+      socket = new WebSocket(this.options.url, { headers, handshakeTimeout: 10_000 });
+    } catch (error) {
+      // A malformed address cannot get better by retrying; the heartbeat still works.
+      this.options.logger.warn(`safestop push disabled: ${String(error)}; relying on heartbeats`);
+      return;
+    }
     this.socket = socket;
     let refusedFor: number | undefined;
     socket.on("open", () => {
