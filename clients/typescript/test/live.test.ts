@@ -344,6 +344,26 @@ describe("approvals", () => {
     await runStatus(runId, "completed");
   });
 
+  test("without the push socket the approval's GET is the fallback", async () => {
+    const runId = await newRun("TS approval by polling");
+    const run = await agent.lease(runId, "ts-worker", { push: false, approvalPollIntervalMs: 200 });
+    const call = settled(
+      run.toolCall("send_invoice", { to: "a@example.com" }, (args) => `sent to ${args.to}`, {
+        sideEffect: "write",
+        needsApproval: true,
+        summary: "send the invoice",
+        risk: "low",
+      }),
+    );
+    const approval = await waitingApproval(runId);
+    await reviewer.decideApproval(approval.id, "approve", { arguments: { to: "billing@example.com" } });
+    assert.equal(await call, "sent to billing@example.com");
+    assert.equal(run.toolCalls[0]?.executionState, "succeeded");
+    await run.complete(null);
+    await run.finish();
+    await runStatus(runId, "completed");
+  });
+
   test("an outbox item held for a reviewer: waitForApproval hears the decision by push", async () => {
     const runId = await newRun("TS outbox approval");
     const run = await leased(runId, SLOW_POLL);
