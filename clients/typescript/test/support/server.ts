@@ -5,7 +5,7 @@
  */
 
 import { spawn, execFile, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
+import { copyFileSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -81,6 +81,12 @@ export async function startServer(): Promise<LiveServer> {
       const killer = setTimeout(() => server.kill("SIGKILL"), 8000);
       await exit;
       clearTimeout(killer);
+    }
+    // Kept for a look after a failure: clients/typescript/dist/test-server.log.
+    try {
+      copyFileSync(logPath, join(dirname(fileURLToPath(import.meta.url)), "..", "..", "test-server.log"));
+    } catch {
+      // no log to keep
     }
     rmSync(scratch, { recursive: true, force: true });
   };
