@@ -8,6 +8,7 @@ import binascii
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -255,6 +256,11 @@ class RunDetail:
     def latest_packet_epoch(self) -> int | None:
         return self.packets[0]["stop_epoch"] if self.packets else None
 
+    @cached_property
+    def stop_history(self) -> StopHistory | None:
+        """The latest stop as it happened, if it settled dirty: queried only where it is shown."""
+        return stop_history(stop_request=self.stop_request) if self.stop_request else None
+
 
 def _latest_steps(run: Run, window: int | None) -> tuple[list[Step], int]:
     if window is None:
@@ -413,6 +419,16 @@ class PacketView:
     @property
     def artifacts_total(self) -> int:
         return len(self.snap.get("artifacts", []))
+
+    @cached_property
+    def stop_history(self) -> StopHistory | None:
+        """This packet's stop as it happened, if it settled dirty, and what came after it."""
+        if self.packet is None:
+            return None
+        stop_request = StopRequest.objects.filter(
+            run_id=self.packet.run_id, epoch_after=self.packet.stop_epoch
+        ).first()
+        return stop_history(stop_request=stop_request) if stop_request else None
 
     @property
     def windowed(self) -> bool:
@@ -585,6 +601,44 @@ def stop_packet_epochs(*, run: Run) -> list[int]:
         StopPacket.objects.filter(run=run)
         .order_by("-stop_epoch")
         .values_list("stop_epoch", flat=True)
+    )
+
+
+@dataclass
+class StopHistory:
+    """A stop that settled dirty, as it happened, then what came after it: each resolution of
+    its unknowns and the moment the run became clean. The StopRequest's `outcome_state` follows
+    the run to clean when the last unknown goes, while its `dirty_reasons` stay as they were at
+    the settle: the pages read the reasons to say how the stop ended."""
+
+    stop_request: StopRequest
+    resolutions: list[Resolution]
+    cleaned: LedgerEntry | None  # run.stopped_cleanly after the dirty settle, if it came
+
+
+def stop_history(*, stop_request: StopRequest) -> StopHistory | None:
+    """None unless the stop settled dirty; else three queries (the next stop bounds the window,
+    so an older packet's history is its own)."""
+    if not stop_request.dirty_reasons or stop_request.stopped_at is None:
+        return None
+    run_id = stop_request.run_id
+    until = (
+        StopRequest.objects.filter(run_id=run_id, epoch_after__gt=stop_request.epoch_after)
+        .order_by("epoch_after")
+        .values_list("requested_at", flat=True)
+        .first()
+    )
+    resolutions = Resolution.objects.filter(run_id=run_id, at__gte=stop_request.stopped_at)
+    cleaned = LedgerEntry.objects.filter(
+        run_id=run_id, action="run.stopped_cleanly", at__gte=stop_request.stopped_at
+    )
+    if until is not None:
+        resolutions = resolutions.filter(at__lt=until)
+        cleaned = cleaned.filter(at__lt=until)
+    return StopHistory(
+        stop_request=stop_request,
+        resolutions=list(resolutions.order_by("at", "pk")),
+        cleaned=cleaned.order_by("run_seq").first(),
     )
 
 
