@@ -21,12 +21,12 @@ from runs.models import (
 from runs.services import BulkFilter
 
 # Reasons a person picks when pressing Stop. manual_takeover is the Take over button;
-# lease_expired and drain_deadline are the system's own and never chosen by hand.
+# budget_exhausted and timeout are the budget enforcer's (and an agent token's), lease_expired and
+# drain_deadline the system's own: none is offered to a person. The server's rules are
+# `runs.access.stop_reason_refusal`; this list is only what the console offers.
 HUMAN_STOP_REASONS = [
     (StopReason.USER_STOP.value, "User stop"),
     (StopReason.DEPENDENCY_FAILURE.value, "Dependency failure"),
-    (StopReason.BUDGET_EXHAUSTED.value, "Budget exhausted"),
-    (StopReason.TIMEOUT.value, "Timeout"),
 ]
 ADMIN_STOP_REASONS = [(StopReason.ADMIN_KILL.value, "Admin kill (admins only)")]
 

@@ -44,6 +44,7 @@ from runs.models import (
     SteeringMessage,
     SteeringStatus,
     Step,
+    StepStatus,
     StopRequest,
     Team,
     is_unconfirmed_side_effect,
@@ -419,6 +420,51 @@ class PacketView:
     @property
     def artifacts_total(self) -> int:
         return len(self.snap.get("artifacts", []))
+
+    @property
+    def unfinished_steps(self) -> list[dict[str, Any]]:
+        """Steps that had started and not completed at the stop."""
+        return [
+            step
+            for step in self.snap.get("pending_steps", [])
+            if step.get("status") != StepStatus.PLANNED
+        ]
+
+    @property
+    def unstarted_steps(self) -> list[dict[str, Any]]:
+        """Planned steps that never started: nothing of them was left half done."""
+        return [
+            step
+            for step in self.snap.get("pending_steps", [])
+            if step.get("status") == StepStatus.PLANNED
+        ]
+
+    @property
+    def reported_after_stop(self) -> list[dict[str, Any]]:
+        """Every fact the worker reported after the stop, from the whole snapshot: the outcomes
+        kept instead of applied (a completion that lost the race), then each completed step and
+        each tool call the packet tags "after stop"."""
+        facts = [
+            {"what": f"{report.get('type')} at epoch {report.get('epoch')}", "at": report.get("at")}
+            for report in self.snap.get("reported_after_stop", [])
+        ]
+        facts += [
+            {
+                "what": f"step {step['seq']} {step.get('name') or step['key']} completed",
+                "at": step.get("finished_at"),
+            }
+            for step in self.snap.get("completed_steps", [])
+            if step.get("reported_after_stop")
+        ]
+        facts += [
+            {
+                "what": f"tool call {call['tool_call_id']} ({call['tool']}) {call['execution_state']}",
+                "at": call.get("last_observed_at"),
+            }
+            for call in self.snap.get("tool_calls", [])
+            if call.get("reported_after_stop")
+        ]
+        return facts
 
     @cached_property
     def stop_history(self) -> StopHistory | None:
