@@ -8,8 +8,8 @@ import binascii
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from django.contrib.auth import get_user_model
