@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, require, visible_teams
@@ -24,6 +25,7 @@ from runs.models import Role, Team
 from runs.tokens import api_token_create, api_token_revoke
 
 TEMPLATE = "console/tokens.html"
+NEW_TOKEN_KEY = "console.new_token"
 
 
 def _admin_teams(request: HtmxHttpRequest) -> list[Team]:
@@ -43,7 +45,25 @@ def tokens(request: HtmxHttpRequest) -> HttpResponse:
     teams = _admin_teams(request)
     choices = [(team.slug, team.slug) for team in teams]
     if request.method != "POST":
-        return page(request, TEMPLATE, _context(teams, TokenCreateForm(teams=choices)))
+        # The token made by the POST before this redirect: shown on this one page, then gone.
+        shown = request.session.pop(NEW_TOKEN_KEY, None)
+        new_token = None
+        if isinstance(shown, dict):
+            new_token = next(
+                (token for token in api_tokens_of(teams=teams) if token.pk == shown.get("id")),
+                None,
+            )
+        if new_token is None:
+            return page(request, TEMPLATE, _context(teams, TokenCreateForm(teams=choices)))
+        response = page(
+            request,
+            TEMPLATE,
+            _context(
+                teams, TokenCreateForm(teams=choices), new_token=new_token, raw_token=shown["raw"]
+            ),
+        )
+        add_never_cache_headers(response)  # Back must not bring the secret out of a cache
+        return response
     form = TokenCreateForm(request.POST, teams=choices)
     if not form.is_valid():
         return page(
@@ -62,12 +82,10 @@ def tokens(request: HtmxHttpRequest) -> HttpResponse:
         return page(
             request, TEMPLATE, _context(teams, form, create_error=error_text(exc)), status=400
         )
-    # The raw token exists only in this response: it is rendered once, never stored or redirected.
-    return page(
-        request,
-        TEMPLATE,
-        _context(teams, TokenCreateForm(teams=choices), new_token=token, raw_token=raw),
-    )
+    # Post/redirect/get, so a refresh does not post again. The raw token never goes into a URL:
+    # it waits in the session for the one page that shows it, which takes it out.
+    request.session[NEW_TOKEN_KEY] = {"id": token.pk, "raw": raw}
+    return HttpResponseRedirect(reverse("console:tokens"))
 
 
 @login_required

@@ -120,12 +120,24 @@ def test_stop_quality_custom_period_and_team(as_viewer, team):
 def test_tokens_page_creates_a_token_shown_once_and_revokes(as_admin, as_reviewer, team):
     assert as_reviewer.get("/tokens/").status_code == 403
     created = as_admin.post("/tokens/", {"team": "acme", "name": "report-bot", "role": "agent"})
-    body = created.content.decode()
-    assert created.status_code == 200 and "Copy this token now" in body
+    # Post/redirect/get: refreshing the page that shows the token never posts the form again.
+    assert created.status_code == 302 and created["Location"] == "/tokens/"
+    shown = as_admin.get(created["Location"])
+    body = shown.content.decode()
+    assert shown.status_code == 200 and "Copy this token now" in body
     token = ApiToken.objects.get(name="report-bot")
-    raw = created.context["raw_token"]
+    raw = shown.context["raw_token"]
     assert raw.startswith("ss_") and raw in body and token.token_hash != raw
-    assert raw not in as_admin.get("/tokens/").content.decode()  # never shown again
+    assert "no-store" in shown["Cache-Control"]
+    # Never in a URL, and out of the session once shown: a refresh shows the list only.
+    assert raw not in created["Location"]
+    assert not any(raw in str(value) for value in as_admin.session.values())
+    refreshed = as_admin.get("/tokens/")
+    assert (
+        raw not in refreshed.content.decode()
+        and "Copy this token now" not in refreshed.content.decode()
+    )
+    assert ApiToken.objects.filter(name="report-bot").count() == 1
     duplicate = as_admin.post("/tokens/", {"team": "acme", "name": "report-bot", "role": "agent"})
     assert duplicate.status_code == 400 and "already has a token" in duplicate.content.decode()
     as_admin.post(f"/tokens/{token.pk}/revoke/")
