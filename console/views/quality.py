@@ -29,8 +29,12 @@ def quality(request: HtmxHttpRequest) -> HttpResponse:
         team_ids = [chosen.pk]
     figures = stop_quality(since=since, until=until, team_ids=team_ids)
     series = quality_series(since=since, until=until, team_ids=team_ids)
+    asked = request.GET
     context = {
         "form": form,
+        # From/To show only for a custom period (dates without a period are one too).
+        "custom_period": asked.get("period") == "custom"
+        or (not asked.get("period") and bool(asked.get("since") and asked.get("until"))),
         "figures": figures,
         "series": series,
         "since": since,

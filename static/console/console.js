@@ -402,6 +402,23 @@
     }
   });
 
+  // A select that reveals fields for one of its values (the quality page: From and To only for
+  // "Custom"). Hidden fields are disabled too, so a preset never travels with stale dates. In the
+  // capture phase, before htmx's own listener sends the form on the same change; choosing the
+  // revealing value sends nothing (the fields it shows are empty: the person fills them first).
+  document.addEventListener("change", function (evt) {
+    var select = evt.target;
+    if (!select.matches || !select.matches("select[data-reveals]")) return;
+    var show = select.value === select.dataset.revealsWhen;
+    var boxes = document.querySelectorAll(select.dataset.reveals);
+    for (var i = 0; i < boxes.length; i++) {
+      boxes[i].hidden = !show;
+      var fields = boxes[i].querySelectorAll("input, select, textarea");
+      for (var j = 0; j < fields.length; j++) fields[j].disabled = !show;
+    }
+    if (show) evt.stopPropagation();
+  }, true);
+
   // A refused or failed request is said out loud, not silently dropped.
   function toast(text) {
     var box = document.getElementById("toast");

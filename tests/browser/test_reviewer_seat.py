@@ -151,3 +151,28 @@ def test_a_stop_that_did_not_reach_the_server_says_so_and_can_be_sent_again(
     expect(page.locator("#run-actions .send-failed")).to_have_count(0)
     assert StopRequest.objects.filter(run_id=run_id).count() == 1
     assert Run.objects.get(pk=run_id).status != RunStatus.RUNNING
+
+def test_the_quality_page_shows_from_and_to_only_for_a_custom_period(
+    page: Page, live_stack, bob
+) -> None:
+    errors = collect_errors(page)
+    login(page, live_stack.url, "bob")
+    page.goto(f"{live_stack.url}/quality/")
+    since, until = page.locator("#q-since"), page.locator("#q-until")
+    expect(since).to_be_hidden()
+    expect(until).to_be_hidden()
+    page.locator("#q-period").select_option("custom")
+    expect(since).to_be_visible()
+    since.fill("2026-11-01")
+    until.fill("2026-11-03")
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator(".period-line")).to_contain_text("2026-11-01 – 2026-11-03")
+    # Back to a preset: the dates hide and do not travel with it.
+    page.locator("#q-period").select_option("30d")
+    expect(since).to_be_hidden()
+    expect(page.locator(".period-line")).to_contain_text("Last 30 days", timeout=LIVE_TIMEOUT)
+    expect(page).not_to_have_url(re.compile("since="))
+    page.reload()
+    expect(page.locator("#q-since")).to_be_hidden()
+    assert not errors, errors
+
