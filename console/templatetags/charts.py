@@ -71,38 +71,55 @@ def _time_label(moment: datetime, bucket: str) -> str:
 
 @register.simple_tag
 def stacked_bars(
-    series: list[tuple[datetime, int, int]], bucket: str = "day", height: int = 130
+    series: list[tuple[datetime, int, int]], bucket: str = "day", height: int = 110
 ) -> SafeString:
-    """Stops per bucket: stopped cleanly (bottom) and stopped dirty (top, red)."""
+    """Stops per bucket: stopped cleanly (bottom) and stopped dirty (top, red).
+
+    This chart spans the page, so its SVG stretches to the width it gets
+    (preserveAspectRatio="none"), and its axis labels are HTML beside and under it, at the page's
+    own small size: text inside a scaled viewBox grows with the page (22 px at 1280 px)."""
     top = _nice_max(max((clean + dirty for _t, clean, dirty in series), default=0))
-    base = height - PAD_BOTTOM
-    span = base - PAD_TOP
-    body = _axis(height, top)
-    count = max(len(series), 1)
-    slot = (WIDTH - PAD_LEFT) / count
+    slot = WIDTH / max(len(series), 1)
     bar = max(1.0, slot * 0.7)
+    fixed = 'vector-effect="non-scaling-stroke"'
+    body = [
+        f'<line class="chart__grid" x1="0" x2="{WIDTH}" y1="0.5" y2="0.5" {fixed}/>',
+        f'<line class="chart__grid" x1="0" x2="{WIDTH}" y1="{height / 2}" y2="{height / 2}" {fixed}/>',
+        f'<line class="chart__axis" x1="0" x2="{WIDTH}" y1="{height - 0.5}" y2="{height - 0.5}" {fixed}/>',
+    ]
     for index, (moment, clean, dirty) in enumerate(series):
-        x = PAD_LEFT + index * slot + (slot - bar) / 2
-        clean_h = span * clean / top
-        dirty_h = span * dirty / top
+        x = index * slot + (slot - bar) / 2
+        clean_h = height * clean / top
+        dirty_h = height * dirty / top
         title = f"{_time_label(moment, bucket)}: {clean} stopped cleanly, {dirty} stopped dirty"
         body.append(f"<g><title>{escape(title)}</title>")
         if clean:
             body.append(
-                f'<rect class="chart__bar chart__bar--clean" x="{x:.1f}" y="{base - clean_h:.1f}" '
+                f'<rect class="chart__bar chart__bar--clean" x="{x:.1f}" y="{height - clean_h:.1f}" '
                 f'width="{bar:.1f}" height="{clean_h:.1f}"/>'
             )
         if dirty:
             body.append(
-                f'<rect class="chart__bar chart__bar--dirty" x="{x:.1f}" y="{base - clean_h - dirty_h:.1f}" '
-                f'width="{bar:.1f}" height="{dirty_h:.1f}"/>'
+                f'<rect class="chart__bar chart__bar--dirty" x="{x:.1f}" '
+                f'y="{height - clean_h - dirty_h:.1f}" width="{bar:.1f}" height="{dirty_h:.1f}"/>'
             )
         body.append("</g>")
-    body.extend(_x_labels(series, bucket, slot, height))
     total_clean = sum(clean for _t, clean, _d in series)
     total_dirty = sum(dirty for _t, _c, dirty in series)
     label = f"Stops per {bucket}: {total_clean} stopped cleanly and {total_dirty} stopped dirty in the period"
-    return _frame(height, label, body)
+    picks = sorted({0, len(series) // 2, len(series) - 1}) if series else []
+    x_labels = "".join(
+        f"<span>{escape(_time_label(series[index][0], bucket))}</span>" for index in picks
+    )
+    return mark_safe(
+        '<div class="chart-frame">'
+        f'<div class="chart-axis chart-axis--y" aria-hidden="true"><span>{top}</span>'
+        f"<span>{top // 2}</span><span>0</span></div>"
+        f'<svg class="chart chart--stretch" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="{escape(label)}" preserveAspectRatio="none">' + "".join(body) + "</svg>"
+        f'<div class="chart-axis chart-axis--x" aria-hidden="true">{x_labels}</div>'
+        "</div>"
+    )
 
 
 def _x_labels(

@@ -152,6 +152,7 @@ def test_a_stop_that_did_not_reach_the_server_says_so_and_can_be_sent_again(
     assert StopRequest.objects.filter(run_id=run_id).count() == 1
     assert Run.objects.get(pk=run_id).status != RunStatus.RUNNING
 
+
 def test_the_quality_page_shows_from_and_to_only_for_a_custom_period(
     page: Page, live_stack, bob
 ) -> None:
@@ -176,3 +177,16 @@ def test_the_quality_page_shows_from_and_to_only_for_a_custom_period(
     expect(page.locator("#q-since")).to_be_hidden()
     assert not errors, errors
 
+
+def test_the_stops_per_day_chart_labels_are_the_page_s_small_text(
+    page: Page, live_stack, bob
+) -> None:
+    login(page, live_stack.url, "bob")
+    page.goto(f"{live_stack.url}/quality/")
+    heights = page.evaluate(
+        """() => Array.from(document.querySelectorAll(
+            '[aria-labelledby="fig-outcomes"] .chart__tick, [aria-labelledby="fig-outcomes"] .chart-axis span'
+        )).map(el => el.getBoundingClientRect().height)"""
+    )
+    assert len(heights) >= 4, heights  # 3 values up the side, dates along the bottom
+    assert max(heights) <= 16, heights  # was 22 px: SVG text scaled with a page-wide chart
