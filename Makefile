@@ -6,7 +6,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 REDIS ?= redis://127.0.0.1:6379/0
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast lint migrations-check bench services chromium clean ts-client node
+.PHONY: install run test test-fast lint migrations-check bench services chromium clean ts-client node axe
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ chromium:
 node:
 	bash scripts/ensure-node.sh
 
+# axe-core for the browser tests' accessibility check (tests/browser/test_accessibility.py),
+# from the committed lockfile; served to the page from node_modules, never from a CDN.
+axe: node
+	cd tests/browser && npm ci --no-audit --no-fund --loglevel=error
+
 # The TypeScript client (clients/typescript, `@safestop/agent`): dependencies from its lockfile,
 # a strict `tsc` build, then Node's test runner against a live server the tests start (about
 # 20 s). The runner's summary lines (`# tests`, `# pass`, `# fail`, ...) end the output.
@@ -43,7 +48,7 @@ ts-client: install node
 PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
-test: install services chromium
+test: install services chromium axe
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client

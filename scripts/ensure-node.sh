@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The TypeScript client (clients/typescript) is built and tested with Node 20+ and npm.
+# The TypeScript client (clients/typescript) is built and tested with Node 20+ and npm; the
+# browser tests install axe-core with npm (`make axe`).
 # Installs them with apt if missing; fails loudly if it cannot, or if apt's Node is too old.
 set -eu
 NEED_MAJOR=20

@@ -207,8 +207,9 @@ def histogram(buckets: list[tuple[str, int]], height: int = 150) -> SafeString:
 
 
 @register.simple_tag
-def meter(rate: float | None, good_above: float = 0.9) -> SafeString:
-    """A horizontal bar for a share (0..1); None draws an empty, labelled track."""
+def meter(rate: float | None, good_above: float = 0.9, labelledby: str = "") -> SafeString:
+    """A horizontal bar for a share (0..1); None draws an empty, labelled track. `labelledby`:
+    the id of the figure's title, which names the meter for assistive technology."""
     if rate is None:
         return format_html(
             '<div class="meter meter--empty" role="img" aria-label="no data">'
@@ -216,9 +217,12 @@ def meter(rate: float | None, good_above: float = 0.9) -> SafeString:
         )
     tone = "ok" if rate >= good_above else ("warn" if rate >= good_above / 2 else "bad")
     return format_html(
-        '<div class="meter meter--{}" role="meter" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}">'
+        '<div class="meter meter--{}" role="meter" aria-valuemin="0" aria-valuemax="100" '
+        'aria-valuenow="{}" aria-valuetext="{}%"{}>'
         '<span class="meter__fill" style="width: {}%"></span></div>',
         tone,
         round(rate * 100),
+        round(rate * 100),
+        format_html(' aria-labelledby="{}"', labelledby) if labelledby else "",
         f"{rate * 100:.1f}",
     )

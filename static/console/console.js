@@ -487,6 +487,34 @@
     toast("The server could not be reached: that request was not sent.");
   });
 
+  // After an action that changes the run's state (Stop), focus goes to the new status rather
+  // than to the page body (the form that held it was swapped out): a keyboard or screen-reader
+  // user hears what happened and continues from there. Once, for that request's own swap.
+  var focusAfter = null;
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    var elt = evt.detail && evt.detail.elt;
+    if (elt && elt.dataset && elt.dataset.focusAfter) focusAfter = elt.dataset.focusAfter;
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    if (!focusAfter) return;
+    var target = document.querySelector(focusAfter);
+    focusAfter = null;
+    if (target) target.focus();
+  });
+  document.addEventListener("htmx:sendError", function () { focusAfter = null; });
+
+  // Escape closes the confirmation (Stop…, Take over…, Close…) that holds the focus, and puts
+  // the focus back on the button that opened it, as a dialog would.
+  document.addEventListener("keydown", function (evt) {
+    if (evt.key !== "Escape" || !evt.target.closest) return;
+    var open = evt.target.closest("details[open]");
+    if (!open) return;
+    evt.preventDefault();
+    open.open = false;
+    var summary = open.querySelector("summary");
+    if (summary) summary.focus();
+  });
+
   // A printed stop packet carries its raw JSON too.
   window.addEventListener("beforeprint", function () {
     var raw = document.querySelectorAll("details.raw-json");
