@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Exists, F, Func, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models import Count, F, Func, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import Coalesce, TruncDay, TruncHour
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -962,20 +962,8 @@ def _count(queryset: QuerySet[Any]) -> Subquery:
     return Subquery(queryset.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n"))
 
 
-def _has_unknowns() -> Q:
-    """A run with a side effect nobody has confirmed: `runs.services.run_dirty_reasons`, as a
-    filter (an interrupted run with one needs a person, like a dirty stop)."""
-    return Q(
-        Exists(ExecutionRecord.objects.filter(UNCONFIRMED_SIDE_EFFECT, run=OuterRef("pk")))
-        | Exists(OutboxItem.objects.unconfirmed().filter(run=OuterRef("pk")))
-        | Exists(Lease.objects.filter(run=OuterRef("pk"), fenced_unconfirmed=True))
-    )
-
-
 def _needs_runs(team_ids: list[int] | None) -> QuerySet[Run]:
-    runs = Run.objects.filter(
-        Q(status=RunStatus.STOPPED_DIRTY) | Q(Q(status=RunStatus.INTERRUPTED) & _has_unknowns())
-    )
+    runs = Run.objects.filter(needs_resolution_q())
     return runs if team_ids is None else runs.filter(team_id__in=team_ids)
 
 
