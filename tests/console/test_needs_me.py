@@ -170,3 +170,13 @@ def test_a_viewer_lands_on_the_runs_page(client, charlie, team):
     stopped_dirty(team)
     client.force_login(charlie)
     assert client.get("/home/")["Location"] == "/"
+
+
+def test_a_user_of_no_team_sees_nothing_and_counts_zero(client, team, django_user_model):
+    stopped_dirty(team)
+    waiting(team)
+    client.force_login(django_user_model.objects.create_user("loner", password="pw-loner"))
+    response = client.get("/needs-me/")
+    assert response.status_code == 200 and response.context["items"] == []
+    assert 'id="nav-approvals-count" class="nav-count is-zero" >0<' in response.content.decode()
+    assert client.get("/home/")["Location"] == "/"
