@@ -501,7 +501,9 @@
     focusAfter = null;
     if (target) target.focus();
   });
+  // A request that got no swap (unreachable server, an error status) moves no focus later.
   document.addEventListener("htmx:sendError", function () { focusAfter = null; });
+  document.addEventListener("htmx:responseError", function () { focusAfter = null; });
 
   // Escape closes the confirmation (Stop…, Take over…, Close…) that holds the focus, and puts
   // the focus back on the button that opened it, as a dialog would.
