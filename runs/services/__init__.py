@@ -58,6 +58,7 @@ from runs.services.bulk import (
     bulk_stop,
     bulk_stop_limit,
     bulk_stop_preview,
+    bulk_stop_workers,
 )
 from runs.services.create import (
     PlannedStep,
@@ -127,6 +128,7 @@ __all__ = [
     "bulk_stop",
     "bulk_stop_limit",
     "bulk_stop_preview",
+    "bulk_stop_workers",
     "APPROVAL_RULE_FIELDS",
     "approval_rule_create",
     "approval_rule_delete",

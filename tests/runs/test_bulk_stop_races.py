@@ -13,7 +13,7 @@ from django.db import connection
 
 from runs import services
 from runs.actors import Actor
-from runs.models import ExecutionRecord, RunStatus, StopRequest
+from runs.models import ExecutionRecord, LedgerEntry, RunStatus, StopRequest
 from runs.services import BulkFilter, lifecycle
 from tests.runs.factories import make_running, reload
 
@@ -47,7 +47,9 @@ def _on_own_connection(call: Any) -> Any:
     return answer["value"]
 
 
-def test_a_bulk_stop_never_holds_one_lock_across_runs(team, monkeypatch):
+def test_a_bulk_stop_never_holds_one_lock_across_runs(team, monkeypatch, settings):
+    # One run at a time, so "while A's stop is written" has a B not yet stopped.
+    settings.SAFESTOP_BULK_STOP_WORKERS = 1
     run_a, lease_a = make_running(team)
     run_b, lease_b = make_running(team)
     seen: dict[str, Any] = {}
@@ -94,3 +96,25 @@ def test_a_bulk_stop_never_holds_one_lock_across_runs(team, monkeypatch):
     assert ExecutionRecord.objects.get(run=run_b, tool_call_id="b-call").cancel_requested
     assert {result.outcome for result in answer.results} == {"stopped"}
     assert StopRequest.objects.filter(run__in=[run_a, run_b]).count() == 2
+
+
+def test_runs_stopped_a_few_at_a_time_each_get_their_own_stop(team, settings):
+    settings.SAFESTOP_BULK_STOP_WORKERS = 4
+    runs = [make_running(team)[0] for _ in range(20)]
+    answer = services.bulk_stop(
+        actor=REVIEWER, team_ids=[team.pk], filter=BulkFilter(status="running"), reason="user_stop"
+    )
+    assert answer.bulk.counts == {"stopped": 20}
+    saved = {
+        result.run_id: (result.outcome, result.stop_request_id)
+        for result in answer.bulk.results.all()
+    }
+    assert set(saved) == {run.pk for run in runs}
+    for run in runs:
+        stop_request = StopRequest.objects.get(run=run)
+        assert saved[run.pk] == ("stopped", stop_request.pk)
+        assert reload(run).status == RunStatus.CANCEL_REQUESTED
+        assert (
+            LedgerEntry.objects.get(run=run, action="run.stop_requested").payload["bulk_id"]
+            == answer.bulk.bulk_id
+        )
