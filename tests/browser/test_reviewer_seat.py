@@ -135,10 +135,17 @@ def test_a_stop_that_did_not_reach_the_server_says_so_and_can_be_sent_again(
     login(page, live_stack.url, "bob")
     page.goto(f"{live_stack.url}/runs/{run_id}/")
     wait_live(page)
-    page.route("**/stop/", lambda route: route.abort("connectionrefused"))
+    # A proxy answering 502: the page cannot know whether the stop was recorded, and says so.
+    page.route("**/stop/", lambda route: route.fulfill(status=502, body="Bad gateway"))
     page.get_by_test_id("stop-open").click()
     page.get_by_test_id("stop-confirm").click()
     failed = page.locator("#run-actions .send-failed")
+    expect(failed).to_contain_text("may not have been recorded", timeout=LIVE_TIMEOUT)
+    expect(failed).to_contain_text("502")
+    # The connection itself fails on the retry: nothing was sent, and the page says exactly that.
+    page.unroute("**/stop/")
+    page.route("**/stop/", lambda route: route.abort("connectionrefused"))
+    failed.get_by_role("button", name="Retry stop").click()
     expect(failed).to_contain_text("Stop not sent", timeout=LIVE_TIMEOUT)
     expect(failed).to_contain_text("the run has not been told to stop")
     expect(page.locator("body")).not_to_contain_text("Retrying when it is back")
