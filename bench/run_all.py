@@ -1,7 +1,7 @@
 """`make bench`: every benchmark against a real stack, then one table.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,pages,approvals,fanout] \\
+        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,pages,approvals,bulk,fanout] \\
         [--keep-db]
 
 1. (re)creates a dedicated database (`BENCH_DB_NAME`, default `safestop_bench`) next to the
@@ -47,7 +47,7 @@ from bench.common import (  # noqa: E402
     with_redis_db,
 )
 
-SECTIONS = ("stop", "ingest", "pages", "approvals", "fanout")
+SECTIONS = ("stop", "ingest", "pages", "approvals", "bulk", "fanout")
 
 
 def _environment(args: argparse.Namespace) -> tuple[str, str, str, dict[str, str]]:
@@ -230,6 +230,13 @@ def main() -> None:
 
             section_rows, sections["approvals"] = _run_section(
                 "approvals", lambda: bench_approvals.run(stack)
+            )
+            rows += section_rows
+        if "bulk" in only:
+            from bench import bench_bulk_stop
+
+            section_rows, sections["bulk"] = _run_section(
+                "bulk stop (1,000 running runs)", lambda: bench_bulk_stop.run(stack)
             )
             rows += section_rows
         if "stop" in only or "fanout" in only:
