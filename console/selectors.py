@@ -902,18 +902,24 @@ def quality_series(
     labels = [_bucket_label(upper, 0) for upper in LATENCY_BUCKETS_MS] + [
         _bucket_label(None, LATENCY_BUCKETS_MS[-1])
     ]
+    # As the stop ended (handoff.selectors.stop_quality): resolving a dirty stop later does not
+    # turn it clean here.
+    ended_dirty = Q(stopped_at__isnull=False) & (
+        ~Q(dirty_reasons=[]) | Q(outcome_state=RunStatus.STOPPED_DIRTY)
+    )
     outcome_rows = (
         stops.annotate(bucket=trunc("requested_at"))
-        .values("bucket", "outcome_state")
-        .annotate(n=Count("pk"))
+        .values("bucket")
+        .annotate(
+            clean=Count("pk", filter=Q(outcome_state=RunStatus.STOPPED_CLEANLY, dirty_reasons=[])),
+            dirty=Count("pk", filter=ended_dirty),
+        )
     )
     outcomes: dict[datetime, list[int]] = {}
     for row in outcome_rows:
         pair = outcomes.setdefault(row["bucket"], [0, 0])
-        if row["outcome_state"] == RunStatus.STOPPED_CLEANLY:
-            pair[0] += row["n"]
-        elif row["outcome_state"] == RunStatus.STOPPED_DIRTY:
-            pair[1] += row["n"]
+        pair[0] += row["clean"]
+        pair[1] += row["dirty"]
     late_rows = late.annotate(bucket=trunc("at")).values("bucket").annotate(n=Count("pk"))
     return QualitySeries(
         latency_histogram=[(labels[i], histogram.get(i, 0)) for i in range(len(labels))],

@@ -28,7 +28,9 @@ def stop_quality(
         "run__team_id",
     )
     stop_rows = list(
-        stops.values("requested_at", "stopped_at", "signal_delivered_at", "outcome_state")
+        stops.values(
+            "requested_at", "stopped_at", "signal_delivered_at", "outcome_state", "dirty_reasons"
+        )
     )
     to_stopped = [
         (row["stopped_at"] - row["requested_at"]).total_seconds() * 1000
@@ -43,8 +45,19 @@ def stop_quality(
     return {
         "period": {"since": since.isoformat(), "until": until.isoformat()},
         "stops": len(stop_rows),
-        "stopped_cleanly": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_cleanly"),
-        "stopped_dirty": sum(1 for row in stop_rows if row["outcome_state"] == "stopped_dirty"),
+        # A stop is counted as it ended: a dirty stop stays dirty here after a reviewer resolved
+        # its unknowns (its outcome_state follows the run to clean; its dirty_reasons do not).
+        "stopped_cleanly": sum(
+            1
+            for row in stop_rows
+            if row["outcome_state"] == "stopped_cleanly" and not row["dirty_reasons"]
+        ),
+        "stopped_dirty": sum(1 for row in stop_rows if _ended_dirty(row)),
+        "stopped_dirty_resolved": sum(
+            1
+            for row in stop_rows
+            if _ended_dirty(row) and row["outcome_state"] == "stopped_cleanly"
+        ),
         "stop_latency": {
             "to_stopped": latency_summary(to_stopped),
             "to_worker_signal": latency_summary(to_signal),
@@ -74,3 +87,9 @@ def handoff_completion(
         status__in=(HandoffStatus.COMPLETED, HandoffStatus.RETURNED, HandoffStatus.CLOSED)
     ).count()
     return {"handoffs": total, "finished": done, "rate": (done / total) if total else None}
+
+
+def _ended_dirty(row: dict[str, Any]) -> bool:
+    return row["stopped_at"] is not None and (
+        bool(row["dirty_reasons"]) or row["outcome_state"] == "stopped_dirty"
+    )

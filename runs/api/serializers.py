@@ -934,7 +934,10 @@ class StopQualityOut(serializers.Serializer):
     period = PeriodOut()
     stops = serializers.IntegerField()
     stopped_cleanly = serializers.IntegerField()
-    stopped_dirty = serializers.IntegerField()
+    stopped_dirty = serializers.IntegerField(help_text="stops that ended dirty, resolved or not")
+    stopped_dirty_resolved = serializers.IntegerField(
+        help_text="of those, how many a reviewer has since resolved"
+    )
     stop_latency = StopLatencyOut()
     side_effect_leakage = LeakageOut()
     late_writes_rejected = serializers.IntegerField()
