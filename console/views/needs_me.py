@@ -14,7 +14,6 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from django.views.decorators.http import require_GET
 
@@ -56,7 +55,6 @@ def needs_me(request: HtmxHttpRequest) -> HttpResponse:
         "items": items,
         "can_act_anywhere": access.is_reviewer_anywhere,
         "soon_minutes": int(NEEDS_ME_SOON.total_seconds() // 60),
-        "now": timezone.now(),
         "needs_me_count": counts.needs_me,
         "approvals_waiting": counts.approvals_waiting,
     }
