@@ -164,3 +164,12 @@ def test_more_than_the_limit_asks_for_confirmation(as_reviewer, team, settings):
     confirmed = as_reviewer.post(CONFIRM, {**body, "confirm_large": "on"}, **HTMX)
     assert confirmed.status_code == 200 and confirmed["HX-Redirect"]
     assert BulkStop.objects.get().counts == {"stopped": 2}
+
+
+def test_without_javascript_the_preview_is_a_page_of_its_own(as_reviewer, team):
+    run, _ = make_running(team)
+    response = as_reviewer.post(PREVIEW, {"scope": "selected", "ids": [run.pk]})
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" in html and "<dialog" in html and " open" in html
+    assert 'action="/stops/bulk/"' in html  # the confirm form posts without htmx too
