@@ -911,15 +911,17 @@ def quality_series(
         stops.annotate(bucket=trunc("requested_at"))
         .values("bucket")
         .annotate(
-            clean=Count("pk", filter=Q(outcome_state=RunStatus.STOPPED_CLEANLY, dirty_reasons=[])),
-            dirty=Count("pk", filter=ended_dirty),
+            n_clean=Count(
+                "pk", filter=Q(outcome_state=RunStatus.STOPPED_CLEANLY, dirty_reasons=[])
+            ),
+            n_dirty=Count("pk", filter=ended_dirty),
         )
     )
     outcomes: dict[datetime, list[int]] = {}
     for row in outcome_rows:
         pair = outcomes.setdefault(row["bucket"], [0, 0])
-        pair[0] += row["clean"]
-        pair[1] += row["dirty"]
+        pair[0] += row["n_clean"]
+        pair[1] += row["n_dirty"]
     late_rows = late.annotate(bucket=trunc("at")).values("bucket").annotate(n=Count("pk"))
     return QualitySeries(
         latency_histogram=[(labels[i], histogram.get(i, 0)) for i in range(len(labels))],
