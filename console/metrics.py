@@ -26,7 +26,14 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from console.selectors import login_failures, team_slugs
 from handoff.selectors import stop_quality
+from runs.api.ratelimit import (
+    bearer_failure_record,
+    bearer_guessing_wait,
+    client_address,
+    denial_counts,
+)
 from runs.models import TokenRole
 from runs.selectors import queue_depths
 from runs.tokens import api_token_authenticate
@@ -38,21 +45,38 @@ MAX_WINDOW_SECONDS = 30 * 24 * 3600
 
 
 class _Refusal(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, retry_after: float | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
+        self.retry_after = retry_after
+
+
+def _guessing(wait: float) -> _Refusal:
+    return _Refusal(429, "too many wrong bearer tokens from this address", retry_after=wait)
 
 
 def _scope(request: HttpRequest) -> list[int] | None:
     """The teams the caller may scrape: None for every team (staff), else one token's team."""
     header = request.headers.get("Authorization", "")
     if header:
+        # The same guessing limit per address as the API (runs.api.ratelimit).
+        address = client_address(request)
+        wait = bearer_guessing_wait(client_ip=address)
+        if wait is not None:
+            raise _guessing(wait)
         parts = header.split()
-        if len(parts) != 2 or parts[0].lower() != "bearer":
-            raise _Refusal(401, "Authorization must be 'Bearer <token>'")
-        token = api_token_authenticate(parts[1])
+        token = (
+            api_token_authenticate(parts[1])
+            if len(parts) == 2 and parts[0].lower() == "bearer"
+            else None
+        )
         if token is None:
+            wait = bearer_failure_record(client_ip=address)
+            if wait is not None:
+                raise _guessing(wait)
+            if len(parts) != 2 or parts[0].lower() != "bearer":
+                raise _Refusal(401, "Authorization must be 'Bearer <token>'")
             raise _Refusal(401, "unknown or revoked token")
         if token.role != TokenRole.REVIEWER:
             raise _Refusal(403, "/metrics needs a reviewer token or a staff session")
@@ -122,7 +146,14 @@ def _ms_to_seconds(value: float | None) -> float | None:
     return None if value is None else value / 1000.0
 
 
-def render_metrics(figures: dict[str, Any], depths: dict[str, int], window: timedelta) -> str:
+def render_metrics(
+    figures: dict[str, Any],
+    depths: dict[str, int],
+    window: timedelta,
+    *,
+    denials: dict[str, int] | None = None,
+    logins: dict[str, int] | None = None,
+) -> str:
     out = _Exposition()
     out.family(
         "safestop_metrics_window_seconds",
@@ -254,6 +285,28 @@ def render_metrics(figures: dict[str, Any], depths: dict[str, int], window: time
         "Work waiting now, by queue.",
         [({"queue": name}, value) for name, value in sorted(depths.items())],
     )
+    # guessing: refused API credentials and console sign-ins
+    if denials is not None:
+        out.family(
+            "safestop_api_denials",
+            "gauge",
+            "API requests refused in the window: unknown or revoked token (bad_token), another "
+            "team's run, a role that may not, an address throttled for guessing tokens.",
+            [
+                ({"reason": reason}, denials.get(reason, 0))
+                for reason in ("bad_token", "wrong_team", "wrong_role", "throttled")
+            ],
+        )
+    if logins is not None:
+        out.family(
+            "safestop_login_failures",
+            "gauge",
+            "Failed console sign-ins in the window, and those refused by a lockout.",
+            [
+                ({"outcome": "failed"}, logins["failed"]),
+                ({"outcome": "locked_out"}, logins["locked_out"]),
+            ],
+        )
     return out.text()
 
 
@@ -268,11 +321,19 @@ def metrics(request: HttpRequest) -> HttpResponse:
         )
         if refusal.status == 401:
             response["WWW-Authenticate"] = 'Bearer realm="safestop"'
+        if refusal.retry_after is not None:
+            response["Retry-After"] = str(max(1, math.ceil(refusal.retry_after)))
         return response
     until = timezone.now()
     figures = stop_quality(since=until - window, until=until, team_ids=team_ids)
     depths = queue_depths(team_ids=team_ids)
-    response = HttpResponse(render_metrics(figures, depths, window), content_type=CONTENT_TYPE)
+    # Sign-ins name no team, so only staff (team_ids None) see them; a token sees its team's
+    # denials, staff every denial.
+    slugs = None if team_ids is None else team_slugs(team_ids=team_ids)
+    denials = denial_counts(since=until - window, team_slugs=slugs)
+    logins = login_failures(since=until - window) if team_ids is None else None
+    text = render_metrics(figures, depths, window, denials=denials, logins=logins)
+    response = HttpResponse(text, content_type=CONTENT_TYPE)
     response["Cache-Control"] = "no-store"
     return response
 

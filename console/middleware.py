@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import permission_denied
+
+from runs.api.errors import (
+    DATABASE_RETRY_AFTER_SECONDS,
+    DATABASE_UNAVAILABLE,
+    database_unavailable,
+    refusals,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class SyncMiddlewareChain:
@@ -28,3 +40,94 @@ class SyncMiddlewareChain:
 
     def __call__(self, request: HttpRequest) -> Any:
         return self.get_response(request)
+
+
+API_PREFIX = "/api/"
+# The `error` code of an answer under /api/ that did not come from the API's own handler.
+_API_CODES = {
+    400: "bad_request",
+    401: "not_authenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+    503: "unavailable",
+}
+# Headers of the original answer that still mean something on its JSON replacement.
+_KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate", "Vary")
+
+
+class ErrorAnswers:
+    """Second in `MIDDLEWARE` (inside SecurityMiddleware, so its headers still apply):
+
+    1. Every error answer under `/api/` is JSON with an `error` code, whoever made it: Django's
+       CSRF refusal, the 400 of a bad Host header, a 404 of the resolver, a 500 page.
+    2. A view that cannot reach the database (a restart, a failover, `pg_terminate_backend`)
+       answers 503 with `Retry-After` — JSON under `/api/`, text on the console — instead of a
+       500 with a traceback; the pool replaces the dead connection for the next request.
+    3. A refused console request (`PermissionDenied`) is one log line with the reason and the
+       user, at INFO, not a traceback: a 403 is the access rules working.
+    """
+
+    sync_capable = True
+    async_capable = False
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (
+            request.path_info.startswith(API_PREFIX)
+            and response.status_code >= 400
+            and not response.get("Content-Type", "").startswith("application/json")
+        ):
+            return _as_json(response)
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if database_unavailable(exception):
+            logger.warning(
+                "database unavailable (%s %s): %s",
+                request.method,
+                request.path,
+                (str(exception).strip().splitlines() or [type(exception).__name__])[0],
+            )
+            response: HttpResponse
+            if request.path_info.startswith(API_PREFIX):
+                response = JsonResponse(DATABASE_UNAVAILABLE, status=503)
+            else:
+                response = HttpResponse(
+                    "The database cannot be reached right now. Try again in a few seconds.\n",
+                    status=503,
+                    content_type="text/plain; charset=utf-8",
+                )
+            response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+            response._has_been_logged = True  # type: ignore[attr-defined]
+            return response
+        if isinstance(exception, PermissionDenied):
+            user = getattr(request, "user", None)
+            who = user.get_username() if user is not None and user.is_authenticated else "anonymous"
+            refusals.info(
+                "refused 403 %s %s: %s by %s", request.method, request.path, exception, who
+            )
+            response = permission_denied(request, exception)
+            response._has_been_logged = True  # type: ignore[attr-defined]
+            return response
+        return None
+
+
+def _as_json(response: HttpResponse) -> HttpResponse:
+    status = response.status_code
+    code = _API_CODES.get(status, "server_error" if status >= 500 else "error")
+    detail = response.reason_phrase or code
+    replacement = JsonResponse({"error": code, "detail": detail}, status=status)
+    for header in _KEPT_HEADERS:
+        if header in response:
+            replacement[header] = response[header]
+    if getattr(response, "_has_been_logged", False):
+        replacement._has_been_logged = True  # type: ignore[attr-defined]
+    return replacement

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from axes.models import AccessFailureLog
 from django.contrib.auth import get_user_model
 from django.db.models import Count, F, Func, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import Coalesce, TruncDay, TruncHour
@@ -1100,3 +1101,17 @@ def needs_me_items(access: Access, *, now: datetime | None = None) -> list[Needs
         items.append(NeedsMeItem("handoff", 3, handoff.created_at, handoff.run, handoff=handoff))
     items.sort(key=lambda item: item.sort_key)
     return items
+
+
+# --------------------------------------------------------------------------------------------
+# /metrics: failed sign-ins (django-axes keeps one row per failure)
+
+
+def login_failures(*, since: datetime) -> dict[str, int]:
+    """Failed console sign-ins since `since`, and how many of them met a lockout."""
+    rows = AccessFailureLog.objects.filter(attempt_time__gte=since)
+    return {"failed": rows.count(), "locked_out": rows.filter(locked_out=True).count()}
+
+
+def team_slugs(*, team_ids: list[int]) -> list[str]:
+    return list(Team.objects.filter(pk__in=team_ids).values_list("slug", flat=True))

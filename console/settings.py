@@ -9,10 +9,13 @@ and Celery.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import dj_database_url
+from csp.constants import NONE, SELF
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -24,16 +27,72 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def refuse_to_start(message: str) -> NoReturn:
+    """Stop the process with a message an operator can act on, not a traceback."""
+    raise SystemExit(f"safestop cannot start: {message}")
+
+
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-SECRET_KEY = os.environ.get("SAFESTOP_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+# `production` (docker-compose.yml and docs/OPERATIONS.md set it) refuses to start on a public
+# or weak secret key; anything else is a developer's machine.
+SAFESTOP_ENV = os.environ.get("SAFESTOP_ENV", "development").strip().lower()
+PRODUCTION = SAFESTOP_ENV == "production"
+# Keys anyone can read in this repository: signing sessions or CSRF tokens with one lets anyone
+# forge them.
+PUBLIC_SECRET_KEYS = frozenset(
+    {"dev-only-insecure-key-change-me-in-production", "change-me-in-production"}
+)
+SECRET_KEY = (
+    os.environ.get("SAFESTOP_SECRET_KEY", "") or "dev-only-insecure-key-change-me-in-production"
+)
+if PRODUCTION and (
+    SECRET_KEY in PUBLIC_SECRET_KEYS or len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5
+):
+    refuse_to_start(
+        "SAFESTOP_ENV=production needs SAFESTOP_SECRET_KEY set to a private random value of at "
+        "least 50 characters (it signs sessions and CSRF tokens). Make one with:\n"
+        "    python -c 'import secrets; print(secrets.token_urlsafe(50))'\n"
+        "and keep it the same on every process of the deployment."
+    )
 DEBUG = env_bool("SAFESTOP_DEBUG", False)
 ALLOWED_HOSTS = env_list("SAFESTOP_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list(
     "SAFESTOP_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000"
 )
+
+# HTTPS (docs/OPERATIONS.md, production checklist): behind a TLS proxy that sets
+# X-Forwarded-Proto, with daphne --proxy-headers (which makes request.is_secure() true).
+SAFESTOP_HTTPS = env_bool("SAFESTOP_HTTPS", False)
+if SAFESTOP_HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("SAFESTOP_HSTS_SECONDS", 365 * 24 * 3600))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SAFESTOP_HSTS_INCLUDE_SUBDOMAINS", True)
+    # Preloading puts the domain into browsers' own lists, which is slow to undo: the
+    # operator's call (SAFESTOP_HSTS_PRELOAD=1), so its deploy check is not a warning here.
+    SECURE_HSTS_PRELOAD = env_bool("SAFESTOP_HSTS_PRELOAD", False)
+    SILENCED_SYSTEM_CHECKS = ["security.W021"]
+
+# Content-Security-Policy (django-csp): the console runs its own static scripts only — no
+# inline script, no inline event handler, no eval (htmx's is off in base.html), no CDN.
+# connect-src 'self' covers the same-origin websockets (ws:/wss:) in CSP Level 3 browsers.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
 
 INSTALLED_APPS = [
     "daphne",
@@ -50,6 +109,8 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "template_partials",
+    "axes",
+    "csp",
     "runs",
     "runs.api",
     "handoff",
@@ -59,6 +120,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "console.middleware.ErrorAnswers",  # JSON errors under /api/, 503 without a database
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -66,6 +129,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
     "console.middleware.SyncMiddlewareChain",  # last: keeps the chain above in one thread (why: the class)
 ]
 
@@ -89,44 +153,107 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
-if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+POSTGRES_SCHEMES = frozenset({"postgres", "postgresql", "pgsql", "postgis"})
+SQLITE_SCHEMES = frozenset({"sqlite", "sqlite3"})
+
+
+def sqlite_database(name: str) -> dict[str, Any]:
+    """The embedded default: one SQLite file in WAL mode with IMMEDIATE transactions."""
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": name,
+        # IMMEDIATE takes the write lock at BEGIN: SQLite's answer to SELECT ... FOR UPDATE,
+        # so two transitions on one run can never interleave.
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        "TEST": {"NAME": os.environ.get("SAFESTOP_SQLITE_TEST_PATH", "")},
+    }
+
+
+def postgres_database(url: str) -> dict[str, Any]:
+    # CONN_HEALTH_CHECKS: with a pool, Django hands psycopg_pool its check callback
+    # (ConnectionPool.check_connection). A connection the server dropped (a restart, a failover,
+    # pg_terminate_backend) stays in the pool looking idle; checked on the way out, it is
+    # replaced, so the next request gets a live one instead of an error.
+    database: dict[str, Any] = dict(
+        dj_database_url.parse(url, conn_max_age=0, conn_health_checks=True)
+    )
     # One psycopg pool per process. Without it every request and every websocket handshake
     # opens (and closes) a PostgreSQL connection: ~10 ms of a ~25 ms single-event request on
     # the bench machine (docs/BENCHMARKS.md). CONN_MAX_AGE stays 0, as Django requires with a
     # pool. max_size is a cap, not a reservation: threads that each hold a connection (the race
     # tests run 20 at once) must not wait for one another.
     if env_bool("SAFESTOP_DB_POOL", True):
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        database.setdefault("OPTIONS", {})["pool"] = {
             "min_size": 1,
             "max_size": int(os.environ.get("SAFESTOP_DB_POOL_MAX_SIZE", 50)),
             "timeout": 10,
         }
-    DATABASES["default"].setdefault("TEST", {})
+    database.setdefault("TEST", {})
     # One test database per test session (the pid of pytest), so two suites on one machine never
     # share (or drop) each other's; SAFESTOP_TEST_DB_NAME names it instead.
-    DATABASES["default"]["TEST"]["NAME"] = (
+    database["TEST"]["NAME"] = (
         os.environ.get("SAFESTOP_TEST_DB_NAME") or f"test_safestop_{os.getpid()}"
     )
+    return database
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """PostgreSQL, or a SQLite file configured exactly like the embedded default; any other
+    scheme (or a URL that does not parse) stops the start with a message, not a traceback."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in POSTGRES_SCHEMES:
+        return postgres_database(url)
+    if scheme in SQLITE_SCHEMES:
+        name = dj_database_url.parse(url)["NAME"]
+        if not name or name == ":memory:":
+            refuse_to_start(
+                f"DATABASE_URL={url!r} names no file: use sqlite:///relative/path or "
+                "sqlite:////absolute/path, or unset DATABASE_URL and set SAFESTOP_SQLITE_PATH"
+            )
+        return sqlite_database(name)
+    refuse_to_start(
+        f"DATABASE_URL scheme {scheme or '(none)'!r} is not supported: use "
+        "postgres://user:password@host:5432/name for PostgreSQL, or unset it (SAFESTOP_SQLITE_PATH "
+        "names the embedded SQLite file; sqlite:///path works too)"
+    )
+
+
+if DATABASE_URL:
+    DATABASES = {"default": database_from_url(DATABASE_URL)}
 else:
     DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get("SAFESTOP_SQLITE_PATH", str(BASE_DIR / "safestop.sqlite3")),
-            # IMMEDIATE takes the write lock at BEGIN: SQLite's answer to SELECT ... FOR UPDATE,
-            # so two transitions on one run can never interleave.
-            "OPTIONS": {
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
-            "TEST": {"NAME": os.environ.get("SAFESTOP_SQLITE_TEST_PATH", "")},
-        }
+        "default": sqlite_database(
+            os.environ.get("SAFESTOP_SQLITE_PATH", str(BASE_DIR / "safestop.sqlite3"))
+        )
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+
+# Failed console sign-ins are throttled by django-axes, per username and per client address
+# separately: after SAFESTOP_LOGIN_FAILURE_LIMIT failures either one is locked for
+# SAFESTOP_LOGIN_COOLOFF_SECONDS (the login page says so, 429 + Retry-After). Attempts live in
+# the database, so every web process sees the same count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("SAFESTOP_LOGIN_FAILURE_LIMIT", 5))
+AXES_COOLOFF_TIME = timedelta(seconds=int(os.environ.get("SAFESTOP_LOGIN_COOLOFF_SECONDS", 900)))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.views.auth.login_locked_out"
+# REMOTE_ADDR, as for the API's limits: daphne --proxy-headers puts the client's address there;
+# an X-Forwarded-For read here would let a guesser pick a new address per attempt.
+AXES_CLIENT_IP_CALLABLE = "runs.api.ratelimit.client_address"
+AXES_ENABLE_ACCESS_FAILURE_LOG = True  # each failure with its time: /metrics counts them
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are not ours to keep
+AXES_SENSITIVE_PARAMETERS = ["password"]
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -251,6 +378,9 @@ SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNEC
 SAFESTOP_WEBHOOK_READ_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_READ_TIMEOUT", 10))
 SAFESTOP_DEFAULT_LEASE_TTL = float(os.environ.get("SAFESTOP_DEFAULT_LEASE_TTL", 30))
 SAFESTOP_RATE_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_RATE_LIMIT_PER_MINUTE", 6000))
+# Wrong bearer tokens one client address may send per minute before every bearer request from it
+# answers 429 until the minute ends (runs/api/ratelimit.py); 0 turns it off.
+SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE", 30))
 SAFESTOP_SERVE_STATIC = env_bool("SAFESTOP_SERVE_STATIC", True)
 SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVAL", 0.5))
 # Browser websockets re-read their user's access this often (seconds; 0 disables), in case an

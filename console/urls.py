@@ -1,14 +1,26 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from runs.api.errors import json_not_found
+
+# The schema and its viewer answer GET only (the viewer has no template for anything else).
+_READ_ONLY = ["get", "head"]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path(
+        "api/schema/", SpectacularAPIView.as_view(http_method_names=_READ_ONLY), name="api-schema"
+    ),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="api-schema", http_method_names=_READ_ONLY),
+        name="api-docs",
+    ),
     path("api/v1/", include("runs.api.urls")),
+    re_path(r"^api/", json_not_found),  # /api/, /api/v2/...: JSON too
     path(
         "metrics", include("console.metrics")
     ),  # Prometheus text; urlpatterns live in console.metrics

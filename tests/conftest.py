@@ -35,6 +35,16 @@ SLOW_FIXTURES = frozenset(
 SLOW_FOLDERS = frozenset({"faults", "agent_e2e"})
 
 
+@pytest.fixture(autouse=True)
+def _no_token_guesser_blocked_after_the_test():
+    """Every test client calls from one address: a test that guesses bearer tokens must not
+    leave it blocked for the next (the block is per process, runs.api.ratelimit)."""
+    yield
+    from runs.api.ratelimit import bearer_guessing_forget
+
+    bearer_guessing_forget()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from django.conf import settings
 

@@ -5,22 +5,33 @@
 - a validation error names the first bad field in `field` (`events[3].event_id`), with all
   of them in `errors`;
 - 401 / 403 / 404 / 413 / 415 / 429 carry their own codes; 429 adds `Retry-After`;
+- a database that cannot be reached is a 503 `database_unavailable` with `Retry-After`;
+- every refusal is one log line with the reason and the caller, never a traceback;
 - denied attempts (bad token, another team's run, wrong role) are counted on the way out.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, JsonResponse
+from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from runs.api.parsers import RequestTooLarge
 from runs.errors import DomainError
+
+logger = logging.getLogger(__name__)
+# Refused requests (401, 403, 404, 429, ...): one line each, at INFO (WARNING for bad
+# credentials and throttling), never a traceback.
+refusals = logging.getLogger("safestop.refusals")
 
 _CODES = {
     exceptions.NotAuthenticated: "not_authenticated",
@@ -59,10 +70,31 @@ def _first_field_error(detail: Any, prefix: str = "") -> tuple[str, str]:
     return prefix, str(detail)
 
 
+# How long a client should wait when the database cannot be reached (a restart, a failover).
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database could not be reached or dropped the connection: worth a retry, not a 500.
+    (A pool timeout is an OperationalError too: every connection busy or being replaced.)"""
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+DATABASE_UNAVAILABLE = {
+    "error": "database_unavailable",
+    "detail": "the database is not reachable right now; retry after the wait",
+}
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     request = context.get("request")
     if isinstance(exc, DomainError):
         return Response(exc.as_dict(), status=exc.http_status)
+    if database_unavailable(exc):
+        logger.warning("database unavailable: %s", (str(exc).strip().splitlines() or [""])[0])
+        unavailable = Response(DATABASE_UNAVAILABLE, status=503)
+        unavailable["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return unavailable
     if isinstance(exc, RequestDataTooBig):
         exc = RequestTooLarge(str(exc) or None)
     _count_denial(exc, request, context.get("view"))
@@ -87,15 +119,40 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response["WWW-Authenticate"] = "Bearer"
     response.data = body
+    _log_refusal(request, context.get("view"), response, code, body["detail"])
     return response
 
 
+def _log_refusal(request: Any, view: Any, response: Response, code: str, detail: str) -> None:
+    """One line per refused request, with who and why; no traceback (a refusal is the API
+    working). Marked logged, so Django's request logger does not add a second line."""
+    caller = getattr(view, "caller", None)
+    who = caller.actor.name if caller is not None else "anonymous"
+    level = logging.WARNING if response.status_code in (401, 429) else logging.INFO
+    path = getattr(request, "path", "")
+    method = getattr(request, "method", "")
+    refusals.log(
+        level,
+        "refused %s %s %s: %s (%s) by %s",
+        response.status_code,
+        method,
+        path,
+        code,
+        detail[:200],
+        who,
+    )
+    response._has_been_logged = True  # type: ignore[attr-defined]
+
+
 def _count_denial(exc: Exception, request: Any, view: Any) -> None:
+    from runs.api.auth import TokenGuessingThrottled
     from runs.api.permissions import WrongRole, WrongTeam
-    from runs.api.ratelimit import denial_record
+    from runs.api.ratelimit import client_address, denial_record
 
     if isinstance(exc, exceptions.AuthenticationFailed):
         reason, team_slug, credential = "bad_token", *_presented_token(request)
+    elif isinstance(exc, TokenGuessingThrottled):
+        reason, team_slug, credential = "throttled", "", ""
     elif isinstance(exc, WrongTeam | WrongRole):
         caller = getattr(view, "caller", None)
         reason = "wrong_team" if isinstance(exc, WrongTeam) else "wrong_role"
@@ -109,7 +166,7 @@ def _count_denial(exc: Exception, request: Any, view: Any) -> None:
         reason=reason,
         team_slug=team_slug,
         credential=credential,
-        client_ip=_client_ip(request),
+        client_ip=client_address(request),
         route=(match.route if match is not None else ""),
         detail=str(getattr(exc, "detail", "")),
     )
@@ -132,11 +189,15 @@ def _presented_token(request: Any) -> tuple[str, str]:
     return token.team.slug, f"{state} token:{token.name}"
 
 
-def _client_ip(request: Any) -> str:
-    # REMOTE_ADDR only: X-Forwarded-For is attacker-controlled unless a trusted proxy sets it.
-    return str(getattr(request, "META", {}).get("REMOTE_ADDR", ""))[:45]
-
-
+@csrf_exempt  # a POST to a path that does not exist is a 404, not a CSRF refusal
 def json_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
     """Unknown paths under /api/: JSON, like every other API answer."""
-    return JsonResponse({"error": "not_found", "detail": "no such API endpoint"}, status=404)
+    detail = "no such API endpoint"
+    if not request.path_info.endswith("/"):
+        try:
+            match = resolve(request.path_info + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.func is not json_not_found:
+            detail = f"no such API endpoint; every API path ends with '/': {request.path}/"
+    return JsonResponse({"error": "not_found", "detail": detail}, status=404)

@@ -36,6 +36,7 @@ class DenialReason(models.TextChoices):
     BAD_TOKEN = "bad_token", "Unknown, malformed or revoked token"
     WRONG_TEAM = "wrong_team", "Another team's run"
     WRONG_ROLE = "wrong_role", "Role may not do this"
+    THROTTLED = "throttled", "Too many wrong tokens from the address"
 
 
 class Denial(models.Model):

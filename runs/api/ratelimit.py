@@ -13,9 +13,19 @@ Rate limit, a fixed one-minute window per caller (`token:<id>` or `user:<id>`):
 If Redis is configured but unreachable the database counter takes over: a limit that still
 holds is better than refusing every agent, and better than none.
 
-Denials (bad token, another team's run, a role that may not do this) are counted per minute
-in `runs_api.Denial` with the same kind of atomic upsert and listed for admins by
-`GET /api/v1/security/denials/`.
+Not limited: the stop path (`STOP_PATH`). A reviewer must always be able to stop, and a worker
+over its limit must still be able to heartbeat (which carries the stop signal) and drain (its
+facts can ride in the `drained` body); each is one short transaction on one run.
+
+Guessing tokens, per client address: `SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE` wrong bearer tokens
+from one address in a window, then every bearer request from it answers 429 with `Retry-After`
+until the window ends (the right token too, or a 200 would tell the guesser which one it was).
+The failures are counted with the same shared counter; the block itself is remembered per
+process, so with N web processes a guesser gets at most N more tries per window.
+
+Denials (bad token, another team's run, a role that may not do this, a throttled guesser) are
+counted per minute in `runs_api.Denial` with the same kind of atomic upsert and listed for
+admins by `GET /api/v1/security/denials/`.
 """
 
 from __future__ import annotations
@@ -106,6 +116,12 @@ def _db_hit(bucket: str, window: int) -> int:
     return hits
 
 
+def client_address(request: Any) -> str:
+    # REMOTE_ADDR only: X-Forwarded-For is attacker-controlled unless a trusted proxy sets it
+    # (daphne --proxy-headers does, and then REMOTE_ADDR is the client's).
+    return str(getattr(request, "META", {}).get("REMOTE_ADDR", ""))[:45]
+
+
 def caller_bucket(request: Request) -> str | None:
     """The rate-limit key of an authenticated caller; None for anonymous requests."""
     token = getattr(request, "auth", None)
@@ -115,6 +131,10 @@ def caller_bucket(request: Request) -> str | None:
     if user is not None and getattr(user, "is_authenticated", False) and getattr(user, "pk", None):
         return f"user:{user.pk}"
     return None
+
+
+# URL names (runs/api/urls.py) of the stop path, never rate limited (see the module docstring).
+STOP_PATH = frozenset({"cancel", "takeover", "lease-heartbeat", "lease-release", "drained"})
 
 
 class CallerRateThrottle(BaseThrottle):
@@ -128,6 +148,9 @@ class CallerRateThrottle(BaseThrottle):
         bucket = caller_bucket(request)
         if limit <= 0 or bucket is None:
             return True
+        match = getattr(request, "resolver_match", None)
+        if match is not None and match.url_name in STOP_PATH:
+            return True
         decision = rate_limit_hit(bucket=bucket, limit=limit)
         if decision.allowed:
             return True
@@ -136,6 +159,55 @@ class CallerRateThrottle(BaseThrottle):
 
     def wait(self) -> float | None:
         return self._wait
+
+
+# ---------------------------------------------------------------------------------------------
+# guessing bearer tokens
+
+# address -> unix time its block ends; per process (see the module docstring), bounded.
+_guessers_blocked: dict[str, float] = {}
+_MAX_BLOCKED = 10_000
+
+
+def bearer_guessing_wait(*, client_ip: str, now: float | None = None) -> float | None:
+    """Seconds this address must wait before presenting a bearer token again, or None."""
+    until = _guessers_blocked.get(client_ip)
+    if until is None:
+        return None
+    now = time.time() if now is None else now
+    if now >= until:
+        _guessers_blocked.pop(client_ip, None)
+        return None
+    return until - now
+
+
+def bearer_failure_record(*, client_ip: str, now: float | None = None) -> float | None:
+    """Count one wrong bearer token from this address. Over the limit: block the address for
+    the rest of the window and return the seconds to wait; else None."""
+    limit = int(getattr(settings, "SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE", 30))
+    if limit <= 0:
+        return None
+    decision = rate_limit_hit(bucket=f"bad-token:{client_ip}"[:64], limit=limit, now=now)
+    if decision.allowed:
+        return None
+    if client_ip not in _guessers_blocked:
+        logger.warning(
+            "bearer tokens throttled: %s sent %d wrong tokens this minute (limit %d); "
+            "answering 429 for %.0f s",
+            client_ip or "unknown address",
+            decision.hits,
+            limit,
+            decision.retry_after,
+        )
+    if len(_guessers_blocked) >= _MAX_BLOCKED:
+        _guessers_blocked.clear()  # a flood of addresses: forget, the counters still hold
+    _guessers_blocked[client_ip] = (time.time() if now is None else now) + decision.retry_after
+    return decision.retry_after
+
+
+def bearer_guessing_forget() -> None:
+    """Lift every block of this process (tests; an operator's shell)."""
+    _guessers_blocked.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,4 +276,15 @@ def denials_list(
         "total": sum(by_reason.values()),
         "by_reason": by_reason,
         "results": list(rows.order_by("-last_at", "-id")[:limit]),
+    }
+
+
+def denial_counts(*, since: datetime, team_slugs: list[str] | None) -> dict[str, int]:
+    """Denied attempts per reason since `since`; `team_slugs=None` means every team and none
+    (bad tokens and throttled guessers name no team)."""
+    rows = Denial.objects.filter(last_at__gte=since)
+    if team_slugs is not None:
+        rows = rows.filter(team_slug__in=team_slugs)
+    return {
+        row["reason"]: row["n"] for row in rows.order_by().values("reason").annotate(n=Sum("count"))
     }

@@ -385,6 +385,9 @@
   document.addEventListener("click", function (evt) {
     var el = evt.target.closest && evt.target.closest("[data-print]");
     if (el) { window.print(); }
+    // A secret shown once (a new token, a signing secret): one click selects all of it to copy.
+    // Here rather than an inline onclick, which the Content-Security-Policy refuses.
+    if (evt.target.matches && evt.target.matches("input.token-raw")) { evt.target.select(); }
     var reload = evt.target.closest && evt.target.closest("[data-live-reload]");
     if (reload) {
       var region = reload.closest("[data-live]");
