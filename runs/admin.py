@@ -24,6 +24,8 @@ from runs.models import (
     ApprovalRisk,
     ApprovalRule,
     Artifact,
+    BulkStop,
+    BulkStopResult,
     Checkpoint,
     EventReceipt,
     ExecutionRecord,
@@ -398,3 +400,32 @@ class ApprovalAdmin(ReadOnlyAdmin):
     search_fields = ["run__id", "subject", "agent", "rule_name", "decided_by"]
     list_select_related = ["run", "team"]
     date_hierarchy = "requested_at"
+
+
+class BulkStopResultInline(admin.TabularInline):
+    model = BulkStopResult
+    fields = ("run_id", "outcome", "status", "stop_epoch", "stop_request", "detail")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(BulkStop)
+class BulkStopAdmin(ReadOnlyAdmin):
+    list_display = ["bulk_id", "requested_by", "reason", "requested", "created_at", "finished_at"]
+    list_filter = ["reason", "actor_kind"]
+    search_fields = ["bulk_id", "requested_by", "note", "idempotency_key"]
+    date_hierarchy = "created_at"
+    inlines = [BulkStopResultInline]
+
+
+@admin.register(BulkStopResult)
+class BulkStopResultAdmin(ReadOnlyAdmin):
+    list_display = ["bulk", "run_id", "outcome", "status", "stop_epoch"]
+    list_filter = ["outcome"]
+    search_fields = ["run_id", "bulk__bulk_id"]
+    list_select_related = ["bulk"]
