@@ -557,6 +557,11 @@ def approvals_due_ids(*, now: Any = None, limit: int = 500) -> tuple[list[int], 
 def void_waiting_approvals_locked(run: Run, *, now: Any, why: str, actor: Actor) -> list[str]:
     """A stop never waits on an approval: every waiting one is void, its call never starts,
     its outbox item is frozen with the rest of the outbox."""
+    # Most stops find nothing waiting: ask with the cheapest query first (the locking read
+    # below, with its joins, cost a stop ~2.5 ms of ORM work for nothing). The run lock held
+    # by the caller means no approval can start waiting in between.
+    if not Approval.objects.filter(run=run, status=ApprovalStatus.WAITING).exists():
+        return []
     waiting = list(
         Approval.objects.select_for_update(of=("self",))
         .select_related("execution_record", "outbox_item")
