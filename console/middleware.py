@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.defaults import permission_denied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found, permission_denied
 
 from runs.api.errors import (
     DATABASE_RETRY_AFTER_SECONDS,
@@ -70,6 +70,9 @@ class ErrorAnswers:
        500 with a traceback; the pool replaces the dead connection for the next request.
     3. A refused console request (`PermissionDenied`) is one log line with the reason and the
        user, at INFO, not a traceback: a 403 is the access rules working.
+    4. A path with a NUL byte is a 404 before any view runs: no key in the database can hold
+       one (PostgreSQL text cannot), and a view querying with it would fail there instead of
+       answering "no such thing" — for every `<str:...>` pattern, present and future.
     """
 
     sync_capable = True
@@ -79,7 +82,11 @@ class ErrorAnswers:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
+        response: HttpResponse
+        if "\x00" in request.path_info:
+            response = page_not_found(request, Http404("no such page"))
+        else:
+            response = self.get_response(request)
         if (
             request.path_info.startswith(API_PREFIX)
             and response.status_code >= 400

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from runs.api.errors import json_not_found
 
@@ -16,7 +16,8 @@ urlpatterns = [
     ),
     path(
         "api/docs/",
-        SpectacularSwaggerView.as_view(url_name="api-schema", http_method_names=_READ_ONLY),
+        # The split view serves its script as a file (`?script`): the CSP allows no inline one.
+        SpectacularSwaggerSplitView.as_view(url_name="api-schema", http_method_names=_READ_ONLY),
         name="api-docs",
     ),
     path("api/v1/", include("runs.api.urls")),

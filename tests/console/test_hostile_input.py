@@ -118,3 +118,12 @@ def test_run_ids_the_console_makes_match_its_urls(team) -> None:
     from django.urls import resolve
 
     assert resolve(client_path).kwargs == {"run_id": run.pk}
+
+
+@pytest.mark.parametrize("path", ["/stops/bulk/%00/", "/approvals/%00/", "/api/v1/approvals/%00/"])
+def test_a_nul_byte_anywhere_in_a_path_is_a_404(as_admin: Client, path: str) -> None:
+    # Whatever `<str:...>` pattern it would reach: no key in the database can hold a NUL.
+    response = as_admin.get(path)
+    assert response.status_code == 404
+    if path.startswith("/api/"):
+        assert response.json()["error"] == "not_found"

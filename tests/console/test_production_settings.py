@@ -142,3 +142,10 @@ def test_no_template_has_an_inline_script_or_event_handler() -> None:
                 f"{template.relative_to(ROOT)}: {m.group(0)[:80]}" for m in pattern.finditer(text)
             ]
     assert not offenders, "the Content-Security-Policy would block:\n" + "\n".join(offenders)
+
+
+@pytest.mark.django_db
+def test_the_api_docs_page_runs_no_inline_script() -> None:
+    body = Client().get("/api/docs/").content.decode()
+    assert not INLINE_SCRIPT.findall(body)
+    assert Client().get("/api/docs/?script").status_code == 200
