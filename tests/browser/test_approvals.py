@@ -124,7 +124,7 @@ def test_a_reviewer_approves_with_an_edit_while_a_viewer_sees_it_leave_the_inbox
         expect(diff.locator(".diff__line--add")).to_have_text(['+   "amount": 100,'])
         expect(confirm).to_be_enabled()
         page.locator("#edit-message").fill("Refund only the duplicate part")
-        page.screenshot(path=screenshot_dir / "approval-edit.png", full_page=True)
+        page.screenshot(path=screenshot_dir / "approval-edit.png", full_page=True, caret="initial")
         confirm.click()
 
         decision = page.locator("#approval-decision")
@@ -132,7 +132,9 @@ def test_a_reviewer_approves_with_an_edit_while_a_viewer_sees_it_leave_the_inbox
         expect(page.get_by_test_id("final-diff")).to_contain_text('+   "amount": 100,')
         expect(page.get_by_test_id("approval-status")).to_have_text("Approved")
         expect(page.locator("#nav-approvals-count")).to_contain_text("1")  # the other one
-        page.screenshot(path=screenshot_dir / "approval-approved.png", full_page=True)
+        page.screenshot(
+            path=screenshot_dir / "approval-approved.png", full_page=True, caret="initial"
+        )
 
         # The viewer's inbox followed, live: the row is gone, the other one stays, the count drops.
         expect(row).to_have_count(0, timeout=LIVE_TIMEOUT)
@@ -140,7 +142,9 @@ def test_a_reviewer_approves_with_an_edit_while_a_viewer_sees_it_leave_the_inbox
         expect(viewer.locator("#nav-approvals-count")).to_contain_text("1")
         assert viewer.evaluate("window.__noReload === true"), "the viewer's page was reloaded"
         expect(viewer.get_by_test_id("approve-open")).to_have_count(0)
-        viewer.screenshot(path=screenshot_dir / "approvals-inbox-viewer.png", full_page=True)
+        viewer.screenshot(
+            path=screenshot_dir / "approvals-inbox-viewer.png", full_page=True, caret="initial"
+        )
         assert not viewer_errors, viewer_errors
         assert not errors, errors
     finally:

@@ -112,7 +112,7 @@ def test_reviewer_logs_in_and_a_new_run_appears_without_reload(
     assert lease.status_code in (200, 201), lease.text
     expect(row.locator(".chip")).to_have_text("Running", timeout=LIVE_TIMEOUT)
     assert_not_reloaded(page)
-    page.screenshot(path=screenshot_dir / "runs.png", full_page=True)
+    page.screenshot(path=screenshot_dir / "runs.png", full_page=True, caret="initial")
     assert not errors, errors
 
 
@@ -153,7 +153,9 @@ def test_stop_in_one_browser_is_seen_live_in_another(
         expect(watcher.get_by_test_id("stop-open")).to_have_count(
             0
         )  # the actions followed the status
-        watcher.screenshot(path=screenshot_dir / "run-cancel-requested.png", full_page=True)
+        watcher.screenshot(
+            path=screenshot_dir / "run-cancel-requested.png", full_page=True, caret="initial"
+        )
 
         # The worker notices on its heartbeat (the ack), then says it has drained.
         beat = agent_api.post(
@@ -176,7 +178,7 @@ def test_stop_in_one_browser_is_seen_live_in_another(
         assert seen[0] == "running" and seen[-1] == "stopped_cleanly", seen
         assert seen.index("cancel_requested") < seen.index("stopped_cleanly"), seen
         assert_not_reloaded(watcher)
-        watcher.screenshot(path=screenshot_dir / "run-stopped.png", full_page=True)
+        watcher.screenshot(path=screenshot_dir / "run-stopped.png", full_page=True, caret="initial")
         # the stopping browser followed too, and shows what can be done now
         expect(page.locator("#run-summary .chip")).to_have_text(
             "Stopped cleanly", timeout=LIVE_TIMEOUT
@@ -211,7 +213,7 @@ def test_a_stopped_dirty_run_is_resolved_from_its_stop_packet(
     expect(page).to_have_url(f"{live_stack.url}/runs/{run.pk}/packets/2/")
     wait_live(page)
     expect(page.locator("#packet-status")).to_contain_text("1 of 1 unknown still open")
-    page.screenshot(path=screenshot_dir / "stop-packet.png", full_page=True)
+    page.screenshot(path=screenshot_dir / "stop-packet.png", full_page=True, caret="initial")
     mark_no_reload(page)
 
     card = page.locator(f'.unknown-card[data-target-id="{call.tool_call_id}"]')
@@ -231,7 +233,9 @@ def test_a_stopped_dirty_run_is_resolved_from_its_stop_packet(
     frozen.get_by_role("button", name="Discard").click()
     expect(page.locator("#packet-frozen")).to_contain_text("discarded", timeout=LIVE_TIMEOUT)
     assert_not_reloaded(page)
-    page.screenshot(path=screenshot_dir / "stop-packet-resolved.png", full_page=True)
+    page.screenshot(
+        path=screenshot_dir / "stop-packet-resolved.png", full_page=True, caret="initial"
+    )
     assert not errors, errors
 
     run.refresh_from_db()
@@ -322,7 +326,7 @@ def test_main_pages_render_cleanly_and_are_saved_as_screenshots(
             )
         if name.startswith("run") or name in ("handoffs", "stop-packet-dirty"):
             wait_live(page)
-        page.screenshot(path=screenshot_dir / f"{name}.png", full_page=True)
+        page.screenshot(path=screenshot_dir / f"{name}.png", full_page=True, caret="initial")
 
     # Keyboard: the first Tab reaches the skip link, and it moves focus to the content.
     page.goto(f"{live_stack.url}/runs/{runs['running'].pk}/")
@@ -336,14 +340,14 @@ def test_main_pages_render_cleanly_and_are_saved_as_screenshots(
     small = narrow.new_page()
     try:
         login(small, live_stack.url, "alice")
-        small.screenshot(path=screenshot_dir / "runs-narrow.png", full_page=True)
+        small.screenshot(path=screenshot_dir / "runs-narrow.png", full_page=True, caret="initial")
         small.goto(f"{live_stack.url}/runs/{runs['dirty'].pk}/")
         # usable narrow: nothing wider than the screen except inside the scrolling table wrappers
         overflow = small.evaluate(
             "document.documentElement.scrollWidth - document.documentElement.clientWidth"
         )
         assert overflow <= 1, overflow
-        small.screenshot(path=screenshot_dir / "run-narrow.png", full_page=True)
+        small.screenshot(path=screenshot_dir / "run-narrow.png", full_page=True, caret="initial")
     finally:
         narrow.close()
     assert not errors, errors

@@ -50,7 +50,7 @@ def test_the_run_page_is_compact_on_a_phone(
         page.goto(f"{live_stack.url}/runs/{run.pk}/")
         expect(page.locator("#tool-calls .call-card").first).to_be_visible()
         height = page.evaluate("document.documentElement.scrollHeight")
-        page.screenshot(path=screenshot_dir / "run-390.png", full_page=True)
+        page.screenshot(path=screenshot_dir / "run-390.png", full_page=True, caret="initial")
         sections = page.evaluate(
             "() => Object.fromEntries([...document.querySelectorAll('main section[id], main div[id]')]"
             ".map(el => [el.id, Math.round(el.getBoundingClientRect().height)]))"

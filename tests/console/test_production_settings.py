@@ -27,7 +27,10 @@ def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     clean = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith("SAFESTOP_") and key not in ("DATABASE_URL", "REDIS_URL")
+        # DJANGO_ALLOW_ASYNC_UNSAFE: the browser tests set it in this process (tests only);
+        # check --deploy rightly refuses it, and no deployment sets it.
+        if not key.startswith("SAFESTOP_")
+        and key not in ("DATABASE_URL", "REDIS_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")
     }
     clean["SAFESTOP_SQLITE_PATH"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / "ss-check.db")
     clean.update(env)
@@ -149,3 +152,22 @@ def test_the_api_docs_page_runs_no_inline_script() -> None:
     body = Client().get("/api/docs/").content.decode()
     assert not INLINE_SCRIPT.findall(body)
     assert Client().get("/api/docs/?script").status_code == 200
+
+
+INLINE_STYLE = re.compile(r"""<[^>]+\sstyle\s*=\s*["']""", re.IGNORECASE)
+
+
+def test_no_console_markup_has_an_inline_style() -> None:
+    """style-src 'self' refuses style attributes too (the quality page's meters were one).
+    Emails are exempt: they are read in mail clients, not under the console's policy."""
+    sources = [
+        *sorted((ROOT / "templates").rglob("*.html")),
+        *sorted((ROOT / "console" / "templatetags").glob("*.py")),
+    ]
+    offenders = [
+        f"{path.relative_to(ROOT)}: {match.group(0)[:80]}"
+        for path in sources
+        if "notifications/email" not in str(path)
+        for match in INLINE_STYLE.finditer(path.read_text())
+    ]
+    assert not offenders, "the Content-Security-Policy would block:\n" + "\n".join(offenders)
