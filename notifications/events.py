@@ -192,19 +192,23 @@ def _stopped_dirty_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run)
 
 
 def _interrupted_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice | None:
-    in_flight = [str(call) for call in payload.get("calls_in_flight", [])]
+    # Only unconfirmed writes need a person (a read in flight is simply lost work).
+    in_flight = [
+        str(item)
+        for item in [*payload.get("writes_in_flight", []), *payload.get("outbox_in_flight", [])]
+    ]
     if not in_flight:
         return None  # nothing unconfirmed: the run page says enough
     event = Event.RUN_INTERRUPTED
     message = Message(
-        title=f"Run interrupted with {len(in_flight)} call(s) in flight: {run.title}",
+        title=f"Run interrupted with {len(in_flight)} unconfirmed write(s): {run.title}",
         text=(
             f"The worker was lost ({entry.reason or 'interrupted'}) while calls were running; "
             "their outcomes are unknown. Check them before resuming or closing the run."
         ),
         link=public_url(reverse("console:run", args=[run.pk])),
         link_label="Open the run",
-        facts=[*_run_facts(run), ("Calls in flight", ", ".join(in_flight[:10]))],
+        facts=[*_run_facts(run), ("Unconfirmed", ", ".join(in_flight[:10]))],
         run_id=run.pk,
     )
     epoch = payload.get("stop_epoch", entry.run_seq)

@@ -492,7 +492,16 @@ def _interrupt_locked(
         actor=actor,
         action="run.interrupted",
         reason=reason,
-        payload={"calls_in_flight": run.interruption["calls_in_flight"]},
+        payload={
+            "calls_in_flight": run.interruption["calls_in_flight"],
+            # What a person must check: writes whose outcome is now unknown, and items in flight.
+            "writes_in_flight": [
+                record.tool_call_id
+                for record in in_flight
+                if record.side_effect == SideEffect.WRITE
+            ],
+            "outbox_in_flight": outbox_in_flight,
+        },
         fields=("interruption",),
     )
 

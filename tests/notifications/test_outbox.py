@@ -132,13 +132,26 @@ def test_events_map_to_what_a_person_must_do(team, make_channel, receiver):
     assert Delivery.objects.filter(event="approval.expired").count() == 1
 
 
-def test_an_interruption_notifies_only_with_calls_in_flight(team, webhook):
+def test_an_interruption_notifies_only_with_unconfirmed_writes(team, webhook):
     from tests.support.run_factories import run_interrupt
 
     quiet = new_run(team)
     start(quiet)
     run_interrupt(run_id=quiet.pk, reason="lease_expired", actor=Actor.system("test"))
     assert not Delivery.objects.filter(run=quiet).exists()
+
+    reading = new_run(team)
+    read_lease = start(reading)
+    services.permit_request(
+        run_id=reading.pk,
+        epoch=read_lease.epoch,
+        tool_call_id="search_1",
+        tool="web.search",
+        side_effect="none",
+        actor=AGENT,
+    )
+    run_interrupt(run_id=reading.pk, reason="lease_expired", actor=Actor.system("test"))
+    assert not Delivery.objects.filter(run=reading).exists()  # a lost read needs nobody
 
     busy = new_run(team)
     lease = start(busy)
