@@ -58,7 +58,7 @@ from notifications.transports import (
 from runs.actors import Actor
 from runs.dispatch import dispatcher_name
 from runs.errors import InvalidInput, NotFound
-from runs.ledger import ChainBreak, ledger_append, ledger_verify
+from runs.ledger import ChainBreak, VerifyProgress, ledger_append, ledger_verify
 from runs.models import LedgerEntry, Membership, Run, Team
 
 logger = logging.getLogger(__name__)
@@ -506,10 +506,22 @@ def handoffs_remind_waiting(*, now: Any = None, limit: int = 200) -> int:
     return _enqueue_new(notices)
 
 
+def _log_verify_progress(progress: VerifyProgress) -> None:
+    # The scheduled walk of a million entries takes tens of seconds: the worker's log shows it
+    # advancing, and its rate.
+    logger.info(
+        "ledger verification: %s entries in %.1f s (%.0f entries/s)%s",
+        progress.checked,
+        progress.seconds,
+        progress.rate,
+        ", done" if progress.done else "",
+    )
+
+
 def ledger_check() -> ChainBreak | None:
     """Verify every ledger chain; a break is `ledger.broken` for the team it belongs to (every
     team, for a break in the global chain), once per broken entry."""
-    _checked, broken = ledger_verify()
+    _checked, broken = ledger_verify(progress=_log_verify_progress)
     if broken is None:
         return None
     logger.error("ledger chain broken at entry %s: %s", broken.entry_id, broken.problem)

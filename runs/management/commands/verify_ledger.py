@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from runs.ledger import ledger_verify
+from runs.ledger import VERIFY_PROGRESS_EVERY, VerifyProgress, ledger_verify
 
 
 class Command(BaseCommand):
@@ -12,9 +12,19 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--run", default=None, help="verify one run's chain only")
+        parser.add_argument(
+            "--progress-every",
+            type=int,
+            default=VERIFY_PROGRESS_EVERY,
+            help="print a progress line every N entries (default %(default)s)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        checked, broken = ledger_verify(run_id=options["run"])
+        checked, broken = ledger_verify(
+            run_id=options["run"],
+            progress=self._progress,
+            progress_every=options["progress_every"],
+        )
         if broken is None:
             self.stdout.write(f"ledger OK: {checked} entries verified")
             return
@@ -22,3 +32,13 @@ class Command(BaseCommand):
             f"ledger BROKEN at entry {broken.entry_id} (run {broken.run_id or '-'}, seq {broken.run_seq}): {broken.problem}"
         )
         raise SystemExit(1)
+
+    def _progress(self, progress: VerifyProgress) -> None:
+        # A million entries take a while: say how far it got and how fast, so an operator
+        # can tell a slow walk from a stuck one.
+        if progress.done:
+            return
+        self.stdout.write(
+            f"verified {progress.checked:,} entries in {progress.seconds:.1f} s "
+            f"({progress.rate:,.0f} entries/s)"
+        )
