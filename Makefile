@@ -6,7 +6,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 REDIS ?= redis://127.0.0.1:6379/0
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast lint migrations-check bench services chromium clean ts-client node axe
+.PHONY: install run test test-fast lint migrations-check bench services chromium nginx clean ts-client node axe
 
 install: $(VENV)/.installed
 
@@ -24,6 +24,11 @@ services:
 
 chromium:
 	bash scripts/ensure-chromium.sh
+
+# Debian's nginx, for the scale-out bench (N daphne behind it) and tests/deploy's `nginx -t`;
+# always run as our own foreground process with a generated config, never as the system service.
+nginx:
+	bash scripts/ensure-nginx.sh
 
 node:
 	bash scripts/ensure-node.sh
@@ -48,7 +53,7 @@ ts-client: install node
 PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
-test: install services chromium axe
+test: install services chromium nginx axe
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client
@@ -67,7 +72,7 @@ lint: install
 migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run
 
-bench: install services
+bench: install services nginx
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) bench/run_all.py
 
 clean:

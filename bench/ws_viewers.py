@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import time
 from collections import defaultdict
@@ -183,6 +184,15 @@ async def main_async(args: argparse.Namespace) -> None:
     )
 
 
+def raise_fd_limit() -> None:
+    """One socket per viewer: past ~1,000 viewers in one process the usual soft limit (1,024)
+    would refuse connections, which would read as gaps."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -193,6 +203,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--wave", type=int, default=25)
     args = parser.parse_args()
+    raise_fd_limit()
     asyncio.run(main_async(args))
 
 
