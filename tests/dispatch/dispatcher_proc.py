@@ -8,10 +8,14 @@ killed with SIGKILL mid-send. Commands (one per line; each answers one line on s
 
     prep <team_slug> <runs> <items> <url>   create running runs with <items> outbox items each
                                             (through the services) -> "prepped <id>,<id>,..."
-    scan <run_id> [<slot> <slots>]          read the run's pending item ids *now* (the
+    scan <run_id>[,<run_id>...] [<slot> <slots>]
+                                            read the runs' pending item ids *now* (the
                                             dispatcher's scan) -> "ready <n>"; with a slot, keep
-                                            the items whose position modulo <slots> is <slot> or
-                                            <slot>+1, so every item has exactly two contenders
+                                            the items whose position in their run modulo <slots>
+                                            is <slot> or <slot>+1, so every item has exactly two
+                                            contenders; several runs' items are interleaved (the
+                                            first of each run, then the second, ...) so that
+                                            every run is being dispatched all through the round
     go                                      dispatch_one() every scanned id, however stale the
                                             scan has become -> "done <claimed>"
     dispatch <item_id>                      dispatch_one(item) -> "dispatched <status or none>"
@@ -24,6 +28,25 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from itertools import zip_longest
+
+
+def scan(run_ids: list[str], slot: int | None = None, slots: int | None = None) -> list[int]:
+    from runs.models import OutboxItem, OutboxStatus
+
+    per_run: dict[str, list[int]] = {run_id: [] for run_id in run_ids}
+    for run_id, pk in (
+        OutboxItem.objects.filter(run_id__in=run_ids, status=OutboxStatus.PENDING)
+        .order_by("created_at", "pk")
+        .values_list("run_id", "pk")
+    ):
+        per_run[run_id].append(pk)
+    if slot is not None and slots is not None:
+        for run_id, pks in per_run.items():
+            per_run[run_id] = [
+                pk for n, pk in enumerate(pks) if n % slots in (slot, (slot + 1) % slots)
+            ]
+    return [pk for row in zip_longest(*per_run.values()) for pk in row if pk is not None]
 
 
 def main() -> None:
@@ -35,7 +58,7 @@ def main() -> None:
     from console import realtime
     from runs import dispatch, notify, services
     from runs.actors import Actor
-    from runs.models import OutboxItem, OutboxStatus, Team
+    from runs.models import Team
     from tests.runs.factories import make_running
 
     # No browser is connected to this process: skip the in-memory channel publish (pure cost).
@@ -74,18 +97,7 @@ def main() -> None:
                     run_ids.append(run.pk)
                 answer("prepped " + ",".join(run_ids))
             elif command == "scan":
-                scanned = list(
-                    OutboxItem.objects.filter(run_id=args[0], status=OutboxStatus.PENDING)
-                    .order_by("created_at")
-                    .values_list("pk", flat=True)
-                )
-                if len(args) == 3:
-                    slot, slots = int(args[1]), int(args[2])
-                    scanned = [
-                        pk
-                        for n, pk in enumerate(scanned)
-                        if n % slots in (slot, (slot + 1) % slots)
-                    ]
+                scanned = scan(args[0].split(","), *(int(arg) for arg in args[1:3]))
                 answer(f"ready {len(scanned)}")
             elif command == "go":
                 claimed = sum(

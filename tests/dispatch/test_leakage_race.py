@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections import deque
 from datetime import timedelta
 
 import pytest
@@ -33,6 +32,7 @@ from django.utils import timezone
 from runs import selectors, services
 from runs.actors import Actor
 from runs.models import OutboxItem, OutboxStatus
+from tests.dispatch.race import RunSupply, race_round, tally
 
 ITERATIONS = int(os.environ.get("SAFESTOP_RACE_ITERATIONS", 300))
 ITEMS = 20
@@ -63,59 +63,8 @@ def fast_commits(transactional_db):
     _synchronous_commit("default")
 
 
-class RunSupply:
-    """Runs prepared by agent processes, handed out as they become ready."""
-
-    def __init__(self, agents, *, team_slug: str, url: str, total: int) -> None:
-        self.agents, self.team_slug, self.url = agents, team_slug, url
-        self.ready: deque[str] = deque()
-        self.to_order = total
-        self.busy: set[int] = set()
-        for index in range(len(agents)):
-            self._order(index)
-
-    def _order(self, index: int) -> None:
-        count = min(BATCH, self.to_order)
-        if count <= 0:
-            return
-        self.to_order -= count
-        self.agents[index].send(f"prep {self.team_slug} {count} {ITEMS} {self.url}")
-        self.busy.add(index)
-
-    def _collect(self, index: int, answer: str) -> None:
-        self.ready.extend(answer.split(" ", 1)[1].split(","))
-        self.busy.discard(index)
-        self._order(index)
-
-    def next(self) -> str:
-        for index in list(self.busy):
-            answer = self.agents[index].poll()
-            if answer is not None:
-                self._collect(index, answer)
-        while not self.ready:
-            index = next(iter(self.busy))
-            self._collect(index, self.agents[index].read(timeout=120))
-        return self.ready.popleft()
-
-
-def _race_one(dispatchers, run_id: str, delay: float | None) -> tuple[services.StopOutcome, float]:
-    """Scan, go, and stop after `delay` seconds (None: only once every dispatcher is done)."""
-    for slot, proc in enumerate(dispatchers):
-        proc.send(f"scan {run_id} {slot} {len(dispatchers)}")
-    for proc in dispatchers:
-        assert proc.read() == f"ready {ITEMS * 2 // len(dispatchers)}"
-    started = time.perf_counter()
-    for proc in dispatchers:
-        proc.send("go")
-    if delay is not None:
-        time.sleep(delay)
-        outcome = services.run_stop(run_id=run_id, reason="user_stop", actor=REVIEWER)
-    for proc in dispatchers:
-        assert proc.read().startswith("done ")
-    elapsed = time.perf_counter() - started
-    if delay is None:
-        outcome = services.run_stop(run_id=run_id, reason="user_stop", actor=REVIEWER)
-    return outcome, elapsed
+def _stop(run_id: str) -> services.StopOutcome:
+    return services.run_stop(run_id=run_id, reason="user_stop", actor=REVIEWER)
 
 
 @pytest.mark.slow
@@ -126,21 +75,32 @@ def test_no_item_is_ever_sent_after_the_stop_that_froze_it(
     began, t0 = timezone.now(), time.perf_counter()
     dispatchers = [spawn_dispatcher() for _ in range(DISPATCHERS)]
     agents = [spawn_dispatcher() for _ in range(AGENTS)]
-    supply = RunSupply(agents, team_slug=team.slug, url=receiver.url("/hook"), total=ITERATIONS + 1)
+    supply = RunSupply(
+        agents,
+        team_slug=team.slug,
+        url=receiver.url("/hook"),
+        total=ITERATIONS + 1,
+        items=ITEMS,
+        batch=BATCH,
+    )
 
     # A probe measures the dispatch window: 20 items, four dispatchers, nobody stopping them.
     probe = supply.next()
-    probe_stop, window = _race_one(dispatchers, probe, delay=None)
+    probe_stops, window = race_round(dispatchers, [probe], None, items=ITEMS, stop=_stop)
     assert OutboxItem.objects.filter(run_id=probe, status=OutboxStatus.SENT).count() == ITEMS
 
     rng = random.Random(int(os.environ.get("SAFESTOP_RACE_SEED", time.time_ns())))
-    stops: dict[str, services.StopOutcome] = {probe: probe_stop}
+    stops: dict[str, object] = dict(probe_stops)
     for _iteration in range(ITERATIONS):
         run_id = supply.next()
         # Anywhere in the first 80% of the window: where claims and the stop can interleave.
         # (After the last claim the stop is trivially safe; the probe covers that case, and
         # every extra send costs CPU that two cores do not have to spare.)
-        outcome, elapsed = _race_one(dispatchers, run_id, delay=rng.uniform(0, window * 0.8))
+        outcomes, elapsed = race_round(
+            dispatchers, [run_id], [rng.uniform(0, window * 0.8)], items=ITEMS, stop=_stop
+        )
+        outcome = outcomes[run_id]
+        assert isinstance(outcome, services.StopOutcome)
         assert outcome.created and outcome.stop_request is not None
         stops[run_id] = outcome
         if OutboxItem.objects.filter(run_id=run_id, status=OutboxStatus.SENT).count() == ITEMS:
@@ -149,72 +109,27 @@ def test_no_item_is_ever_sent_after_the_stop_that_froze_it(
             window = 0.7 * window + 0.3 * elapsed
     raced = time.perf_counter()
 
-    # ---- what the database says ------------------------------------------------------------
-    items = {
-        row["idempotency_key"]: row
-        for row in OutboxItem.objects.filter(run_id__in=list(stops)).values(
-            "idempotency_key",
-            "run_id",
-            "status",
-            "claimed_at",
-            "claim_epoch",
-            "frozen_at",
-            "frozen_by_epoch",
-            "sent_at",
-        )
-    }
-    assert len(items) == len(stops) * ITEMS
-    by_run: dict[str, list[dict]] = {}
-    for row in items.values():
-        by_run.setdefault(row["run_id"], []).append(row)
-    sent = frozen = in_flight_at_stop = mixed = all_frozen = all_sent = 0
-    for run_id, outcome in stops.items():
-        stop = outcome.stop_request
-        rows = by_run[run_id]
-        assert {row["status"] for row in rows} <= {OutboxStatus.SENT, OutboxStatus.FROZEN}, run_id
-        for row in rows:
-            if row["status"] == OutboxStatus.SENT:
-                sent += 1
-                assert row["claimed_at"] < stop.requested_at, (run_id, row)
-                assert row["claim_epoch"] == stop.epoch_before, (run_id, row)
-                assert row["frozen_at"] is None
-                in_flight_at_stop += row["sent_at"] > stop.requested_at
-            else:
-                frozen += 1
-                assert row["claimed_at"] is None, (run_id, row)
-                assert row["frozen_by_epoch"] == stop.epoch_after
-        run_sent = sum(row["status"] == OutboxStatus.SENT for row in rows)
-        mixed += 0 < run_sent < ITEMS
-        all_frozen += run_sent == 0
-        all_sent += run_sent == ITEMS
-
-    # ---- what the receiver got -------------------------------------------------------------
-    receipts = receiver.keys()
-    assert receiver.duplicates() == {}, "an idempotency key was received twice"
-    for key in receipts:
-        row = items[key]
-        stop = stops[row["run_id"]].stop_request
-        assert row["status"] != OutboxStatus.FROZEN and row["frozen_at"] is None, (
-            f"frozen item {key} was received"
-        )
-        assert row["claimed_at"] < stop.requested_at, f"{key} was claimed after its run's stop"
-        assert row["claim_epoch"] == stop.epoch_before, (
-            f"{key} was claimed at epoch {row['claim_epoch']}"
-        )
-    assert len(receipts) == sent, "every sent item was received once, and nothing else"
+    # What the database says against what the receiver got (tests/dispatch/race.py).
+    result = tally(stops, receiver.keys(), items=ITEMS)
+    assert result.items == len(stops) * ITEMS
+    assert not result.other, f"items neither sent nor frozen: {result.other}"
+    assert result.duplicates == 0, result.examples
+    assert result.leaks == 0, result.examples
+    assert result.inconsistent == 0 and result.unknown_keys == 0, result.examples
+    assert result.receipts == result.sent and result.sent_not_received == 0, (
+        "every sent item was received once, and nothing else"
+    )
     leakage = selectors.side_effect_leakage(
         since=began, until=timezone.now() + timedelta(seconds=1)
     )
     assert leakage["dispatches_after_stop"] == 0
 
     print(
-        f"\nleakage race: iterations={len(stops) - 1} (+1 probe) dispatchers={DISPATCHERS} items_per_run={ITEMS} "
-        f"items_sent={sent} items_frozen={frozen} receipts={len(receipts)} in_flight_at_stop={in_flight_at_stop} "
-        f"duplicate_keys=0 frozen_received=0 claimed_after_stop=0 runs_mixed={mixed} "
-        f"runs_all_frozen={all_frozen} runs_all_sent={all_sent} last_window_ms={window * 1000:.0f} "
+        f"\nleakage race: iterations={len(stops) - 1} (+1 probe) dispatchers={DISPATCHERS} "
+        f"items_per_run={ITEMS} {result.line()} last_window_ms={window * 1000:.0f} "
         f"elapsed_s={raced - t0:.1f}"
     )
     # The race was really run: stops landed between claims, and some while a send was in flight.
     assert len(stops) - 1 >= ITERATIONS
-    assert mixed >= ITERATIONS // 5, "stops rarely landed inside the dispatch window"
-    assert sent > 0 and frozen > 0 and in_flight_at_stop > 0
+    assert result.runs_mixed >= ITERATIONS // 5, "stops rarely landed inside the dispatch window"
+    assert result.sent > 0 and result.frozen > 0 and result.in_flight_at_stop > 0
