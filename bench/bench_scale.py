@@ -27,6 +27,8 @@ import json
 import os
 import resource
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,8 @@ class Farm:
 
 
 PRODUCTION_APP = "console.asgi:application"
+# docker-compose.yml's `web` command line, beside --proxy-headers and the address.
+WEB_FLAGS = ("--websocket_connect_timeout", "20")
 CLOCKED_APP = "bench.asgi_clocked:application"
 
 
@@ -103,6 +107,7 @@ def start_farm(
                     "-m",
                     "daphne",
                     "--proxy-headers",
+                    *WEB_FLAGS,
                     "--bind",
                     "127.0.0.1",
                     "--port",
@@ -129,58 +134,137 @@ def proxy_for(stack: Stack, farm: Farm, processes: int) -> nginx.Proxy:
 # 1. ingestion
 
 
-def _ingest_once(stack: Stack, url: str) -> dict[str, Any]:
+def process_tree(pid: int) -> list[int]:
+    """A process and its descendants (nginx's master and workers), from /proc."""
+    pids = [pid]
+    for parent in pids:
+        try:
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children") as children:
+                    pids += [int(child) for child in children.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (/proc/<pid>/stat, fields 14 and 15)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(pids: dict[str, list[int]], work: Any) -> tuple[Any, dict[str, float]]:
+    """Run `work`; the CPU seconds each group of processes (and this one) spent meanwhile."""
+    before = {name: cpu_seconds(group) for name, group in pids.items()}
+    own = os.times()
+    result = work()
+    after_own = os.times()
+    spent = {name: cpu_seconds(group) - before[name] for name, group in pids.items()}
+    spent["clients"] = (after_own.user - own.user) + (after_own.system - own.system)
+    return result, spent
+
+
+def _ingest_once(stack: Stack, url: str, pids: dict[str, list[int]]) -> dict[str, Any]:
     from bench.bench_ingest import api_batches, api_singles
 
     batches = stack.n(96, 16) // CLIENTS
-    wall, events, batch_ms = api_batches(stack, CLIENTS, batches, 60, base_urls=[url])
-    requests = stack.n(1600, 160) // CLIENTS
-    single_wall, done, single_ms = api_singles(stack, CLIENTS, requests, 60, base_urls=[url])
+    (wall, events, batch_ms), batch_cpu = _timed(
+        pids, lambda: api_batches(stack, CLIENTS, batches, 60, base_urls=[url])
+    )
+    requests = stack.n(800, 160) // CLIENTS
+    (single_wall, done, single_ms), single_cpu = _timed(
+        pids, lambda: api_singles(stack, CLIENTS, requests, 60, base_urls=[url])
+    )
     return {
         "batch_rate": events / wall,
         "batch_ms": batch_ms,
         "events": events,
+        # CPU milliseconds per 100-event request / per single-event request, by process group
+        "batch_cpu": {name: seconds * 1000 / (events / 100) for name, seconds in batch_cpu.items()},
         "single_rate": done / single_wall,
         "single_ms": single_ms,
         "singles": done,
+        "single_cpu": {name: seconds * 1000 / done for name, seconds in single_cpu.items()},
     }
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _joined(rounds: list[dict[str, Any]], key: str, form: str) -> str:
+    return " / ".join(form.format(r[key]) for r in rounds)
+
+
+def _cpu_note(rounds: list[dict[str, Any]], kind: str) -> str:
+    names = rounds[0][f"{kind}_cpu"].keys()
+    per = {name: _mean([r[f"{kind}_cpu"][name] for r in rounds]) for name in names}
+    return "CPU ms per request: " + ", ".join(f"{name} {ms:.1f}" for name, ms in per.items())
+
+
 def bench_ingest(stack: Stack, farm: Farm) -> list[Row]:
+    """Each process count twice, in the order 1 2 4 4 2 1, so a load that drifts during the
+    section weighs on every count alike; rates are the mean of the two rounds."""
     from bench.bench_ingest import api_singles
 
     rows: list[Row] = []
-    measured: dict[int, dict[str, Any]] = {}
-    for processes in PROCESS_COUNTS:
+    rounds: dict[int, list[dict[str, Any]]] = {n: [] for n in PROCESS_COUNTS}
+    for processes in (*PROCESS_COUNTS, *reversed(PROCESS_COUNTS)):
         proxy = proxy_for(stack, farm, processes)
+        pids = {
+            "daphne": [daphne.pid for daphne in farm.daphnes[:processes]],
+            "nginx": process_tree(proxy.process.pid),
+        }
         try:
             api_singles(stack, CLIENTS, 10, 10, base_urls=[proxy.base_url])  # warm every daphne
             load = os.getloadavg()[0]
-            figures = _ingest_once(stack, proxy.base_url)
+            figures = _ingest_once(stack, proxy.base_url, pids)
         finally:
             proxy.stop()
         figures["load"] = load
-        measured[processes] = figures
+        rounds[processes].append(figures)
+    measured: dict[int, dict[str, Any]] = {}
+    for processes, done in rounds.items():
+        measured[processes] = {
+            "batch_rate": _mean([r["batch_rate"] for r in done]),
+            "single_rate": _mean([r["single_rate"] for r in done]),
+            "load": _mean([r["load"] for r in done]),
+        }
         for kind, unit, count in (("batch", "events/s", "events"), ("single", "req/s", "singles")):
             label = "events/s, batches of 100" if kind == "batch" else "single-event requests/s"
+            latencies = [ms for r in done for ms in r[f"{kind}_ms"]]
             rows.append(
                 rate_row(
                     "scale",
                     f"{label}, {CLIENTS} clients, nginx → {processes} daphne",
-                    figures[f"{kind}_rate"],
+                    measured[processes][f"{kind}_rate"],
                     unit,
                     extra={
-                        "count": figures[count],
+                        "count": sum(r[count] for r in done),
+                        "rounds": [r[f"{kind}_rate"] for r in done],
+                        "cpu_ms_per_request": {
+                            name: _mean([r[f"{kind}_cpu"][name] for r in done])
+                            for name in done[0][f"{kind}_cpu"]
+                        },
                         **{
                             key: value
-                            for key, value in summary(figures[f"{kind}_ms"]).items()
+                            for key, value in summary(latencies).items()
                             if key != "count"
                         },
                     },
-                    note=f"load average {load:.2f}; latency columns per request (ms)",
+                    note=f"rounds {_joined(done, kind + '_rate', '{:,.0f}')}; "
+                    f"load average {_joined(done, 'load', '{:.1f}')}; "
+                    f"{_cpu_note(done, kind)}; latency columns per request (ms)",
                 )
             )
-    direct = _ingest_once(stack, farm.url(0))
+    direct = _ingest_once(stack, farm.url(0), {"daphne": [farm.daphnes[0].pid]})
     rows.append(
         rate_row(
             "scale",
@@ -188,9 +272,10 @@ def bench_ingest(stack: Stack, farm: Farm) -> list[Row]:
             direct["single_rate"],
             "req/s",
             extra={"count": direct["singles"], "batch_rate": direct["batch_rate"]},
-            note=f"batches direct {direct['batch_rate']:,.0f} events/s: what nginx costs "
-            f"(vs nginx → 1 daphne: singles {measured[1]['single_rate'] / direct['single_rate']:.0%}, "
-            f"batches {measured[1]['batch_rate'] / direct['batch_rate']:.0%})",
+            note=f"batches direct {direct['batch_rate']:,.0f} events/s; load average "
+            f"{os.getloadavg()[0]:.1f}; {_cpu_note([direct], 'single')}; nginx → 1 daphne "
+            f"reached singles {measured[1]['single_rate'] / direct['single_rate']:.0%}, "
+            f"batches {measured[1]['batch_rate'] / direct['batch_rate']:.0%} of direct",
         )
     )
     for processes in PROCESS_COUNTS[1:]:
@@ -595,6 +680,27 @@ def fanout(
 # --------------------------------------------------------------------------------------------
 
 
+def _part(name: str, measure: Callable[[], list[Row]]) -> list[Row]:
+    """One failed part must not take the others' figures with it."""
+    try:
+        return measure()
+    except Exception as error:
+        traceback.print_exc()
+        return [
+            Row("scale", f"{name}: FAILED", {}, "", note=f"{type(error).__name__}: {error}"[:400])
+        ]
+
+
+def _wait_for_sockets_closed(farm: Farm, baseline: dict[int, int], timeout: float = 60.0) -> None:
+    """Until each daphne is back to the sockets it had before a fan-out (the closing viewers'
+    consumers have left their groups), so one measurement's teardown is not the next's load."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(_open_sockets(pid) <= count + 2 for pid, count in baseline.items()):
+            return
+        time.sleep(0.5)
+
+
 def run(stack: Stack) -> list[Row]:
     limit = raise_fd_limit()
     farm = start_farm(stack, [PRODUCTION_APP] * max(PROCESS_COUNTS))
@@ -602,13 +708,20 @@ def run(stack: Stack) -> list[Row]:
     try:
         from bench.fixtures import analyze
 
-        rows += bench_ingest(stack, farm)
+        rows += _part("ingestion", lambda: bench_ingest(stack, farm))
         analyze("runs_step", "runs_eventreceipt", "runs_run")
-        rows += bench_stop(stack, farm)
+        rows += _part("stop", lambda: bench_stop(stack, farm))
         viewers = stack.n(VIEWERS, 200)
         seconds = stack.n(20.0, 5.0)
-        rows += fanout(stack, farm, 2, viewers=viewers, rate=FANOUT_RATE, seconds=seconds)
-        rows += fanout(stack, farm, 1, viewers=viewers, rate=FANOUT_RATE, seconds=seconds)
+        for processes in (2, 1):
+            baseline = {daphne.pid: _open_sockets(daphne.pid) for daphne in farm.daphnes}
+            rows += _part(
+                f"fan-out, {processes} daphne",
+                lambda processes=processes: fanout(  # type: ignore[misc]
+                    stack, farm, processes, viewers=viewers, rate=FANOUT_RATE, seconds=seconds
+                ),
+            )
+            _wait_for_sockets_closed(farm, baseline)
     finally:
         farm.stop()
     if rows:

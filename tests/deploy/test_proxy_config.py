@@ -40,6 +40,12 @@ def test_web_scales_because_it_publishes_no_host_port(services):
     assert "container_name" not in web
 
 
+def test_web_gives_a_reconnect_storm_time_to_handshake(services):
+    command = services["web"]["command"]
+    timeout = int(command[command.index("--websocket_connect_timeout") + 1])
+    assert timeout >= 20  # daphne's CLI default of 5 s refuses sockets under a storm
+
+
 def test_nginx_is_the_published_entry_and_mounts_the_committed_config(services):
     proxy = services["nginx"]
     mounts = [volume.split(":") for volume in proxy["volumes"]]
@@ -77,6 +83,8 @@ def test_daphne_gets_the_client_address_the_client_cannot_forge(conf):
     # daphne --proxy-headers reads the FIRST X-Forwarded-For entry: it must be nginx's view
     assert "proxy_set_header X-Forwarded-For $remote_addr;" in conf
     assert "$proxy_add_x_forwarded_for" not in conf
+    # daphne takes X-Forwarded-Port as the client's port, not the proxy's
+    assert "proxy_set_header X-Forwarded-Port $remote_port;" in conf
     assert "proxy_set_header X-Forwarded-Proto $scheme;" in conf
     assert "proxy_set_header Host $host;" in conf
 
