@@ -14,6 +14,7 @@ from typing import Any
 
 from axes.models import AccessFailureLog
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import Count, F, Func, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import Coalesce, TruncDay, TruncHour
 from django.utils import timezone
@@ -121,6 +122,22 @@ class RunsPage:
     # interrupted with an unknown (`runs.selectors.needs_resolution_q`): how many, which rows
     interrupted_unresolved: int = 0
     unresolved_ids: set[str] = field(default_factory=set)
+    # the states whose count reached RUNS_COUNT_CAP: "10,000+", not the exact figure
+    capped: set[str] = field(default_factory=set)
+    interrupted_capped: bool = False
+
+    @property
+    def total_capped(self) -> bool:
+        return bool(self.capped)
+
+
+# Counting a million runs per state is a scan of every one of them (650 ms at 1,000,000 runs,
+# docs/BENCHMARKS.md), on every refresh. Each state's count stops at this many; past it the
+# page says "10,000+". A count below the cap is exact; the states a person must act on are
+# far below it on any sane console.
+RUNS_COUNT_CAP = 10_000
+# A hex fragment may be part of a run id (`run_` + hex); other words are searched in titles only.
+_ID_FRAGMENT = re.compile(r"[0-9a-fA-F]{3,}")
 
 
 def _scoped_runs(access: Access) -> QuerySet[Run]:
@@ -133,30 +150,84 @@ def _search(runs: QuerySet[Run], q: str) -> QuerySet[Run]:
     if not q:
         return runs
     if q.startswith("run_"):
-        return runs.filter(pk__istartswith=q)
-    return runs.filter(Q(title__icontains=q) | Q(pk__icontains=q))
+        # Ids are lower case (`new_run_id`): a case-sensitive prefix uses the primary key's
+        # pattern index where UPPER(id) LIKE would read every run.
+        return runs.filter(pk__startswith=q.lower())
+    if _ID_FRAGMENT.fullmatch(q):
+        return runs.filter(Q(title__icontains=q) | Q(pk__contains=q.lower()))
+    return runs.filter(title__icontains=q)
+
+
+def _capped_counts(narrowed: QuerySet[Run], cap: int) -> dict[str, int]:
+    """Runs per state, each counted up to `cap` + 1 — one query whatever the number of runs.
+
+    One scalar subquery per state, `SELECT COUNT(*) FROM (… LIMIT cap + 1)`: each reads at
+    most cap + 1 entries of a (status, …) index, where GROUP BY status reads every run.
+    Plain SQL that PostgreSQL and SQLite both run."""
+    parts: list[str] = []
+    params: list[Any] = []
+    for state in RunStatus.values:
+        limited = narrowed.filter(status=state).order_by().values("status")[: cap + 1]
+        sql, sql_params = limited.query.sql_with_params()
+        parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS capped)")
+        params.extend(sql_params)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(parts), params)
+        row = cursor.fetchone()
+    return {state: n for state, n in zip(RunStatus.values, row, strict=True) if n}
+
+
+def _agents(access: Access, limit: int = 200) -> list[str]:
+    """The distinct agents, in order: a loose index scan over `run_agent_idx` (one index probe
+    per agent) where DISTINCT read every run (600 ms at 1,000,000). Recursive CTEs run on
+    PostgreSQL and SQLite alike."""
+    table = connection.ops.quote_name(Run._meta.db_table)
+    scope, params = "", []
+    if not access.all_teams:
+        team_ids = list(access.team_ids or [])
+        if not team_ids:
+            return []
+        scope = f" AND team_id IN ({', '.join(['%s'] * len(team_ids))})"
+        params = team_ids
+    sql = (
+        "WITH RECURSIVE agents(name) AS ("
+        f" SELECT MIN(agent) FROM {table} WHERE 1 = 1{scope}"
+        " UNION ALL"
+        f" SELECT (SELECT MIN(agent) FROM {table} WHERE agent > agents.name{scope})"
+        " FROM agents WHERE agents.name IS NOT NULL"
+        f") SELECT name FROM agents WHERE name IS NOT NULL LIMIT {int(limit)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params * 2)
+        return [name for (name,) in cursor.fetchall()]
 
 
 def runs_page(
-    access: Access, filters: RunFilters, *, teams: list[Team], size: int = RUNS_PAGE_SIZE
+    access: Access,
+    filters: RunFilters,
+    *,
+    teams: list[Team],
+    size: int = RUNS_PAGE_SIZE,
+    count_cap: int | None = None,
 ) -> RunsPage:
-    """Five queries: agents, counts per state, the page (+1 row to know if there is more).
+    """Five queries at most: agents, counts per state, the page (+1 row to know if there is
+    more), and the unresolved interrupted runs when there are some — however many runs.
 
     Counts ignore the status filter so the state chips always show the whole picture of what
     the other filters select.
     """
+    count_cap = RUNS_COUNT_CAP if count_cap is None else count_cap
     scoped = _scoped_runs(access)
-    agents = list(scoped.order_by("agent").values_list("agent", flat=True).distinct()[:200])
+    agents = _agents(access)
     narrowed = scoped
     if filters.team:
         narrowed = narrowed.filter(team__slug=filters.team)
     if filters.agent:
         narrowed = narrowed.filter(agent=filters.agent)
     narrowed = _search(narrowed, filters.q)
-    counts = {
-        row["status"]: row["n"]
-        for row in narrowed.order_by().values("status").annotate(n=Count("pk"))
-    }
+    counts = _capped_counts(narrowed, count_cap)
+    capped = {state for state, n in counts.items() if n > count_cap}
+    counts = {state: min(n, count_cap) for state, n in counts.items()}
     listed = narrowed.filter(status=filters.status) if filters.status else narrowed
     listed = listed.select_related("team")
 
@@ -180,14 +251,9 @@ def runs_page(
         has_older = len(chunk) > size
         rows = chunk[:size]
         has_newer = after is not None
-    # Only when there is an interrupted run to ask about: a page of running runs costs nothing.
-    interrupted_unresolved, unresolved_ids = 0, set()
-    if counts.get(RunStatus.INTERRUPTED):
-        unresolved = narrowed.filter(needs_resolution_q(), status=RunStatus.INTERRUPTED)
-        interrupted_unresolved = unresolved.count()
-        shown = [run.pk for run in rows if run.status == RunStatus.INTERRUPTED]
-        if interrupted_unresolved and shown:
-            unresolved_ids = set(unresolved.filter(pk__in=shown).values_list("pk", flat=True))
+    interrupted_unresolved, unresolved_ids = _interrupted_unresolved(
+        narrowed, rows, counts, count_cap
+    )
     return RunsPage(
         rows=rows,
         counts=counts,
@@ -199,9 +265,35 @@ def runs_page(
         agents=agents,
         teams=teams,
         needs_resolution=counts.get(RunStatus.STOPPED_DIRTY, 0),
-        interrupted_unresolved=interrupted_unresolved,
+        interrupted_unresolved=min(interrupted_unresolved, count_cap),
         unresolved_ids=unresolved_ids,
+        capped=capped,
+        interrupted_capped=interrupted_unresolved > count_cap,
     )
+
+
+def _interrupted_unresolved(
+    narrowed: QuerySet[Run], rows: list[Run], counts: dict[str, int], cap: int
+) -> tuple[int, set[str]]:
+    """How many interrupted runs wait for a resolution (counted up to `cap` + 1), and which of
+    the shown rows do — in one query, whatever the page shows. Only asked when there is an
+    interrupted run: a page of running runs costs nothing."""
+    if not counts.get(RunStatus.INTERRUPTED):
+        return 0, set()
+    unresolved = narrowed.filter(needs_resolution_q(), status=RunStatus.INTERRUPTED).order_by()
+    # "" is no run's id: `pk IN ()` cannot be written, and the query stays the same shape.
+    shown = [run.pk for run in rows if run.status == RunStatus.INTERRUPTED] or [""]
+    count_sql, count_params = unresolved.values("pk")[: cap + 1].query.sql_with_params()
+    shown_sql, shown_params = unresolved.filter(pk__in=shown).values("pk").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT NULL, (SELECT COUNT(*) FROM ({count_sql}) AS capped)"
+            f" UNION ALL SELECT shown.pk, 0 FROM ({shown_sql}) AS shown",
+            [*count_params, *shown_params],
+        )
+        answer = cursor.fetchall()
+    how_many = next(n for pk, n in answer if pk is None)
+    return how_many, {pk for pk, _n in answer if pk is not None}
 
 
 # --------------------------------------------------------------------------------------------

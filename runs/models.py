@@ -159,6 +159,13 @@ class Run(models.Model):
             models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
             models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
             models.Index(fields=["team", "-created_at"], name="run_team_created_idx"),
+            # runs page over a million runs: per-state counts capped by LIMIT read these
+            # index-only, per team and per agent; the agent list walks the second one
+            # (console.selectors._capped_counts, _agents; docs/BENCHMARKS.md)
+            models.Index(
+                fields=["team", "status", "-created_at"], name="run_team_status_created_idx"
+            ),
+            models.Index(fields=["agent", "status", "team"], name="run_agent_status_team_idx"),
             # drain watchdog and budget enforcer scan only live runs
             models.Index(
                 fields=["status", "stop_requested_at"],

@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET
 
 from console.access import request_access, visible_teams
 from console.forms import RunFilterForm
-from console.selectors import RunFilters, runs_page
+from console.selectors import RunFilters, RunsPage, runs_page
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
 from runs.models import Role, RunStatus
 from runs.selectors import approvals_waiting_by_run
@@ -47,6 +47,7 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
         (state, RunStatus(state).label, result.counts.get(state, 0)) for state in STATE_ORDER
     ]
     context = {
+        "matching_label": _matching_label(result, filters.status),
         "form": form,
         "filters": filters,
         "result": result,
@@ -62,3 +63,10 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
         # sets its field and submits it, console.js), so nothing here rewrites the form.
         return fragments(request, TEMPLATE, "region", context)
     return page(request, TEMPLATE, context)
+
+
+def _matching_label(result: RunsPage, status: str) -> str:
+    """What the filters select, as the page words it: "10000+" once a count reached its cap."""
+    if status:
+        return f"{result.counts.get(status, 0)}{'+' if status in result.capped else ''}"
+    return f"{result.total}{'+' if result.total_capped else ''}"
