@@ -20,7 +20,11 @@ Refusals: the socket is accepted and closed at once with a code a client can rea
 4401 no, unknown or revoked token (and at once, while open, when the token is revoked:
 a revoked worker neither hears the next stop nor moves the run with an `ack`, which re-checks
 the token); 4404 no such run *or another team's run* (like the HTTP
-API's 404, so a token cannot probe other teams' run ids). Both are counted as denials.
+API's 404, so a token cannot probe other teams' run ids); 4429 too many wrong tokens from this
+address (`runs.api.ratelimit`: a wrong token here counts against the same per-address budget as
+a wrong bearer token over HTTP, and once it is spent every handshake from the address is
+refused, the right token too, before any token lookup, until the window ends — the HTTP 429's
+`Retry-After`). All are counted as denials (`throttled` for 4429, in `/metrics`).
 
 ORM work only through `database_sync_to_async`; the consumer calls services, never models.
 """
@@ -28,6 +32,7 @@ ORM work only through `database_sync_to_async`; the consumer calls services, nev
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -38,7 +43,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from runs import services
 from runs.actors import Actor
 from runs.api.permissions import plausible_run_id
-from runs.api.ratelimit import denial_record
+from runs.api.ratelimit import bearer_failure_record, bearer_guessing_wait, denial_record
 from runs.api.selectors import current_stop_signal
 from runs.errors import DomainError
 from runs.groups import agent_group, token_group
@@ -47,7 +52,11 @@ from runs.tokens import api_token_authenticate
 
 CLOSE_BAD_TOKEN = 4401
 CLOSE_NO_SUCH_RUN = 4404
+CLOSE_TOKEN_GUESSING = 4429
 ROUTE = "ws/agent/runs/<run_id>/"
+
+# The same logger and level as a refused HTTP request (runs.api.errors): one line, no traceback.
+refusals = logging.getLogger("safestop.refusals")
 
 
 @dataclass(frozen=True)
@@ -56,9 +65,33 @@ class Verdict:
     close_code: int | None
 
 
+def _guessing_refused(client_ip: str, wait: float) -> Verdict:
+    denial_record(
+        reason="throttled",
+        client_ip=client_ip,
+        route=ROUTE,
+        detail="agent websocket: too many wrong bearer tokens from this address",
+    )
+    refusals.warning(
+        "refused 4429 websocket %s: rate_limited (too many wrong bearer tokens; retry after "
+        "%.0f s) by %s",
+        ROUTE,
+        wait,
+        client_ip or "unknown address",
+    )
+    return Verdict(None, CLOSE_TOKEN_GUESSING)
+
+
 def _authorise(raw_token: str, run_id: str, client_ip: str) -> Verdict:
+    # A blocked address learns nothing, not even whether this token is right (as over HTTP).
+    wait = bearer_guessing_wait(client_ip=client_ip)
+    if wait is not None:
+        return _guessing_refused(client_ip, wait)
     token = api_token_authenticate(raw_token) if raw_token else None
     if token is None:
+        wait = bearer_failure_record(client_ip=client_ip) if raw_token else None
+        if wait is not None:
+            return _guessing_refused(client_ip, wait)
         denial_record(
             reason="bad_token",
             credential="missing" if not raw_token else "unknown",

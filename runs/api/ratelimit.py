@@ -20,6 +20,8 @@ facts can ride in the `drained` body); each is one short transaction on one run.
 Guessing tokens, per client address: `SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE` wrong bearer tokens
 from one address in a window, then every bearer request from it answers 429 with `Retry-After`
 until the window ends (the right token too, or a 200 would tell the guesser which one it was).
+A wrong token on the agent websocket counts against the same budget, and a blocked address's
+handshakes are closed with 4429 (`runs.api.consumers`).
 The failures are counted with the same shared counter; the block itself is remembered per
 process, so with N web processes a guesser gets at most N more tries per window.
 
