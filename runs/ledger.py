@@ -67,6 +67,18 @@ def _timestamp(at: Any) -> str:
     return at.isoformat(timespec="microseconds")
 
 
+@dataclass(frozen=True)
+class ChainHead:
+    """A run chain's last entry, as read under the run lock: `run_seq` 0 and the genesis hash
+    for an empty chain."""
+
+    run_seq: int
+    hash: str
+
+
+EMPTY_CHAIN = ChainHead(0, GENESIS_HASH)
+
+
 def ledger_append(
     *,
     run: Run | None,
@@ -75,8 +87,13 @@ def ledger_append(
     reason: str = "",
     payload: dict[str, Any] | None = None,
     team_slug: str = "",
+    head: ChainHead | None = None,
 ) -> LedgerEntry:
-    """Append one entry. Call it inside the transition's transaction, after locking the run."""
+    """Append one entry. Call it inside the transition's transaction, after locking the run.
+
+    `head`: the run chain's head when the caller has just read it under the same lock (the
+    stop reads it in its one statement), which saves reading it again.
+    """
     payload = _canonical(payload or {})
     if run is not None:
         # The caller holds the run row lock, which serialises this run's chain: a fork is
@@ -88,6 +105,7 @@ def ledger_append(
             reason=reason,
             payload=payload,
             team_slug=team_slug or run.team.slug,
+            head=head,
         )
     for _attempt in range(5):
         try:
@@ -105,12 +123,24 @@ def ledger_append(
     raise RuntimeError("could not append to the global ledger chain")
 
 
-def _insert_entry(
-    *, run: Run | None, actor: Actor, action: str, reason: str, payload: Any, team_slug: str
-) -> LedgerEntry:
+def _chain_head(run: Run | None) -> ChainHead:
     last = LedgerEntry.objects.filter(run=run).order_by("-run_seq").only("run_seq", "hash").first()
-    run_seq = (last.run_seq + 1) if last else 1
-    prev_hash = last.hash if last else GENESIS_HASH
+    return ChainHead(last.run_seq, last.hash) if last else EMPTY_CHAIN
+
+
+def _insert_entry(
+    *,
+    run: Run | None,
+    actor: Actor,
+    action: str,
+    reason: str,
+    payload: Any,
+    team_slug: str,
+    head: ChainHead | None = None,
+) -> LedgerEntry:
+    head = head or _chain_head(run)
+    run_seq = head.run_seq + 1
+    prev_hash = head.hash
     # Truncate to microseconds as stored, so the verifier recomputes the very same string.
     at = timezone.now()
     digest = entry_hash(

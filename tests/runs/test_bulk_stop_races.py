@@ -53,11 +53,11 @@ def test_a_bulk_stop_never_holds_one_lock_across_runs(team, monkeypatch, setting
     run_a, lease_a = make_running(team)
     run_b, lease_b = make_running(team)
     seen: dict[str, Any] = {}
-    original = lifecycle.void_waiting_approvals_locked
+    original = lifecycle.write_stop
 
-    def during_a_stop(run: Any, **kwargs: Any) -> int:
+    def during_a_stop(run: Any, *args: Any, **kwargs: Any) -> Any:
         # Called inside `_stop_locked`, with this run's row locked and its stop uncommitted.
-        voided = original(run, **kwargs)
+        written = original(run, *args, **kwargs)
         if run.pk == run_a.pk:
             seen["permit_on_b"] = _on_own_connection(
                 lambda: services.permit_request(
@@ -75,9 +75,9 @@ def test_a_bulk_stop_never_holds_one_lock_across_runs(team, monkeypatch, setting
                     run_id=run_a.pk, lease_token=lease_a.token, epoch=lease_a.epoch, actor=AGENT
                 )
             )
-        return voided
+        return written
 
-    monkeypatch.setattr(lifecycle, "void_waiting_approvals_locked", during_a_stop)
+    monkeypatch.setattr(lifecycle, "write_stop", during_a_stop)
     answer = services.bulk_stop(
         actor=REVIEWER,
         team_ids=[team.pk],
