@@ -15,7 +15,8 @@ from typing import Any
 from axes.models import AccessFailureLog
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Count, F, Func, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, TruncDay, TruncHour
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -280,7 +281,7 @@ def _interrupted_unresolved(
     interrupted run: a page of running runs costs nothing."""
     if not counts.get(RunStatus.INTERRUPTED):
         return 0, set()
-    unresolved = narrowed.filter(needs_resolution_q(), status=RunStatus.INTERRUPTED).order_by()
+    unresolved = _unresolved_interrupted(narrowed).order_by()
     # "" is no run's id: `pk IN ()` cannot be written, and the query stays the same shape.
     shown = [run.pk for run in rows if run.status == RunStatus.INTERRUPTED] or [""]
     count_sql, count_params = unresolved.values("pk")[: cap + 1].query.sql_with_params()
@@ -1063,9 +1064,45 @@ def _count(queryset: QuerySet[Any]) -> Subquery:
     return Subquery(queryset.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n"))
 
 
+def _count_rows(queryset: QuerySet[Any]) -> Subquery:
+    """`SELECT COUNT(*) …` as a scalar subquery: unlike COUNT(pk), it may be answered from an
+    index alone (a run's status index has no id)."""
+    counted = Func(template="COUNT(*)", output_field=IntegerField())
+    return Subquery(queryset.order_by().annotate(n=counted).values("n"))
+
+
+def _unknown_run_ids() -> RawSQL:
+    """The ids of runs with an unknown (`runs.selectors.needs_resolution_q`): an unconfirmed
+    write, an outbox item in flight, a worker fenced without confirming — read from the three
+    small partial indexes, where asking each interrupted run in turn visited every one of them
+    (20,000 at 1,000,000 runs: 380 ms, and 2.7 s more when PostgreSQL chose to JIT-compile)."""
+    parts = [
+        ExecutionRecord.objects.unconfirmed().values("run_id"),
+        OutboxItem.objects.unconfirmed().values("run_id"),
+        Lease.objects.filter(fenced_unconfirmed=True).values("run_id"),
+    ]
+    sqls: list[str] = []
+    params: list[Any] = []
+    for part in parts:
+        sql, part_params = part.order_by().query.sql_with_params()
+        sqls.append(sql)
+        params.extend(part_params)
+    return RawSQL(" UNION ".join(sqls), params)
+
+
+def _unresolved_interrupted(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """`runs` that are interrupted with an unknown: the same rows as
+    `runs.filter(needs_resolution_q(), status=INTERRUPTED)`, found from the unknowns' side."""
+    return runs.filter(status=RunStatus.INTERRUPTED, pk__in=_unknown_run_ids())
+
+
 def _needs_runs(team_ids: list[int] | None) -> QuerySet[Run]:
     runs = Run.objects.filter(needs_resolution_q())
     return runs if team_ids is None else runs.filter(team_id__in=team_ids)
+
+
+def _acting_runs(team_ids: list[int] | None) -> QuerySet[Run]:
+    return Run.objects.all() if team_ids is None else Run.objects.filter(team_id__in=team_ids)
 
 
 def _needs_handoffs(team_ids: list[int] | None, user_id: int | None) -> QuerySet[Handoff]:
@@ -1107,10 +1144,18 @@ def nav_counts(access: Access) -> NavCounts:
         .annotate(
             approvals_waiting=_count(_waiting_approvals(access.team_ids)),
             needs_approvals=_count(_waiting_approvals(acting)),
-            needs_runs=_count(_needs_runs(acting)),
+            # `_needs_runs` as two counts: an OR of the two states reads every such run's row
+            needs_dirty=_count_rows(_acting_runs(acting).filter(status=RunStatus.STOPPED_DIRTY)),
+            needs_interrupted=_count_rows(_unresolved_interrupted(_acting_runs(acting))),
             needs_handoffs=_count(_needs_handoffs(acting, access.user_id)),
         )
-        .values("approvals_waiting", "needs_approvals", "needs_runs", "needs_handoffs")
+        .values(
+            "approvals_waiting",
+            "needs_approvals",
+            "needs_dirty",
+            "needs_interrupted",
+            "needs_handoffs",
+        )
         .first()
     )
     if row is None:
@@ -1118,7 +1163,7 @@ def nav_counts(access: Access) -> NavCounts:
     return NavCounts(
         approvals_waiting=row["approvals_waiting"] or 0,
         approvals=row["needs_approvals"] or 0,
-        runs=row["needs_runs"] or 0,
+        runs=(row["needs_dirty"] or 0) + (row["needs_interrupted"] or 0),
         handoffs=row["needs_handoffs"] or 0,
     )
 

@@ -343,6 +343,11 @@ class ExecutionRecord(models.Model):
             ),
         ]
         indexes = [
+            # the few unconfirmed writes: which runs have one, without visiting every run
+            # (console.selectors._unknown_run_ids, for the nav's and the runs page's counts)
+            models.Index(
+                fields=["run"], name="exec_unconfirmed_idx", condition=UNCONFIRMED_SIDE_EFFECT
+            ),
             # the settle decision and the stop packet look for calls whose outcome is open
             models.Index(
                 fields=["run", "execution_state"],
@@ -426,6 +431,12 @@ class OutboxItem(models.Model):
             ),
         ]
         indexes = [
+            # the few items in flight or unknown: which runs have one (as exec_unconfirmed_idx)
+            models.Index(
+                fields=["run"],
+                name="outbox_unconfirmed_idx",
+                condition=Q(status__in=OUTBOX_IN_FLIGHT_STATUSES, resolved=False),
+            ),
             # outbox_claim_next: the dispatcher scans pending items oldest first
             models.Index(
                 fields=["created_at"], name="outbox_pending_idx", condition=Q(status="pending")
@@ -482,6 +493,12 @@ class Lease(models.Model):
             ),
         ]
         indexes = [
+            # workers fenced without confirming: which runs have one (as exec_unconfirmed_idx)
+            models.Index(
+                fields=["run"],
+                name="lease_fenced_unconfirmed_idx",
+                condition=Q(fenced_unconfirmed=True),
+            ),
             # lease reaper: live leases by expiry
             models.Index(
                 fields=["expires_at"],
