@@ -9,11 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema_field
+from django.core.validators import RegexValidator
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
 from handoff.models import ResolutionDecision
 from runs import services
+from runs.api.fields import (
+    JSONObjectOrNullField,
+    JSONValueField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 from runs.api.permissions import API_STOP_REASONS
 from runs.errors import InvalidInput
 from runs.models import (
@@ -44,8 +53,8 @@ RESULT_STATES = [
 ]
 
 
-def epoch_field(**kwargs: Any) -> serializers.IntegerField:
-    return serializers.IntegerField(min_value=0, max_value=INT32_MAX, **kwargs)
+def epoch_field(**kwargs: Any) -> StrictIntegerField:
+    return StrictIntegerField(min_value=0, max_value=INT32_MAX, **kwargs)
 
 
 class AnyJSONField(serializers.JSONField):
@@ -57,13 +66,13 @@ class AnyJSONField(serializers.JSONField):
 
 
 class ErrorSerializer(serializers.Serializer):
-    error = serializers.CharField(help_text="stable machine-readable code, e.g. stale_epoch")
-    detail = serializers.CharField()
-    field = serializers.CharField(required=False, help_text="the first bad field (400 only)")
+    error = StrictCharField(help_text="stable machine-readable code, e.g. stale_epoch")
+    detail = StrictCharField()
+    field = StrictCharField(required=False, help_text="the first bad field (400 only)")
     status = serializers.ChoiceField(
         choices=RunStatus.choices, required=False, help_text="the run's current status (409)"
     )
-    stop_epoch = serializers.IntegerField(required=False, help_text="the run's current epoch (409)")
+    stop_epoch = StrictIntegerField(required=False, help_text="the run's current epoch (409)")
     errors = AnyJSONField(required=False, help_text="every field error (400 only)")  # type: ignore[assignment]
 
 
@@ -72,28 +81,28 @@ class ErrorSerializer(serializers.Serializer):
 
 
 class PlannedStepIn(serializers.Serializer):
-    key = serializers.CharField(max_length=120)
-    name = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    key = StrictCharField(max_length=120)
+    name = StrictCharField(max_length=300, required=False, allow_blank=True, default="")
     kind = serializers.ChoiceField(
         choices=StepKind.choices, required=False, default=StepKind.MODEL_CALL
     )
 
 
 class BudgetIn(serializers.Serializer):
-    max_seconds = serializers.IntegerField(
+    max_seconds = StrictIntegerField(
         min_value=1, max_value=INT32_MAX, required=False, allow_null=True
     )
-    max_tool_calls = serializers.IntegerField(
+    max_tool_calls = StrictIntegerField(
         min_value=0, max_value=INT32_MAX, required=False, allow_null=True
     )
 
 
 class RunCreateIn(serializers.Serializer):
-    title = serializers.CharField(max_length=300)
-    agent = serializers.CharField(max_length=120)
+    title = StrictCharField(max_length=300)
+    agent = StrictCharField(max_length=120)
     steps = PlannedStepIn(many=True, required=False, max_length=MAX_PLANNED_STEPS)  # type: ignore[call-arg]
     budget = BudgetIn(required=False)
-    idempotency_key = serializers.CharField(
+    idempotency_key = StrictCharField(
         max_length=200,
         required=False,
         allow_blank=True,
@@ -115,39 +124,39 @@ class RunListQuery(serializers.Serializer):
 
 
 class BudgetOut(serializers.Serializer):
-    max_seconds = serializers.IntegerField(allow_null=True)
-    max_tool_calls = serializers.IntegerField(allow_null=True)
-    tool_calls_used = serializers.IntegerField(source="tool_calls_count")
+    max_seconds = StrictIntegerField(allow_null=True)
+    max_tool_calls = StrictIntegerField(allow_null=True)
+    tool_calls_used = StrictIntegerField(source="tool_calls_count")
 
 
 class RunOut(serializers.Serializer):
-    id = serializers.CharField()
-    title = serializers.CharField()
-    agent = serializers.CharField()
-    team = serializers.CharField(source="team.slug")
+    id = StrictCharField()
+    title = StrictCharField()
+    agent = StrictCharField()
+    team = StrictCharField(source="team.slug")
     status = serializers.ChoiceField(choices=RunStatus.choices)
-    stop_epoch = serializers.IntegerField()
+    stop_epoch = StrictIntegerField()
     stop_reason = serializers.SerializerMethodField()
     stop_requested_by = serializers.SerializerMethodField()
     stop_requested_at = serializers.DateTimeField(allow_null=True)
     stopped_at = serializers.DateTimeField(allow_null=True)
     resume_from = serializers.SerializerMethodField()
     budget = serializers.SerializerMethodField()
-    late_writes_rejected = serializers.IntegerField()
-    created_by = serializers.CharField()
+    late_writes_rejected = StrictIntegerField()
+    created_by = StrictCharField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(StrictCharField(allow_null=True))
     def get_stop_reason(self, run: Any) -> str | None:
         return run.stop_reason or None
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(StrictCharField(allow_null=True))
     def get_stop_requested_by(self, run: Any) -> str | None:
         return run.stop_requested_by or None
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(StrictCharField(allow_null=True))
     def get_resume_from(self, run: Any) -> str | None:
         return run.resume_from or None
 
@@ -167,8 +176,8 @@ class RunPageOut(serializers.Serializer):
 
 
 class LeaseAcquireIn(serializers.Serializer):
-    worker_id = serializers.CharField(max_length=120)
-    ttl_seconds = serializers.FloatField(min_value=1, max_value=3600, required=False)
+    worker_id = StrictCharField(max_length=120)
+    ttl_seconds = StrictFloatField(min_value=1, max_value=3600, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs.setdefault("ttl_seconds", settings.SAFESTOP_DEFAULT_LEASE_TTL)
@@ -176,30 +185,30 @@ class LeaseAcquireIn(serializers.Serializer):
 
 
 class LeaseIn(serializers.Serializer):
-    lease_id = serializers.CharField(max_length=64)
+    lease_id = StrictCharField(max_length=64)
     epoch = epoch_field()
 
 
 class LeaseOut(serializers.Serializer):
-    lease_id = serializers.CharField(source="token")
-    epoch = serializers.IntegerField()
+    lease_id = StrictCharField(source="token")
+    epoch = StrictIntegerField()
     expires_at = serializers.DateTimeField()
-    worker_id = serializers.CharField()
-    ttl_seconds = serializers.FloatField()
+    worker_id = StrictCharField()
+    ttl_seconds = StrictFloatField()
 
 
 class StopSignalOut(serializers.Serializer):
     type = serializers.ChoiceField(choices=["cancel_requested"])
-    reason = serializers.CharField()
-    requested_by = serializers.CharField()
-    stop_epoch = serializers.IntegerField()
-    stop_request_id = serializers.IntegerField()
+    reason = StrictCharField()
+    requested_by = StrictCharField()
+    stop_epoch = StrictIntegerField()
+    stop_request_id = StrictIntegerField()
     requested_at = serializers.DateTimeField()
 
 
 class HeartbeatOut(serializers.Serializer):
-    lease_id = serializers.CharField()
-    epoch = serializers.IntegerField()
+    lease_id = StrictCharField()
+    epoch = StrictIntegerField()
     expires_at = serializers.DateTimeField()
     signal = StopSignalOut(
         allow_null=True, help_text="null, or the stop request: stop starting work and drain"
@@ -207,13 +216,13 @@ class HeartbeatOut(serializers.Serializer):
 
 
 class LeaseReleaseOut(serializers.Serializer):
-    lease_id = serializers.CharField()
+    lease_id = StrictCharField()
     released_at = serializers.DateTimeField(allow_null=True)
-    release_reason = serializers.CharField()
+    release_reason = StrictCharField()
     status = serializers.ChoiceField(
         choices=RunStatus.choices, help_text="the run's status after the release"
     )
-    stop_epoch = serializers.IntegerField()
+    stop_epoch = StrictIntegerField()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,12 +250,12 @@ def json_kind(value: Any) -> str:
 class ApprovalAskIn(serializers.Serializer):
     """What a permit or an outbox item may add to ask for (or describe) a review."""
 
-    needs_approval = serializers.BooleanField(
+    needs_approval = StrictBooleanField(
         required=False,
         default=False,
         help_text="hold this for a reviewer even if no team rule matches",
     )
-    summary = serializers.CharField(
+    summary = StrictCharField(
         max_length=MAX_APPROVAL_SUMMARY,
         required=False,
         allow_blank=True,
@@ -261,7 +270,7 @@ class ApprovalAskIn(serializers.Serializer):
         default="",
         help_text="the agent's estimate; blank: the matching rule's (medium when none)",
     )
-    arguments_schema = AnyJSONField(
+    arguments_schema = JSONObjectOrNullField(
         required=False,
         allow_null=True,
         default=None,
@@ -282,27 +291,27 @@ class ApprovalAskIn(serializers.Serializer):
 class ApprovalOut(serializers.Serializer):
     """One approval (DESIGN §10): the held call or item, and its decision."""
 
-    id = serializers.CharField(source="public_id", help_text="appr_<n>")
-    run_id = serializers.CharField()
-    team = serializers.CharField(source="team.slug")
-    agent = serializers.CharField()
-    epoch = serializers.IntegerField(help_text="the run's epoch when it was requested")
+    id = StrictCharField(source="public_id", help_text="appr_<n>")
+    run_id = StrictCharField()
+    team = StrictCharField(source="team.slug")
+    agent = StrictCharField()
+    epoch = StrictIntegerField(help_text="the run's epoch when it was requested")
     target = serializers.ChoiceField(choices=ApprovalTarget.choices)
     tool_call_id = serializers.SerializerMethodField()
     outbox_id = serializers.SerializerMethodField()
-    tool = serializers.CharField(
+    tool = StrictCharField(
         source="subject", help_text='the tool, or "<transport> → <destination>" for an item'
     )
     status = serializers.ChoiceField(choices=ApprovalStatus.choices)
     rule = serializers.SerializerMethodField()
-    match_reason = serializers.CharField(help_text="why it is held, in words")
-    summary = serializers.CharField()
+    match_reason = StrictCharField(help_text="why it is held, in words")
+    summary = StrictCharField()
     risk = serializers.ChoiceField(choices=ApprovalRisk.choices)
     original_arguments = AnyJSONField()
     arguments = AnyJSONField(help_text="the final arguments: the originals until edited")
     arguments_schema = serializers.JSONField(allow_null=True)
-    edited = serializers.BooleanField()
-    message = serializers.CharField(help_text="the reviewer's message to the agent")
+    edited = StrictBooleanField()
+    message = StrictCharField(help_text="the reviewer's message to the agent")
     decided_by = serializers.SerializerMethodField()
     decided_at = serializers.DateTimeField(allow_null=True)
     requested_at = serializers.DateTimeField()
@@ -310,32 +319,30 @@ class ApprovalOut(serializers.Serializer):
     escalated_at = serializers.DateTimeField(allow_null=True)
     permit_id = serializers.SerializerMethodField()
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(StrictCharField(allow_null=True))
     def get_tool_call_id(self, approval: Approval) -> str | None:
         record = approval.execution_record
         return record.tool_call_id if record is not None else None
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(StrictCharField(allow_null=True))
     def get_outbox_id(self, approval: Approval) -> str | None:
         item = approval.outbox_item
         return item.public_id if item is not None else None
 
     @extend_schema_field(
-        serializers.CharField(
+        StrictCharField(
             allow_null=True, help_text="the team rule that matched; null when the agent asked"
         )
     )
     def get_rule(self, approval: Approval) -> str | None:
         return approval.rule_name or None
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(StrictCharField(allow_null=True))
     def get_decided_by(self, approval: Approval) -> str | None:
         return approval.decided_by or None
 
     @extend_schema_field(
-        serializers.CharField(
-            allow_null=True, help_text="set once a tool call's approval is approved"
-        )
+        StrictCharField(allow_null=True, help_text="set once a tool call's approval is approved")
     )
     def get_permit_id(self, approval: Approval) -> str | None:
         if approval.status != ApprovalStatus.APPROVED or approval.execution_record is None:
@@ -350,9 +357,9 @@ class ApprovalListQuery(serializers.Serializer):
         default=ApprovalStatus.WAITING,
         help_text="default waiting; `all` for every status",
     )
-    run = serializers.CharField(max_length=32, required=False, help_text="a run id")
-    agent = serializers.CharField(max_length=120, required=False)
-    tool = serializers.CharField(
+    run = StrictCharField(max_length=32, required=False, help_text="a run id")
+    agent = StrictCharField(max_length=120, required=False)
+    tool = StrictCharField(
         max_length=300, required=False, help_text="part of the tool name (or item destination)"
     )
     risk = serializers.ChoiceField(choices=ApprovalRisk.choices, required=False)
@@ -371,7 +378,7 @@ class ApprovalDecideIn(serializers.Serializer):
             "invalid_choice": 'decision must be "approve" or "reject", not "{input}"',
         },
     )
-    message = serializers.CharField(
+    message = StrictCharField(
         max_length=MAX_APPROVAL_MESSAGE,
         required=False,
         allow_blank=True,
@@ -379,7 +386,7 @@ class ApprovalDecideIn(serializers.Serializer):
         trim_whitespace=False,
         help_text="goes back to the agent (why it was rejected, what was changed)",
     )
-    arguments = AnyJSONField(
+    arguments = JSONObjectOrNullField(
         required=False,
         allow_null=True,
         default=None,
@@ -408,22 +415,18 @@ class ApprovalDecideIn(serializers.Serializer):
 
 class PermitIn(ApprovalAskIn):
     epoch = epoch_field()
-    tool_call_id = serializers.CharField(max_length=120)
-    tool = serializers.CharField(max_length=120)
+    tool_call_id = StrictCharField(max_length=120)
+    tool = StrictCharField(max_length=120)
     side_effect = serializers.ChoiceField(
         choices=SideEffect.choices, required=False, default=SideEffect.NONE
     )
-    arguments = AnyJSONField(required=False, default=dict)
-    idempotency_key = serializers.CharField(
-        max_length=200, required=False, allow_blank=True, default=""
-    )
-    operation_id = serializers.CharField(
-        max_length=200, required=False, allow_blank=True, default=""
-    )
+    arguments = JSONValueField(required=False, default=dict)
+    idempotency_key = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    operation_id = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     recovery_policy = serializers.ChoiceField(
         choices=RecoveryPolicy.choices, required=False, allow_blank=True, default=""
     )
-    step_key = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    step_key = StrictCharField(max_length=120, required=False, allow_blank=True, default="")
 
 
 @extend_schema_field(ApprovalOut)
@@ -447,12 +450,12 @@ class ApprovalFromContext(serializers.Field):
 
 class PermitOut(serializers.Serializer):
     permit_id = serializers.SerializerMethodField()
-    tool_call_id = serializers.CharField()
-    epoch = serializers.IntegerField(source="permit_epoch")
-    tool = serializers.CharField()
-    side_effect = serializers.CharField()
-    execution_state = serializers.CharField()
-    idempotency_key = serializers.CharField()
+    tool_call_id = StrictCharField()
+    epoch = StrictIntegerField(source="permit_epoch")
+    tool = StrictCharField()
+    side_effect = StrictCharField()
+    execution_state = StrictCharField()
+    idempotency_key = StrictCharField()
     arguments = AnyJSONField(help_text="the final arguments: run these (a reviewer may edit them)")
     approval = ApprovalFromContext(help_text="when the call went through an approval")
 
@@ -463,63 +466,69 @@ class PermitOut(serializers.Serializer):
 class PermitWaitingOut(serializers.Serializer):
     """202: the call waits for a reviewer. There is no permit yet: do not start the call."""
 
-    tool_call_id = serializers.CharField()
-    epoch = serializers.IntegerField(source="permit_epoch")
+    tool_call_id = StrictCharField()
+    epoch = StrictIntegerField(source="permit_epoch")
     approval = ApprovalFromContext(required=True)
 
 
 class ToolResultIn(serializers.Serializer):
     execution_state = serializers.ChoiceField(choices=RESULT_STATES)
-    operation_id = serializers.CharField(
-        max_length=200, required=False, allow_blank=True, default=""
-    )
-    observation = serializers.CharField(
+    operation_id = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    observation = StrictCharField(
         max_length=100_000, required=False, allow_blank=True, default="", trim_whitespace=False
     )
-    output_truncated = serializers.BooleanField(required=False, default=False)
+    output_truncated = StrictBooleanField(required=False, default=False)
     remote_cancel_state = serializers.ChoiceField(
         choices=RemoteCancelState.choices, required=False, allow_blank=True, default=""
     )
-    recovery_action = serializers.CharField(
-        max_length=2000, required=False, allow_blank=True, default=""
-    )
+    recovery_action = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
 class ToolCallOut(serializers.Serializer):
-    tool_call_id = serializers.CharField()
-    tool = serializers.CharField()
-    execution_state = serializers.CharField()
-    side_effect = serializers.CharField()
-    side_effect_state = serializers.CharField()
-    remote_cancel_state = serializers.CharField()
-    operation_id = serializers.CharField()
-    output_truncated = serializers.BooleanField()
-    reported_after_stop = serializers.BooleanField()
-    permit_epoch = serializers.IntegerField()
+    tool_call_id = StrictCharField()
+    tool = StrictCharField()
+    execution_state = StrictCharField()
+    side_effect = StrictCharField()
+    side_effect_state = StrictCharField()
+    remote_cancel_state = StrictCharField()
+    operation_id = StrictCharField()
+    output_truncated = StrictBooleanField()
+    reported_after_stop = StrictBooleanField()
+    permit_epoch = StrictIntegerField()
 
 
 # ---------------------------------------------------------------------------------------------
 # events
 
 
-class EventIn(serializers.Serializer):
+class EventIdentityIn(serializers.Serializer):
+    """What every event of a batch must carry, or the batch is a 400: no answer could name it.
+    Every other field is checked per event (a bad one is that event's `rejected`, `invalid`)."""
+
+    event_id = StrictCharField(max_length=120)
+    type = StrictCharField(max_length=40)
+
+
+class EventIn(EventIdentityIn):
     """One event. Type-specific fields (key, name, kind, label, state, result, error, ...) pass
     through to the run; the few that land in bounded columns are checked here."""
 
-    event_id = serializers.CharField(max_length=120)
-    type = serializers.CharField(max_length=40)
-    step_seq = serializers.IntegerField(
-        min_value=0, max_value=INT32_MAX, required=False, allow_null=True
-    )
-    steering_id = serializers.IntegerField(
+    step_seq = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+    steering_id = StrictIntegerField(
         min_value=1, max_value=INT64_MAX, required=False, allow_null=True
     )
+
+
+@extend_schema_field(EventIdentityIn)
+class EventItemField(serializers.JSONField):
+    """One event as the batch receives it: an object whose identity the batch checks; its
+    other fields (any, see EventIn) are checked by the event's own answer."""
 
 
 class EventsIn(serializers.Serializer):
     epoch = epoch_field()
     events = serializers.ListField(
-        child=AnyJSONField(),
+        child=EventItemField(),
         max_length=MAX_EVENTS_PER_BATCH,
         help_text=f"at most {MAX_EVENTS_PER_BATCH} events, each {{event_id, type, ...}}",
     )
@@ -532,7 +541,7 @@ class EventsIn(serializers.Serializer):
             if not isinstance(event, dict):
                 errors.append({"non_field_errors": ["each event must be an object"]})
                 continue
-            identity = EventIn(
+            identity = EventIdentityIn(
                 data={key: event[key] for key in ("event_id", "type") if key in event}
             )
             errors.append({} if identity.is_valid() else identity.errors)
@@ -542,17 +551,17 @@ class EventsIn(serializers.Serializer):
 
 
 class EventAnswerOut(serializers.Serializer):
-    event_id = serializers.CharField()
+    event_id = StrictCharField()
     status = serializers.ChoiceField(choices=["accepted", "duplicate", "rejected"])
-    code = serializers.CharField(required=False, help_text="why it was rejected, e.g. stale_epoch")
-    detail = serializers.CharField(required=False)
+    code = StrictCharField(required=False, help_text="why it was rejected, e.g. stale_epoch")
+    detail = StrictCharField(required=False)
 
 
 class EventsOut(serializers.Serializer):
     results = EventAnswerOut(many=True)
-    accepted = serializers.IntegerField()
-    duplicate = serializers.IntegerField()
-    rejected = serializers.IntegerField()
+    accepted = StrictIntegerField()
+    duplicate = StrictIntegerField()
+    rejected = StrictIntegerField()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,21 +571,19 @@ class EventsOut(serializers.Serializer):
 class OutboxIn(ApprovalAskIn):
     epoch = epoch_field()
     transport = serializers.ChoiceField(choices=["webhook", "email"])
-    destination = serializers.CharField(max_length=500)
-    payload = AnyJSONField(required=False, default=dict)
-    idempotency_key = serializers.CharField(max_length=200)
-    tool_call_id = serializers.CharField(
-        max_length=120, required=False, allow_blank=True, default=""
-    )
+    destination = StrictCharField(max_length=500)
+    payload = JSONValueField(required=False, default=dict)
+    idempotency_key = StrictCharField(max_length=200)
+    tool_call_id = StrictCharField(max_length=120, required=False, allow_blank=True, default="")
 
 
 class OutboxOut(serializers.Serializer):
-    id = serializers.CharField(source="public_id")
-    status = serializers.CharField(help_text="awaiting_approval while a reviewer decides")
-    idempotency_key = serializers.CharField()
-    transport = serializers.CharField()
-    destination = serializers.CharField()
-    enqueue_epoch = serializers.IntegerField()
+    id = StrictCharField(source="public_id")
+    status = StrictCharField(help_text="awaiting_approval while a reviewer decides")
+    idempotency_key = StrictCharField()
+    transport = StrictCharField()
+    destination = StrictCharField()
+    enqueue_epoch = StrictIntegerField()
     approval = ApprovalFromContext(help_text="when the item waits for (or went through) one")
 
 
@@ -584,29 +591,23 @@ class ObservationIn(serializers.Serializer):
     # Both optional: a drain report also carries observations that are not a tool call's
     # outcome (safestop_agent sends `{"kind": "stop_seen", ...}` and already-reported calls
     # without a state); the service applies only those that name a call and a state.
-    tool_call_id = serializers.CharField(
-        max_length=120, required=False, allow_blank=True, default=""
-    )
+    tool_call_id = StrictCharField(max_length=120, required=False, allow_blank=True, default="")
     execution_state = serializers.ChoiceField(
         choices=RESULT_STATES, required=False, allow_blank=True, default=""
     )
-    operation_id = serializers.CharField(
-        max_length=200, required=False, allow_blank=True, default=""
-    )
-    observation = serializers.CharField(
+    operation_id = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    observation = StrictCharField(
         max_length=10_000, required=False, allow_blank=True, default="", trim_whitespace=False
     )
-    output_truncated = serializers.BooleanField(required=False, default=False)
+    output_truncated = StrictBooleanField(required=False, default=False)
     remote_cancel_state = serializers.ChoiceField(
         choices=RemoteCancelState.choices, required=False, allow_blank=True, default=""
     )
-    recovery_action = serializers.CharField(
-        max_length=2000, required=False, allow_blank=True, default=""
-    )
+    recovery_action = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
 class DrainedIn(serializers.Serializer):
-    lease_id = serializers.CharField(max_length=64)
+    lease_id = StrictCharField(max_length=64)
     epoch = epoch_field(help_text="the lease's epoch (not the new stop epoch)")
     observations = ObservationIn(many=True, required=False, max_length=MAX_OBSERVATIONS)  # type: ignore[call-arg]
     stop_epoch = epoch_field(
@@ -620,45 +621,45 @@ class DrainedIn(serializers.Serializer):
 
 class StopIn(serializers.Serializer):
     reason = serializers.ChoiceField(choices=API_STOP_REASONS, required=False, default="user_stop")
-    note = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    note = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
 class NoteIn(serializers.Serializer):
-    note = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    note = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
 class ResumeIn(NoteIn):
-    checkpoint = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
-    carry_over_steering = serializers.BooleanField(required=False, default=False)
+    checkpoint = StrictCharField(max_length=120, required=False, allow_blank=True, default="")
+    carry_over_steering = StrictBooleanField(required=False, default=False)
 
 
 class StopRequestOut(serializers.Serializer):
-    id = serializers.IntegerField(source="pk")
-    reason = serializers.CharField()
-    requested_by = serializers.CharField()
+    id = StrictIntegerField(source="pk")
+    reason = StrictCharField()
+    requested_by = StrictCharField()
     requested_at = serializers.DateTimeField()
-    note = serializers.CharField()
-    takeover = serializers.BooleanField()
+    note = StrictCharField()
+    takeover = StrictBooleanField()
 
 
 class StopOut(serializers.Serializer):
     status = serializers.ChoiceField(choices=RunStatus.choices)
-    stop_epoch = serializers.IntegerField()
-    created = serializers.BooleanField(help_text="false when this repeats an earlier stop")
+    stop_epoch = StrictIntegerField()
+    created = StrictBooleanField(help_text="false when this repeats an earlier stop")
     stop_request = StopRequestOut()
 
 
 class BulkStopIn(serializers.Serializer):
     """DESIGN §12. Every filter field given must match; at least one, or `all`."""
 
-    agent = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
-    team = serializers.CharField(
+    agent = StrictCharField(max_length=120, required=False, allow_blank=True, default="")
+    team = StrictCharField(
         max_length=64, required=False, allow_blank=True, default="", help_text="team slug"
     )
     status = serializers.ChoiceField(
         choices=RunStatus.choices, required=False, allow_blank=True, default=""
     )
-    tool = serializers.CharField(
+    tool = StrictCharField(
         max_length=120,
         required=False,
         allow_blank=True,
@@ -666,13 +667,17 @@ class BulkStopIn(serializers.Serializer):
         help_text="runs with a tool call of this tool (exact name)",
     )
     ids = serializers.ListField(
-        child=serializers.CharField(max_length=32),
+        child=StrictCharField(
+            max_length=32,
+            trim_whitespace=False,  # " run_1" is not a run id, as the service says
+            validators=[RegexValidator(services.RUN_ID_PATTERN, message="not a run id")],
+        ),
         required=False,
         default=list,
         max_length=services.MAX_BULK_IDS,
         help_text="explicit run ids; an id that is not yours or does not exist is `not_found`",
     )
-    all = serializers.BooleanField(
+    all = StrictBooleanField(
         required=False,
         default=False,
         help_text="the kill switch: every run of your teams (an empty filter is refused)",
@@ -680,18 +685,18 @@ class BulkStopIn(serializers.Serializer):
     reason = serializers.ChoiceField(
         choices=services.BULK_STOP_REASONS, required=False, default="user_stop"
     )
-    note = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
-    dry_run = serializers.BooleanField(
+    note = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+    dry_run = StrictBooleanField(
         required=False, default=False, help_text="answer the preview; stop nothing"
     )
-    idempotency_key = serializers.CharField(
+    idempotency_key = StrictCharField(
         max_length=200,
         required=False,
         allow_blank=True,
         default="",
         help_text="client id of this bulk stop: a retry answers the first one (200)",
     )
-    confirm = serializers.BooleanField(
+    confirm = StrictBooleanField(
         required=False,
         default=False,
         help_text="needed to stop more than the limit (10,000 runs) at once",
@@ -699,27 +704,27 @@ class BulkStopIn(serializers.Serializer):
 
 
 class BulkPreviewOut(serializers.Serializer):
-    dry_run = serializers.BooleanField(default=True)
-    matching = serializers.IntegerField(help_text="runs the filter selects, in any state")
-    by_status = serializers.DictField(child=serializers.IntegerField())
-    will_stop = serializers.IntegerField()
-    already_stopping = serializers.IntegerField()
-    already_stopped = serializers.IntegerField(help_text="stopped cleanly or dirty, handed off")
-    already_finished = serializers.IntegerField(help_text="left alone unless named in `ids`")
-    not_allowed = serializers.IntegerField()
-    not_allowed_because = serializers.ListField(child=serializers.CharField(), source="refusals")
-    not_found = serializers.ListField(child=serializers.CharField())
-    limit = serializers.IntegerField()
-    needs_confirm = serializers.BooleanField()
+    dry_run = StrictBooleanField(default=True)
+    matching = StrictIntegerField(help_text="runs the filter selects, in any state")
+    by_status = serializers.DictField(child=StrictIntegerField())
+    will_stop = StrictIntegerField()
+    already_stopping = StrictIntegerField()
+    already_stopped = StrictIntegerField(help_text="stopped cleanly or dirty, handed off")
+    already_finished = StrictIntegerField(help_text="left alone unless named in `ids`")
+    not_allowed = StrictIntegerField()
+    not_allowed_because = serializers.ListField(child=StrictCharField(), source="refusals")
+    not_found = serializers.ListField(child=StrictCharField())
+    limit = StrictIntegerField()
+    needs_confirm = StrictBooleanField()
 
 
 class BulkStopResultOut(serializers.Serializer):
-    run_id = serializers.CharField()
+    run_id = StrictCharField()
     outcome = serializers.ChoiceField(choices=BulkStopOutcome.choices)
-    status = serializers.CharField(help_text="the run's status after this stop (blank: not found)")
-    stop_epoch = serializers.IntegerField(allow_null=True)
-    stop_request_id = serializers.IntegerField(allow_null=True)
-    detail = serializers.CharField()
+    status = StrictCharField(help_text="the run's status after this stop (blank: not found)")
+    stop_epoch = StrictIntegerField(allow_null=True)
+    stop_request_id = StrictIntegerField(allow_null=True)
+    detail = StrictCharField()
 
 
 class BulkStopOut(serializers.Serializer):
@@ -735,13 +740,13 @@ class BulkStopOut(serializers.Serializer):
         "finished_at",
     )
 
-    bulk_id = serializers.CharField()
-    requested_by = serializers.CharField()
-    reason = serializers.CharField()
-    note = serializers.CharField()
+    bulk_id = StrictCharField()
+    requested_by = StrictCharField()
+    reason = StrictCharField()
+    note = StrictCharField()
     filter = AnyJSONField()  # type: ignore[assignment]
-    requested = serializers.IntegerField(help_text="runs with a result below")
-    counts = serializers.DictField(child=serializers.IntegerField(), help_text="per outcome")
+    requested = StrictIntegerField(help_text="runs with a result below")
+    counts = serializers.DictField(child=StrictIntegerField(), help_text="per outcome")
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     results = BulkStopResultOut(many=True)
@@ -749,30 +754,65 @@ class BulkStopOut(serializers.Serializer):
 
 class ResolutionIn(serializers.Serializer):
     target = serializers.ChoiceField(choices=["tool_call", "outbox", "worker"])
-    id = serializers.CharField(
+    id = StrictCharField(
         max_length=120, help_text="tool_call_id, outbox item id (outbox_12) or lease_id"
     )
     decision = serializers.ChoiceField(choices=ResolutionDecision.choices)
-    evidence = serializers.CharField(max_length=5000, help_text="how you know")
+    evidence = StrictCharField(max_length=5000, help_text="how you know")
+
+
+# The schema of ResolutionIn, one shape per target: what `id` must look like depends on it
+# (an outbox item id that is not `outbox_<n>` is a 400, see runs.services.parse_outbox_id).
+# Documentation only; the view parses with ResolutionIn.
+
+
+class ToolCallResolutionIn(ResolutionIn):
+    target = serializers.ChoiceField(choices=["tool_call"])
+    id = StrictCharField(max_length=120, help_text="the tool_call_id")
+
+
+class OutboxResolutionIn(ResolutionIn):
+    target = serializers.ChoiceField(choices=["outbox"])
+    id = StrictCharField(
+        max_length=120,
+        validators=[RegexValidator(r"^(outbox_)?[0-9]+$")],
+        help_text="the outbox item id, e.g. outbox_12",
+    )
+
+
+class WorkerResolutionIn(ResolutionIn):
+    target = serializers.ChoiceField(choices=["worker"])
+    id = StrictCharField(max_length=120, help_text="the lease_id of the fenced worker")
+
+
+RESOLUTION_IN_SCHEMA = PolymorphicProxySerializer(
+    component_name="ResolutionByTarget",
+    serializers={
+        "tool_call": ToolCallResolutionIn,
+        "outbox": OutboxResolutionIn,
+        "worker": WorkerResolutionIn,
+    },
+    resource_type_field_name="target",
+)
 
 
 class ResolutionOut(serializers.Serializer):
-    target = serializers.CharField()
-    id = serializers.CharField(source="target_id")
-    decision = serializers.CharField()
-    created = serializers.BooleanField()
+    target = StrictCharField()
+    id = StrictCharField(source="target_id")
+    decision = StrictCharField()
+    created = StrictBooleanField()
     run_status = serializers.ChoiceField(choices=RunStatus.choices)
 
 
 class SteeringIn(serializers.Serializer):
-    text = serializers.CharField(max_length=10_000)
+    text = StrictCharField(max_length=10_000)
 
 
 class SteeringOut(serializers.Serializer):
-    id = serializers.IntegerField()
-    text = serializers.CharField()
-    author = serializers.CharField()
-    status = serializers.CharField()
+    id = StrictIntegerField()
+    text = StrictCharField()
+    author = StrictCharField()
+    status = StrictCharField()
     created_at = serializers.DateTimeField()
 
 
@@ -783,23 +823,23 @@ class SteeringOut(serializers.Serializer):
 class StopPacketOut(serializers.Serializer):
     """DESIGN §4 (fields may be added, never renamed), plus the resolutions recorded since."""
 
-    run_id = serializers.CharField()
-    stop_epoch = serializers.IntegerField()
-    stop_reason = serializers.CharField()
-    requested_by = serializers.CharField()
+    run_id = StrictCharField()
+    stop_epoch = StrictIntegerField()
+    stop_reason = StrictCharField()
+    requested_by = StrictCharField()
     requested_at = serializers.DateTimeField(allow_null=True)
     stopped_at = serializers.DateTimeField(allow_null=True)
-    state = serializers.CharField()
-    lease_released = serializers.BooleanField()
-    resume_from = serializers.CharField(allow_null=True)
-    frozen_outbox_ids = serializers.ListField(child=serializers.CharField())
-    in_flight_outbox_ids = serializers.ListField(child=serializers.CharField())
+    state = StrictCharField()
+    lease_released = StrictBooleanField()
+    resume_from = StrictCharField(allow_null=True)
+    frozen_outbox_ids = serializers.ListField(child=StrictCharField())
+    in_flight_outbox_ids = serializers.ListField(child=StrictCharField())
     completed_steps = serializers.ListField(child=serializers.DictField())
     pending_steps = serializers.ListField(child=serializers.DictField())
     artifacts = serializers.ListField(child=serializers.DictField())
     unconfirmed_side_effects = serializers.ListField(child=serializers.DictField())
     unapplied_steering = serializers.ListField(child=serializers.DictField())
-    late_writes_rejected = serializers.IntegerField()
+    late_writes_rejected = StrictIntegerField()
     packet_created_at = serializers.DateTimeField()
     run_status = serializers.ChoiceField(
         choices=RunStatus.choices, help_text="the run's status now"
@@ -813,20 +853,20 @@ class InterruptionPacketOut(serializers.Serializer):
     """An interrupted run's packet: the stop packet's lists (DESIGN §4), read now, with the
     interruption point and what is unknown now."""
 
-    kind = serializers.CharField(help_text='"interruption"')
-    run_id = serializers.CharField()
-    stop_epoch = serializers.IntegerField()
-    state = serializers.CharField()
+    kind = StrictCharField(help_text='"interruption"')
+    run_id = StrictCharField()
+    stop_epoch = StrictIntegerField()
+    state = StrictCharField()
     interruption = serializers.DictField(help_text="the interruption point, as kept on the run")
     interrupted_at = serializers.DateTimeField(allow_null=True)
-    interruption_reason = serializers.CharField()
+    interruption_reason = StrictCharField()
     dirty_reasons = serializers.ListField(
-        child=serializers.CharField(), help_text="unknown now; resume is refused while any holds"
+        child=StrictCharField(), help_text="unknown now; resume is refused while any holds"
     )
-    lease_released = serializers.BooleanField()
-    resume_from = serializers.CharField(allow_null=True)
-    frozen_outbox_ids = serializers.ListField(child=serializers.CharField())
-    in_flight_outbox_ids = serializers.ListField(child=serializers.CharField())
+    lease_released = StrictBooleanField()
+    resume_from = StrictCharField(allow_null=True)
+    frozen_outbox_ids = serializers.ListField(child=StrictCharField())
+    in_flight_outbox_ids = serializers.ListField(child=StrictCharField())
     completed_steps = serializers.ListField(child=serializers.DictField())
     pending_steps = serializers.ListField(child=serializers.DictField())
     artifacts = serializers.ListField(child=serializers.DictField())
@@ -836,7 +876,7 @@ class InterruptionPacketOut(serializers.Serializer):
         help_text="the writes the interruption left unknown (resolved ones stay listed) and any "
         "unconfirmed now",
     )
-    late_writes_rejected = serializers.IntegerField()
+    late_writes_rejected = StrictIntegerField()
     run_status = serializers.ChoiceField(choices=RunStatus.choices)
     resolutions = serializers.ListField(
         child=serializers.DictField(), help_text="decisions recorded on top"
@@ -859,23 +899,23 @@ class PeriodQuery(serializers.Serializer):
 
 
 class LedgerQuery(PeriodQuery):
-    run = serializers.CharField(max_length=32, required=False)
-    actor = serializers.CharField(max_length=150, required=False)
-    action = serializers.CharField(max_length=60, required=False)
+    run = StrictCharField(max_length=32, required=False)
+    actor = StrictCharField(max_length=150, required=False)
+    action = StrictCharField(max_length=60, required=False)
 
 
 class LedgerEntryOut(serializers.Serializer):
-    seq = serializers.IntegerField(source="pk")
+    seq = StrictIntegerField(source="pk")
     at = serializers.DateTimeField()
-    run_id = serializers.CharField(allow_null=True)
-    run_seq = serializers.IntegerField()
-    actor = serializers.CharField()
-    actor_kind = serializers.CharField()
-    action = serializers.CharField()
-    reason = serializers.CharField()
+    run_id = StrictCharField(allow_null=True)
+    run_seq = StrictIntegerField()
+    actor = StrictCharField()
+    actor_kind = StrictCharField()
+    action = StrictCharField()
+    reason = StrictCharField()
     payload = serializers.DictField()
-    prev_hash = serializers.CharField()
-    hash = serializers.CharField()
+    prev_hash = StrictCharField()
+    hash = StrictCharField()
 
 
 class LedgerPageOut(serializers.Serializer):
@@ -885,10 +925,10 @@ class LedgerPageOut(serializers.Serializer):
 
 
 class LatencyOut(serializers.Serializer):
-    count = serializers.IntegerField()
-    p50_ms = serializers.FloatField(allow_null=True)
-    p95_ms = serializers.FloatField(allow_null=True)
-    p99_ms = serializers.FloatField(allow_null=True)
+    count = StrictIntegerField()
+    p50_ms = StrictFloatField(allow_null=True)
+    p95_ms = StrictFloatField(allow_null=True)
+    p99_ms = StrictFloatField(allow_null=True)
 
 
 class StopLatencyOut(serializers.Serializer):
@@ -897,21 +937,21 @@ class StopLatencyOut(serializers.Serializer):
 
 
 class LeakageOut(serializers.Serializer):
-    permits_after_stop = serializers.IntegerField()
-    dispatches_after_stop = serializers.IntegerField()
-    total = serializers.IntegerField(help_text="must be 0")
+    permits_after_stop = StrictIntegerField()
+    dispatches_after_stop = StrictIntegerField()
+    total = StrictIntegerField(help_text="must be 0")
 
 
 class InterruptionsOut(serializers.Serializer):
-    interrupted = serializers.IntegerField()
-    recovered_cleanly = serializers.IntegerField()
-    rate = serializers.FloatField(allow_null=True)
+    interrupted = StrictIntegerField()
+    recovered_cleanly = StrictIntegerField()
+    rate = StrictFloatField(allow_null=True)
 
 
 class HandoffsOut(serializers.Serializer):
-    handoffs = serializers.IntegerField()
-    finished = serializers.IntegerField()
-    rate = serializers.FloatField(allow_null=True)
+    handoffs = StrictIntegerField()
+    finished = StrictIntegerField()
+    rate = StrictFloatField(allow_null=True)
 
 
 class PeriodOut(serializers.Serializer):
@@ -920,27 +960,27 @@ class PeriodOut(serializers.Serializer):
 
 
 class ApprovalFiguresOut(serializers.Serializer):
-    requested = serializers.IntegerField()
+    requested = StrictIntegerField()
     time_to_decision = LatencyOut(help_text="request → a reviewer approved or rejected")
-    approved = serializers.IntegerField()
-    approved_with_edits = serializers.IntegerField(help_text="included in approved")
-    rejected = serializers.IntegerField()
-    expired = serializers.IntegerField()
-    void = serializers.IntegerField()
-    waiting = serializers.IntegerField()
+    approved = StrictIntegerField()
+    approved_with_edits = StrictIntegerField(help_text="included in approved")
+    rejected = StrictIntegerField()
+    expired = StrictIntegerField()
+    void = StrictIntegerField()
+    waiting = StrictIntegerField()
 
 
 class StopQualityOut(serializers.Serializer):
     period = PeriodOut()
-    stops = serializers.IntegerField()
-    stopped_cleanly = serializers.IntegerField()
-    stopped_dirty = serializers.IntegerField(help_text="stops that ended dirty, resolved or not")
-    stopped_dirty_resolved = serializers.IntegerField(
+    stops = StrictIntegerField()
+    stopped_cleanly = StrictIntegerField()
+    stopped_dirty = StrictIntegerField(help_text="stops that ended dirty, resolved or not")
+    stopped_dirty_resolved = StrictIntegerField(
         help_text="of those, how many a reviewer has since resolved"
     )
     stop_latency = StopLatencyOut()
     side_effect_leakage = LeakageOut()
-    late_writes_rejected = serializers.IntegerField()
+    late_writes_rejected = StrictIntegerField()
     interruptions_recovered_cleanly = InterruptionsOut()
     handoff_completion = HandoffsOut()
     approvals = ApprovalFiguresOut(help_text="approvals requested in the period (DESIGN §10)")
@@ -948,22 +988,22 @@ class StopQualityOut(serializers.Serializer):
 
 class DenialOut(serializers.Serializer):
     window_start = serializers.DateTimeField()
-    reason = serializers.CharField()
-    team = serializers.CharField(source="team_slug")
-    credential = serializers.CharField(
+    reason = StrictCharField()
+    team = StrictCharField(source="team_slug")
+    credential = StrictCharField(
         help_text="token:<name>, user:<name>, revoked token:<name>, unknown, malformed"
     )
-    client_ip = serializers.CharField()
-    route = serializers.CharField()
-    count = serializers.IntegerField()
+    client_ip = StrictCharField()
+    route = StrictCharField()
+    count = StrictIntegerField()
     first_at = serializers.DateTimeField()
     last_at = serializers.DateTimeField()
-    last_detail = serializers.CharField()
+    last_detail = StrictCharField()
 
 
 class DenialsOut(serializers.Serializer):
     since = serializers.DateTimeField()
     until = serializers.DateTimeField()
-    total = serializers.IntegerField()
-    by_reason = serializers.DictField(child=serializers.IntegerField())
+    total = StrictIntegerField()
+    by_reason = serializers.DictField(child=StrictIntegerField())
     results = DenialOut(many=True)

@@ -30,12 +30,12 @@ from handoff.packets import interruption_packet
 from runs import selectors as run_selectors
 from runs import services
 from runs.access import WHY_NOT, stop_refusals
-from runs.api import schema as _schema  # noqa: F401  (registers the bearer auth scheme)
 from runs.api import selectors
 from runs.api import serializers as s
 from runs.api.parsers import SafeJSONParser
 from runs.api.permissions import Caller, Capability, WrongRole, WrongTeam, run_for, run_id_for
 from runs.api.ratelimit import CallerRateThrottle, denials_list
+from runs.api.schema import ApiAutoSchema
 from runs.errors import (
     AlreadyDecided,
     AlreadyFinished,
@@ -55,8 +55,9 @@ def _errors(*codes: int) -> dict[int, Any]:
     return {code: s.ErrorSerializer for code in codes}
 
 
-# Every endpoint can answer these: unauthenticated, rate limited.
-_ALWAYS = (401, 429)
+# Every endpoint can answer these: unauthenticated, an agent client older than the contract
+# (runs.api.agent_version), rate limited, the database unreachable (runs.api.errors).
+_ALWAYS = (401, 426, 429, 503)
 READ_ERRORS = _errors(*_ALWAYS, 403, 404)
 WRITE_ERRORS = _errors(*_ALWAYS, 400, 403, 404, 409, 413, 415)
 
@@ -69,6 +70,7 @@ APPROVAL_ID = OpenApiParameter(
 
 
 class ApiView(APIView):
+    schema = ApiAutoSchema()
     parser_classes = [SafeJSONParser]
     throttle_classes = [CallerRateThrottle]
     caller: Caller
@@ -94,6 +96,16 @@ class _Page(CursorPagination):
     page_size = 50
     max_page_size = 500
     page_size_query_param = "limit"
+
+    def get_page_size(self, request: Request) -> int:
+        # DRF falls back to the default page size on any bad `limit`; the schema promises an
+        # integer of at least 1, so anything else is refused. Blank means "not given".
+        raw = request.query_params.get(self.page_size_query_param, "")
+        if raw == "":
+            return self.page_size
+        if not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+            raise ValidationError({"limit": "must be a whole number of at least 1"})
+        return min(int(raw), self.max_page_size)
 
     def paginate_queryset(
         self, queryset: Any, request: Request, view: Any = None
@@ -126,7 +138,11 @@ PAGE_PARAMETERS = [
     OpenApiParameter(
         "cursor", OpenApiTypes.STR, description="opaque cursor from `next` / `previous`"
     ),
-    OpenApiParameter("limit", OpenApiTypes.INT, description="page size (default 50, at most 500)"),
+    OpenApiParameter(
+        "limit",
+        {"type": "integer", "minimum": 1},
+        description="page size (default 50); larger than 500 reads 500",
+    ),
 ]
 
 
@@ -552,7 +568,7 @@ class BulkStopView(ApiView):
         summary="Stop many runs at once (DESIGN §12), or preview it",
         description="A filter — `agent`, `team` (slug), `status`, `tool` (runs with a tool call of "
         "that tool), explicit `ids`, or `all: true` (every run of your teams) — selects the runs; "
-        "every field given must match. `dry_run: true` answers the preview (how many runs in which "
+        "every field given must match; naming none (and no `all: true`) is a 400. `dry_run: true` answers the preview (how many runs in which "
         "states, how many would be stopped) and stops nothing. Otherwise each selected run is "
         "stopped through the same stop service as `/cancel/`, in its own transaction (its own stop "
         "request, epoch bump and ledger entry naming the `bulk_id`), and the answer has one result "
@@ -646,7 +662,8 @@ class ResumeView(ApiView):
         operation_id="run_resume",
         summary="Back to pending at a new epoch",
         description="From stopped_cleanly, suspended, interrupted or handed_off, once nothing is unknown. "
-        "`checkpoint` sets where to resume; `carry_over_steering` keeps unapplied steering.",
+        "`checkpoint` sets where to resume (one the run saved, else 400; blank: where it stopped); "
+        "`carry_over_steering` keeps unapplied steering.",
         parameters=[RUN_ID],
         request=s.ResumeIn,
         responses={200: s.RunOut, **WRITE_ERRORS},
@@ -687,7 +704,7 @@ class ResolutionsView(ApiView):
         'or `{"target": "worker", "id": <lease_id>}` for a worker fenced off without confirming. '
         "201 when recorded, 200 when the same decision was recorded before; 409 for a different one.",
         parameters=[RUN_ID],
-        request=s.ResolutionIn,
+        request=s.RESOLUTION_IN_SCHEMA,
         responses={201: s.ResolutionOut, 200: s.ResolutionOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
@@ -776,7 +793,8 @@ class ApprovalDecideView(ApiView):
         description="Reviewer tokens, reviewers and admins (agent tokens and viewers: 403). "
         "200 with the approval; an approved tool call's carries its `permit_id`, an approved "
         "outbox item becomes `pending`. Edited `arguments` must be an object and match the "
-        "approval's `arguments_schema` (400 naming the path otherwise). A decision is taken "
+        "approval's `arguments_schema` (400 naming the path otherwise); a rejection carries no "
+        "`arguments` (400). A decision is taken "
         "once: 409 `already_decided` with the first (`approval_status`, `decided_by`, "
         "`decided_at`, `approval`) — a repeat of the same decision included; 409 "
         "`approval_void` once a stop, takeover or lease loss voided it; 409 `run_not_running` "
@@ -901,7 +919,7 @@ class LedgerView(ApiView):
         operation_id="ledger_list",
         summary="Audit entries, newest first",
         description="Reviewer tokens and reviewers read their teams' entries; staff read all. "
-        "`actor` is the username or the token's name.",
+        "`actor` is the username or the token's name. `since` must be before `until` (400).",
         parameters=[s.LedgerQuery, *PAGE_PARAMETERS],
         responses={200: s.LedgerPageOut, **_errors(*_ALWAYS, 400, 403, 404)},
     )
@@ -925,7 +943,8 @@ class StopQualityView(ApiView):
     @extend_schema(
         operation_id="metrics_stop_quality",
         summary="The five stop-quality figures (DESIGN §7)",
-        description="For stops requested in [since, until); default: the last 24 hours. Scoped to your teams.",
+        description="For stops requested in [since, until); default: the last 24 hours. Scoped to your teams. "
+        "`since` must be before `until` (400).",
         parameters=[s.PeriodQuery],
         responses={200: s.StopQualityOut, **_errors(*_ALWAYS, 400, 403)},
     )
@@ -945,7 +964,8 @@ class DenialsView(ApiView):
         operation_id="security_denials",
         summary="Denied API attempts, counted per minute (admins)",
         description="Bad or revoked tokens, another team's run, a role that may not do it. Team admins see "
-        "their teams'; staff see all, including attempts no team can be named for. Default: last 24h.",
+        "their teams'; staff see all, including attempts no team can be named for. Default: last 24h; "
+        "`since` must be before `until` (400).",
         parameters=[s.PeriodQuery],
         responses={200: s.DenialsOut, **_errors(*_ALWAYS, 400, 403)},
     )

@@ -52,6 +52,7 @@ from runs.services.budget import (
 from runs.services.bulk import (
     BULK_STOP_REASONS,
     MAX_BULK_IDS,
+    RUN_ID_PATTERN,
     BulkFilter,
     BulkPreview,
     BulkStopAnswer,
@@ -122,6 +123,7 @@ from runs.services.tool_calls import (
 __all__ = [
     "BULK_STOP_REASONS",
     "MAX_BULK_IDS",
+    "RUN_ID_PATTERN",
     "BulkFilter",
     "BulkPreview",
     "BulkStopAnswer",

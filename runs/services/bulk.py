@@ -58,7 +58,8 @@ MAX_BULK_IDS = 10_000
 DEFAULT_BULK_STOP_WORKERS = 16
 # A worker writes its results back every this many runs (the result page fills in as it goes).
 _RESULT_BATCH = 50
-_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
+RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,32}$"  # the API schema documents it
+_RUN_ID = re.compile(RUN_ID_PATTERN)
 
 
 def bulk_stop_limit() -> int:

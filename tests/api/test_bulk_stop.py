@@ -80,7 +80,7 @@ def test_filters_select_by_agent_and_ids(api, team, reviewer_token, system):
         ({"status": "nope"}, "status"),
         ({"team": "globex"}, "team"),
         ({"ids": "run_1"}, "ids"),
-        ({"ids": ["run_\u0000"]}, "ids"),
+        ({"ids": ["run_\u0000"]}, "ids[0]"),  # the item: the schema gives its pattern
         ({"all": True, "reason": "manual_takeover"}, "reason"),
         ({"all": True, "reason": "drain_deadline"}, "reason"),
     ],
