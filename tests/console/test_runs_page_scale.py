@@ -130,3 +130,25 @@ def test_the_trigram_indexes_exist_on_postgresql():
         )
         names = {name for (name,) in cursor.fetchall()}
     assert names == {"run_title_trgm_idx", "run_id_trgm_idx"}
+
+
+def test_a_search_past_its_cap_says_at_least(as_staff, team, monkeypatch):
+    monkeypatch.setattr(selectors, "SEARCH_COUNT_CAP", 3)
+    for i in range(5):
+        new_run(team, title=f"Refund ticket {i}")
+    new_run(team, title="Nightly billing sync")
+    result = as_staff.get("/", {"q": "refund"}).context["result"]
+    assert result.total == 3 and result.total_capped
+    assert len(result.rows) == 5
+    body = as_staff.get("/", {"q": "refund"}).content.decode()
+    assert "All <b>3+</b>" in body and "Pending <b>3+</b>" in body
+
+
+def test_a_search_under_its_cap_counts_exactly(as_staff, team):
+    for i in range(2):
+        new_run(team, title=f"Refund ticket {i}")
+    completed(team, title="Refund done")
+    new_run(team, title="Nightly billing sync")
+    result = as_staff.get("/", {"q": "refund"}).context["result"]
+    assert result.counts == {"pending": 2, "completed": 1}
+    assert result.total == 3 and not result.capped
