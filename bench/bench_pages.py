@@ -12,33 +12,45 @@ fast — but shaped like real traffic:
 Each page is requested in this process through Django's test client as a logged-in user (the
 whole middleware stack, no network): that is the server time. Query counts come from one extra
 request under CaptureQueriesContext.
+
+The runs page alone over 1,000,000 runs (issue 17, point 3), standalone on its own database,
+which it keeps so the next measurement does not pay for the fixtures again:
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/13 \\
+        .venv/bin/python bench/bench_pages.py [--runs 1000000] [--iterations 40] [--fresh]
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import random
+import sys
 import time
 from collections.abc import Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-from bench.common import Row, latency_row
-from bench.stack import Stack
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Row, format_table, latency_row  # noqa: E402
+from bench.stack import Stack  # noqa: E402
 
 RUNS = 100_000
 BIG_STEPS = 5_000
 
 
-def _teams(stack: Stack) -> list[int]:
+def _teams(team_id: int) -> list[int]:
     from runs.tokens import team_ensure
 
-    return [stack.team_id] + [
+    return [team_id] + [
         team_ensure(slug=f"bench-{name}", name=name.title()).pk
         for name in ("north", "south", "east", "west")
     ]
 
 
-def load_runs(stack: Stack, count: int) -> float:
+def load_runs(team_id: int, count: int) -> float:
     from bench.fixtures import analyze, copy_rows, run_rows, stop_request_rows
     from runs.dispatch import fence_overdue_stops
     from runs.models import Run, StopRequest
@@ -46,7 +58,7 @@ def load_runs(stack: Stack, count: int) -> float:
     started = time.perf_counter()
     stopped: list[dict[str, Any]] = []
 
-    team_ids = _teams(stack)  # before the COPY: the connection runs nothing else during it
+    team_ids = _teams(team_id)  # before the COPY: the connection runs nothing else during it
 
     def rows() -> Iterable[dict[str, Any]]:
         for row in run_rows(count, team_ids=team_ids):
@@ -311,35 +323,44 @@ def _time_page(
     return samples, len(queries.captured_queries), len(response.content)
 
 
-def run(stack: Stack) -> list[Row]:
+def runs_page_cases(cursor: str) -> list[tuple[str, str, str]]:
+    """(label, who, url): every variant of the runs page a reviewer uses."""
+    return [
+        ("runs page, staff (every team)", "staff", "/"),
+        ("runs page, reviewer (one team)", "reviewer", "/"),
+        ("runs page, next page (keyset cursor)", "staff", f"/?after={cursor}"),
+        ("runs page, status filter", "staff", "/?status=stopped_dirty"),
+        ("runs page, status filter 'completed' (62 %)", "staff", "/?status=completed"),
+        ("runs page, agent filter", "staff", "/?agent=refund-agent"),
+        ("runs page, team filter", "staff", "/?team=bench-north"),
+        ("runs page, search 'refund'", "staff", "/?q=refund"),
+        ("runs page, search a rare word", "staff", "/?q=%2342424"),
+        ("runs page, search a run id prefix", "staff", "/?q=run_b00000"),
+        ("runs page, htmx region refresh", "staff", "/"),
+    ]
+
+
+def runs_page_rows(
+    staff_username: str, reviewer_username: str, iterations: int
+) -> tuple[list[Row], dict[str, int]]:
+    """Times every runs-page variant; returns the rows and each variant's query count."""
     from console.selectors import cursor_encode
     from runs.models import Run
 
-    rows: list[Row] = []
-    load_seconds = load_runs(stack, stack.n(RUNS, 20_000))
     total_runs = Run.objects.count()
-    iterations = stack.n(40, 8)
-    staff = _client(stack.staff_username)
-    reviewer = _client(stack.reviewer_username)
+    clients = {"staff": _client(staff_username), "reviewer": _client(reviewer_username)}
     oldest_on_page = list(
         Run.objects.order_by("-created_at", "-pk").values_list("created_at", "pk")[49:50]
     )
     cursor = cursor_encode(*oldest_on_page[0]) if oldest_on_page else ""
-    cases = [
-        ("runs page, staff (every team)", staff, "/"),
-        ("runs page, reviewer (one team)", reviewer, "/"),
-        ("runs page, next page (keyset cursor)", staff, f"/?after={cursor}"),
-        ("runs page, status filter", staff, "/?status=stopped_dirty"),
-        ("runs page, search 'refund'", staff, "/?q=refund"),
-        ("runs page, htmx region refresh", staff, "/"),
-    ]
+    rows: list[Row] = []
     query_counts = {}
-    for label, client, url in cases:
+    for label, who, url in runs_page_cases(cursor):
+        client = clients[who]
         extra = (
             {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "runs-region"} if "htmx" in label else {}
         )
-        if extra:
-            client.defaults.update(extra)
+        client.defaults.update(extra)
         samples, queries, size = _time_page(client, url, iterations)
         for key in extra:
             client.defaults.pop(key, None)
@@ -350,10 +371,23 @@ def run(stack: Stack) -> list[Row]:
                 f"{label} — {total_runs:,} runs",
                 samples,
                 target_key="p95",
-                target_ms=150,
-                note=f"{queries} queries, {size / 1024:.0f} KiB",
+                target_ms=100,
+                note=f"{queries} queries, {size / 1024:.0f} KiB, load {os.getloadavg()[0]:.1f}",
             )
         )
+        # each row as it is measured: a run cut short keeps what it had
+        print(format_table(rows[-1:]).splitlines()[-1], rows[-1].note, flush=True)
+    return rows, query_counts
+
+
+def run(stack: Stack) -> list[Row]:
+    from runs.models import Run
+
+    load_seconds = load_runs(stack.team_id, stack.n(RUNS, 20_000))
+    total_runs = Run.objects.count()
+    iterations = stack.n(40, 8)
+    rows, _counts = runs_page_rows(stack.staff_username, stack.reviewer_username, iterations)
+    staff = _client(stack.staff_username)
 
     big_id, big_epoch, big_stop = build_run(stack, stack.n(BIG_STEPS, 1000), seed=1)
     small_id, small_epoch, _ = build_run(stack, 10, seed=2)
@@ -402,3 +436,68 @@ def run(stack: Stack) -> list[Row]:
         )
     )
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# standalone: the runs page over 1,000,000 runs, on a database kept between measurements
+
+
+def _principals_once() -> dict[str, Any]:
+    from django.contrib.auth import get_user_model
+
+    from runs.models import Team
+
+    if get_user_model().objects.filter(username="bench-admin").exists():
+        return {
+            "team_id": Team.objects.get(slug="bench").pk,
+            "staff_username": "bench-admin",
+            "reviewer_username": "bench-reviewer",
+        }
+    from bench.run_all import _principals
+
+    return _principals()
+
+
+def _database_exists(admin_url: str, name: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    return found is not None
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="The runs page over a million runs.")
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--fresh", action="store_true", help="drop the kept database first")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("BENCH_DB_NAME", "safestop_bench_pages")
+    os.environ.setdefault("BENCH_REDIS_DB", "13")
+    from bench.common import recreate_database
+    from bench.run_all import _environment, _setup_django
+
+    admin_url, db_name, _url, env = _environment(args)
+    if args.fresh or not _database_exists(admin_url, db_name):
+        recreate_database(admin_url, db_name)
+    _setup_django(env)
+    principals = _principals_once()
+    from runs.models import Run
+
+    have = Run.objects.count()
+    if have < args.runs:
+        print(f"loading {args.runs - have:,} runs by COPY ...", flush=True)
+        seconds = load_runs(principals["team_id"], args.runs - have)
+        print(f"fixtures: {args.runs - have:,} runs in {seconds:.1f} s", flush=True)
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    rows, _counts = runs_page_rows(
+        principals["staff_username"], principals["reviewer_username"], args.iterations
+    )
+    print(format_table(rows))
+    for row in rows:
+        print(f"  - {row.metric}: {row.note}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

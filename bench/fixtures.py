@@ -166,15 +166,26 @@ def run_rows(
     seed: int = 7,
     span_days: int = 120,
     id_prefix: str = "run_b",
+    stopping_limit: int = 800,
 ) -> Iterable[dict[str, Any]]:
-    """`count` runs over the last `span_days`, ids like real ones (`run_` + 12 hex)."""
+    """`count` runs over the last `span_days`, ids like real ones (`run_` + 12 hex).
+
+    At most `stopping_limit` runs are still stopping (`cancel_requested`, `draining`); past
+    it, a stopping run is drawn as what the drain watchdog makes of it, `stopped_dirty`. A
+    million runs would otherwise leave 8,000 for the watchdog to fence one by one through the
+    services before the bench can start (minutes), a backlog no live console has."""
     rng = random.Random(seed)
     statuses = [status for status, _ in STATUS_WEIGHTS]
     weights = [weight for _, weight in STATUS_WEIGHTS]
     now = datetime.now().astimezone()
+    stopping = 0
     for index in range(count):
         created = now - timedelta(seconds=rng.uniform(0, span_days * 86400))
         status = rng.choices(statuses, weights)[0]
+        if status in ("cancel_requested", "draining"):
+            stopping += 1
+            if stopping > stopping_limit:
+                status = "stopped_dirty"
         stopped = status in STOPPED
         started = created + timedelta(seconds=rng.uniform(0.5, 30))
         finished = (
@@ -209,3 +220,60 @@ def run_rows(
             "finished_at": finished,
             "updated_at": finished or started,
         }
+
+
+def ledger_chain_rows(
+    run_ids: Iterable[str | None], *, per_run: int, team_slug: str, seed: int = 11
+) -> Iterable[dict[str, Any]]:
+    """`per_run` valid, hash-chained ledger entries for each run (None: the global chain),
+    shaped like a run's life: a permit and a result per tool call between create and finish.
+    A generator: a million entries never sit in memory at once."""
+    from runs.ledger import GENESIS_HASH, _canonical, _timestamp, entry_hash
+
+    rng = random.Random(seed)
+    start = datetime.now().astimezone() - timedelta(days=30)
+    for run_id in run_ids:
+        prev = GENESIS_HASH
+        stamp = start + timedelta(seconds=rng.uniform(0, 29 * 86400))
+        for run_seq in range(1, per_run + 1):
+            stamp += timedelta(milliseconds=rng.randint(5, 4000))
+            action, payload = _ledger_step(run_seq, per_run, rng)
+            payload = _canonical(payload)
+            digest = entry_hash(
+                run_id=run_id,
+                run_seq=run_seq,
+                at=_timestamp(stamp),
+                actor_kind="api_client",
+                actor_id="1",
+                actor="bench-agent",
+                action=action,
+                reason="",
+                payload=payload,
+                prev_hash=prev,
+            )
+            yield {
+                "run_id": run_id,
+                "run_seq": run_seq,
+                "at": stamp,
+                "actor_kind": "api_client",
+                "actor_id": "1",
+                "actor": "bench-agent",
+                "team_slug": team_slug,
+                "action": action,
+                "reason": "",
+                "payload": payload,
+                "prev_hash": prev,
+                "hash": digest,
+            }
+            prev = digest
+
+
+def _ledger_step(run_seq: int, per_run: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    if run_seq == 1:
+        return "run.created", {"title": rng.choice(TITLES), "agent": rng.choice(AGENTS)}
+    if run_seq == per_run:
+        return "run.completed", {"result": {"ok": True}}
+    call = f"call_{run_seq // 2:05d}"
+    if run_seq % 2:
+        return "tool.result", {"tool_call_id": call, "reported": "succeeded"}
+    return "tool.permitted", {"tool_call_id": call, "tool": "read_object", "epoch": 1}

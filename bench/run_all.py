@@ -1,7 +1,7 @@
 """`make bench`: every benchmark against a real stack, then one table.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,pages,approvals,bulk,fanout,scale] \\
+        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,pages,approvals,bulk,fanout,ledger,scale] \\
         [--keep-db]
 
 1. (re)creates a dedicated database (`BENCH_DB_NAME`, default `safestop_bench`) next to the
@@ -47,7 +47,7 @@ from bench.common import (  # noqa: E402
     with_redis_db,
 )
 
-SECTIONS = ("stop", "ingest", "pages", "approvals", "bulk", "fanout", "scale")
+SECTIONS = ("stop", "ingest", "pages", "approvals", "bulk", "fanout", "ledger", "scale")
 
 
 def _environment(args: argparse.Namespace) -> tuple[str, str, str, dict[str, str]]:
@@ -260,6 +260,14 @@ def main() -> None:
                 lambda: bench_fanout.run(stack, rate=10.0, seconds=stack.n(15.0, 4.0)),
             )
             rows += [row for row in section_rows if row.section == "fanout"]
+        if "ledger" in only:
+            # After the live sections: its entries would lengthen the scheduled verification.
+            from bench import bench_ledger
+
+            section_rows, sections["ledger"] = _run_section(
+                "ledger verification", lambda: bench_ledger.run(stack)
+            )
+            rows += section_rows
         if "scale" in only:
             # Last: it starts four daphne processes and nginx of its own (bench/bench_scale.py).
             from bench import bench_scale
