@@ -15,6 +15,8 @@ the run lock, per-event checks and the change notification.
 
 from __future__ import annotations
 
+import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -478,8 +480,67 @@ def run(stack: Stack) -> list[Row]:
                 note="what daphne and Django's middleware alone cost per request: the ceiling of any API endpoint",
             )
         )
-    rows += _scale_out(stack)
+    rows += _ratios(stack)
+    if os.environ.get("BENCH_INGEST_SCALE_OUT", "1") != "0":
+        rows += _scale_out(stack)
     return rows
+
+
+# Issue 17, point 1: single events at >= 50 % of the HTTP floor, batches at >= 25 % of raw.
+SINGLE_TO_FLOOR_TARGET = 0.50
+BATCH_TO_RAW_TARGET = 0.25
+
+
+def _ratios(stack: Stack) -> list[Row]:
+    """Both ratios of issue 17 in interleaved rounds (API, then its reference, then again):
+    on a shared machine the load moves within a minute, and a ratio of two figures taken a
+    minute apart measures the load as much as the code. Each round is 4 clients on the one
+    daphne process; the row gives the median round's ratio and every round's in the note."""
+    rounds = stack.n(int(os.environ.get("BENCH_INGEST_RATIO_ROUNDS", "5")), 2)
+    singles, floors, batches, raws = [], [], [], []
+    for _ in range(rounds):
+        wall, done, _latencies = api_singles(stack, 4, stack.n(60, 10), 30)
+        singles.append(done / wall)
+        wall, done, _latencies = api_floor(stack, 4, stack.n(60, 10))
+        floors.append(done / wall)
+        wall, done, _latencies = api_batches(stack, 4, stack.n(6, 2), 60)
+        batches.append(done / wall)
+        wall, done, _latencies = raw_batches(stack, 4, stack.n(6, 2))
+        raws.append(done / wall)
+    single_ratios = [api / floor for api, floor in zip(singles, floors, strict=True)]
+    batch_ratios = [api / raw for api, raw in zip(batches, raws, strict=True)]
+    return [
+        _ratio_row(
+            "single-event requests / HTTP floor, 4 clients, interleaved rounds",
+            single_ratios,
+            SINGLE_TO_FLOOR_TARGET,
+            f"req/s single events {_rates(singles)} vs floor {_rates(floors)}",
+        ),
+        _ratio_row(
+            "batches of 100 / raw psycopg (same rows, same commits), 4 clients, interleaved rounds",
+            batch_ratios,
+            BATCH_TO_RAW_TARGET,
+            f"events/s API {_rates(batches)} vs raw rows/s {_rates(raws)}",
+        ),
+    ]
+
+
+def _ratio_row(metric: str, ratios: list[float], target: float, rates: str) -> Row:
+    median = statistics.median(ratios)
+    return Row(
+        "ingest",
+        metric,
+        {"rate": median * 100, "ratios": ratios},
+        "%",
+        f"≥ {target:.0%}",
+        median * 100,
+        median >= target,
+        f"median of {len(ratios)} rounds; rounds {', '.join(f'{r:.0%}' for r in ratios)}; {rates}",
+    )
+
+
+def _rates(rates: list[float]) -> str:
+    return "/".join(f"{rate:,.0f}" for rate in rates)
 
 
 def _scale_out(stack: Stack) -> list[Row]:

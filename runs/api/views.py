@@ -32,6 +32,7 @@ from runs import services
 from runs.access import WHY_NOT, stop_refusals
 from runs.api import selectors
 from runs.api import serializers as s
+from runs.api.events_fast import events_fast
 from runs.api.parsers import SafeJSONParser
 from runs.api.permissions import Caller, Capability, WrongRole, WrongTeam, run_for, run_id_for
 from runs.api.ratelimit import CallerRateThrottle, denials_list
@@ -439,6 +440,12 @@ class ToolResultView(ApiView):
 
 
 class EventsView(ApiView):
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # A plain batch from an agent token skips DRF (runs.api.events_fast, the hot path of
+        # ingestion); everything else, and every refusal, is answered below as before.
+        answer = events_fast(request, str(kwargs.get("run_id", "")))
+        return answer if answer is not None else super().dispatch(request, *args, **kwargs)
+
     @extend_schema(
         operation_id="events_ingest",
         summary="Report a batch of events; each gets its own answer",

@@ -1,21 +1,32 @@
 """The worker's event batches: steps, artifacts, checkpoints, applied steering, and the run's
 own suspend / complete / fail. One transaction and one run lock per batch; every event answered.
+
+On PostgreSQL a batch costs three round trips whatever its size (docs/BENCHMARKS.md, "Ingestion
+hot path"): the run lock, the batch's receipts and its steps go in one pipeline; the rows it
+writes (steps, receipts, artifacts, checkpoints, the run's change sequence) in a second, as
+hand-written multi-row statements; then the commit. Other databases (the embedded SQLite) take
+the ORM path with the same rules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from runs import notify
 from runs.actors import Actor
+from runs.errors import NotFound
 from runs.ledger import ledger_append
 from runs.models import (
     STOPPED_STATUSES,
     STOPPING_STATUSES,
     TERMINAL_STATUSES,
+    ApiToken,
     Artifact,
     Checkpoint,
     EventReceipt,
@@ -30,11 +41,10 @@ from runs.models import (
     StepStatus,
 )
 from runs.services._base import (
-    _changed,
     _live_lease,
+    _lock_run,
     _move,
     _release_lease,
-    locked_run,
 )
 
 
@@ -52,6 +62,23 @@ class EventAnswer:
         if self.detail:
             body["detail"] = self.detail
         return body
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """The caller's API token as a per-process cache saw it (`runs.api.events_fast`).
+
+    The query that locks the run re-reads the token (not revoked, same team, same role), so a
+    revocation takes effect at once in every process without a token lookup of its own.
+    """
+
+    token_id: int
+    team_id: int
+    role: str
+
+
+class TokenNoLongerValid(Exception):
+    """The token of a `TokenCheck` is revoked or changed; the batch wrote nothing."""
 
 
 class _EventRejected(Exception):
@@ -82,49 +109,46 @@ _FORWARD_EVENTS = {
     "run.failed",
 }
 
+# Events whose handlers read or write beyond the batch's own rows (the lease, the ledger,
+# steering, the run's status): the batch's pending rows are written before they run.
+_WIDE_EVENTS = {"steering.applied", "run.suspended", "run.completed", "run.failed"}
+
 
 def events_ingest(
-    *, run_id: str, epoch: int, events: list[dict[str, Any]], actor: Actor
+    *,
+    run_id: str,
+    epoch: int,
+    events: list[dict[str, Any]],
+    actor: Actor,
+    token_check: TokenCheck | None = None,
 ) -> list[EventAnswer]:
-    """Apply a batch in one transaction under one run lock; answer every event."""
-    with locked_run(run_id) as run:
+    """Apply a batch in one transaction under one run lock; answer every event.
+
+    `token_check`: re-check the caller's token in the locking query; `TokenNoLongerValid`
+    (nothing written) when it no longer holds.
+    """
+    ids = [str(event.get("event_id", "")) for event in events]
+    keys = _step_keys(events)
+    with transaction.atomic(durable=True):
+        run, seen, found = _open_batch(run_id, ids, keys, token_check)
         now = timezone.now()
-        ids = [str(event.get("event_id", "")) for event in events]
-        seen = dict(
-            EventReceipt.objects.filter(run=run, event_id__in=ids).values_list(
-                "event_id", "outcome"
-            )
-        )
+        batch = _Batch(run, keys, found, now)
         answers: list[EventAnswer] = []
-        receipts: list[EventReceipt] = []
         stale = 0
-        steps = _BatchSteps(run, events)
-        for event in events:
-            event_id = str(event.get("event_id", ""))
+        for event_id, event in zip(ids, events, strict=True):
             event_type = str(event.get("type", ""))
             if event_id in seen:
                 answers.append(EventAnswer(event_id, "duplicate"))
                 continue
             try:
-                _apply_event(run, event_type, event, epoch=epoch, actor=actor, now=now, steps=steps)
+                _apply_event(run, event_type, event, epoch=epoch, actor=actor, now=now, batch=batch)
                 answer = EventAnswer(event_id, "accepted")
             except _EventRejected as rejected:
                 answer = EventAnswer(event_id, "rejected", rejected.code, rejected.detail)
                 stale += rejected.code == "stale_epoch"
             seen[event_id] = answer.status
             answers.append(answer)
-            receipts.append(
-                EventReceipt(
-                    run=run,
-                    event_id=event_id,
-                    type=event_type[:40],
-                    epoch=epoch,
-                    outcome=answer.status,
-                    code=answer.code,
-                )
-            )
-        steps.flush()
-        EventReceipt.objects.bulk_create(receipts)
+            batch.receipt(event_id, event_type[:40], epoch, answer)
         if stale:
             RejectedWrite.objects.bulk_create(
                 RejectedWrite(
@@ -133,13 +157,148 @@ def events_ingest(
                 for _ in range(stale)
             )
             run.late_writes_rejected += stale
-            run.save(update_fields=["late_writes_rejected"])
-        if (
+            batch.run_fields.add("late_writes_rejected")
+        touch = (
             any(answer.status == "accepted" for answer in answers)
             and run.status not in TERMINAL_STATUSES
-        ):
-            _changed(run, kind="events")
+        )
+        batch.flush(touch=touch)
+        if touch:
+            notify.run_changed(run, kind="events")
     return answers
+
+
+def _step_keys(events: Iterable[dict[str, Any]]) -> set[str]:
+    return {
+        str(value)[:120]
+        for event in events
+        for name in ("key", "step_key")
+        if isinstance(value := event.get(name), str | int | float) and str(value)
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# opening a batch: the run lock, the receipts already seen, the named steps and the last one
+
+# `Model.from_db` takes a subset of the columns in the model's field order; the rest are
+# deferred (loaded on first access, under the same lock).
+_RUN_FIELDS = ("id", "team_id", "status", "stop_epoch", "change_seq")
+_STEP_FIELDS = (
+    "id",
+    "run_id",
+    "seq",
+    "key",
+    "name",
+    "kind",
+    "status",
+    "epoch",
+    "reported_after_stop",
+    "started_at",
+    "finished_at",
+)
+_LOCK_SQL = 'SELECT id, team_id, status, stop_epoch, change_seq FROM "runs_run" WHERE id = %s'
+# The token is re-read in the statement that takes the lock: no round trip of its own.
+_TOKEN_SQL = (
+    ' AND EXISTS (SELECT 1 FROM "runs_apitoken" t WHERE t.id = %s AND t.team_id = "runs_run".team_id'
+    " AND t.role = %s AND t.revoked_at IS NULL)"
+)
+_RECEIPTS_SQL = (
+    'SELECT event_id, outcome FROM "runs_eventreceipt" WHERE run_id = %s AND event_id = ANY(%s)'
+)
+# The named steps *and* the run's last one (its seq numbers the new ones), in one statement.
+_STEPS_SQL = (
+    "SELECT id, run_id, seq, key, name, kind, status, epoch, reported_after_stop, started_at, "
+    'finished_at FROM "runs_step" WHERE run_id = %s AND (key = ANY(%s) OR id = '
+    '(SELECT id FROM "runs_step" WHERE run_id = %s ORDER BY seq DESC LIMIT 1))'
+)
+
+
+def _open_batch(
+    run_id: str, ids: list[str], keys: set[str], token_check: TokenCheck | None
+) -> tuple[Run, dict[str, str], list[Step]]:
+    if connection.vendor == "postgresql":
+        return _open_pipelined(run_id, ids, keys, token_check)
+    return _open_orm(run_id, ids, keys, token_check)
+
+
+def _open_pipelined(
+    run_id: str, ids: list[str], keys: set[str], token_check: TokenCheck | None
+) -> tuple[Run, dict[str, str], list[Step]]:
+    """One round trip: BEGIN, the run lock, then (the lock held, so a fresh snapshot) the
+    receipts and steps. PostgreSQL runs a pipeline's statements in order."""
+    lock_sql = _LOCK_SQL
+    lock_params: list[Any] = [run_id]
+    if token_check is not None:
+        lock_sql += _TOKEN_SQL
+        lock_params += [token_check.token_id, token_check.role]
+    lock_sql += " FOR NO KEY UPDATE"
+    key_list = sorted(keys)
+    with (
+        connection.cursor() as lock,
+        connection.cursor() as receipts,
+        connection.cursor() as steps,
+        connection.wrap_database_errors,
+        connection.connection.pipeline(),
+    ):
+        lock.execute(lock_sql, lock_params)
+        if ids:
+            receipts.execute(_RECEIPTS_SQL, [run_id, ids])
+        if key_list:
+            steps.execute(_STEPS_SQL, [run_id, key_list, run_id])
+        row = lock.fetchone()
+        seen = dict(receipts.fetchall()) if ids else {}
+        step_rows = steps.fetchall() if key_list else []
+    if row is None:
+        _missing(run_id, token_check)
+    run = Run.from_db(connection.alias, _RUN_FIELDS, row)
+    found = [Step.from_db(connection.alias, _STEP_FIELDS, step) for step in step_rows]
+    return run, seen, found
+
+
+def _open_orm(
+    run_id: str, ids: list[str], keys: set[str], token_check: TokenCheck | None
+) -> tuple[Run, dict[str, str], list[Step]]:
+    run = _lock_run(run_id)
+    if token_check is not None and not _token_holds(run, token_check):
+        raise TokenNoLongerValid(f"token {token_check.token_id}")
+    seen = dict(
+        EventReceipt.objects.filter(run=run, event_id__in=ids).values_list("event_id", "outcome")
+    )
+    last_step = Step.objects.filter(run=run).order_by("-seq").values("pk")[:1]
+    found = (
+        list(Step.objects.filter(Q(key__in=keys) | Q(pk__in=last_step), run=run)) if keys else []
+    )
+    return run, seen, found
+
+
+def _token_holds(run: Run, check: TokenCheck) -> bool:
+    return (
+        Run.objects.filter(
+            pk=run.pk,
+            team_id=check.team_id,
+        )
+        .filter(
+            Exists(
+                ApiToken.objects.filter(
+                    pk=check.token_id,
+                    team_id=OuterRef("team_id"),
+                    role=check.role,
+                    revoked_at__isnull=True,
+                )
+            )
+        )
+        .exists()
+    )
+
+
+def _missing(run_id: str, token_check: TokenCheck | None) -> None:
+    if token_check is not None and Run.objects.filter(pk=run_id).exists():
+        raise TokenNoLongerValid(f"token {token_check.token_id}")
+    raise NotFound(f"run {run_id} does not exist")
+
+
+# --------------------------------------------------------------------------------------------
+# the batch's rows: read once, changed in memory, written once
 
 
 _STEP_EVENT_FIELDS = [
@@ -154,38 +313,31 @@ _STEP_EVENT_FIELDS = [
 ]
 
 
-class _BatchSteps:
-    """The steps one events batch names: read in one query, changed in memory, written once.
+class _Batch:
+    """What one events batch reads and writes.
 
-    Under the run lock nobody else writes this run's steps, so the objects here are what the
-    database holds plus this batch's changes. `flush()` writes them: new steps in one INSERT
-    (a step started and completed in the same batch is inserted completed), changed ones in one
-    UPDATE. Before, every step event cost a lookup and a write of its own, and every new step a
-    read of the last seq (docs/BENCHMARKS.md, ingestion).
+    Steps: the ones the batch names, read in one query, changed in memory. Under the run lock
+    nobody else writes this run's steps, so the objects here are what the database holds plus
+    this batch's changes. New rows (steps, receipts, artifacts, checkpoints) and the run's own
+    changed fields are kept until `flush()`, which writes each kind in one statement (a step
+    started and completed in the same batch is inserted completed); on PostgreSQL the
+    statements go in one pipeline. Before, every event cost a lookup and a write of its own
+    (docs/BENCHMARKS.md, ingestion).
     """
 
-    def __init__(self, run: Run, events: list[dict[str, Any]]) -> None:
+    def __init__(self, run: Run, keys: set[str], found: list[Step], now: Any) -> None:
         self.run = run
-        keys = {
-            str(value)[:120]
-            for event in events
-            for name in ("key", "step_key")
-            if isinstance(value := event.get(name), str | int | float) and str(value)
-        }
-        # One query for the named steps *and* the run's last step (its seq numbers the new ones):
-        # a single-event request used to spend a second round trip on "SELECT max(seq)".
-        last_step = Step.objects.filter(run=run).order_by("-seq").values("pk")[:1]
-        found = (
-            list(Step.objects.filter(Q(key__in=keys) | Q(pk__in=last_step), run=run))
-            if keys
-            else []
-        )
+        self.now = now
         self.by_key = {step.key: step for step in found if step.key in keys}
         self._next_seq: int | None = (
             max((step.seq for step in found), default=0) + 1 if keys else None
         )
         self._new: list[Step] = []
         self._changed: dict[int, Step] = {}
+        self.receipts: list[EventReceipt] = []
+        self.artifacts: list[Artifact] = []
+        self.checkpoints: list[Checkpoint] = []
+        self.run_fields: set[str] = set()
 
     def get(self, key: str) -> Step | None:
         return self.by_key.get(key)
@@ -206,7 +358,7 @@ class _BatchSteps:
                 .first()
             )
             self._next_seq = (last or 0) + 1
-        step = Step(run=self.run, seq=self._next_seq, key=key)
+        step = Step(run=self.run, seq=self._next_seq, key=key, created_at=self.now)
         self._next_seq += 1
         self.by_key[key] = step
         self._new.append(step)
@@ -216,18 +368,212 @@ class _BatchSteps:
         if step.pk is not None:  # a new step is inserted whole by flush()
             self._changed[step.pk] = step
 
-    def flush(self) -> None:
+    def receipt(self, event_id: str, event_type: str, epoch: int, answer: EventAnswer) -> None:
+        self.receipts.append(
+            EventReceipt(
+                run=self.run,
+                event_id=event_id,
+                type=event_type,
+                epoch=epoch,
+                outcome=answer.status,
+                code=answer.code,
+                received_at=self.now,
+            )
+        )
+
+    def flush(self, *, touch: bool = False) -> None:
+        """Write what the batch holds; `touch`: bump the run's change sequence too."""
+        if touch:
+            self.run.change_seq += 1
+            self.run_fields.update(("change_seq", "updated_at"))
+            self.run.updated_at = self.now
+        if connection.vendor == "postgresql":
+            self._flush_pipelined()
+        else:
+            self._flush_orm()
+        self._new, self._changed, self.receipts = [], {}, []
+        self.artifacts, self.checkpoints, self.run_fields = [], [], set()
+
+    def _flush_orm(self) -> None:
         if self._new:
             Step.objects.bulk_create(self._new)
-            self._new = []
-        if len(self._changed) == 1:
-            # One step (every single-event request): a plain UPDATE. bulk_update's CASE WHEN per
-            # field cost more to compile than the rest of the request's queries together.
-            (step,) = self._changed.values()
-            step.save(update_fields=_STEP_EVENT_FIELDS)
-        elif self._changed:
+        if self._changed:
             Step.objects.bulk_update(list(self._changed.values()), _STEP_EVENT_FIELDS)
-        self._changed = {}
+        if self.receipts:
+            EventReceipt.objects.bulk_create(self.receipts)
+        if self.artifacts:
+            Artifact.objects.bulk_create(self.artifacts)
+        if self.checkpoints:
+            Checkpoint.objects.bulk_create(self.checkpoints)
+        if self.run_fields:
+            self.run.save(update_fields=sorted(self.run_fields))
+
+    def _flush_pipelined(self) -> None:
+        statements = [
+            statement
+            for statement in (
+                _steps_insert(self._new),
+                _steps_update(list(self._changed.values())),
+                _rows_insert(EventReceipt, _RECEIPT_COLUMNS, self.receipts),
+                _rows_insert(Artifact, _ARTIFACT_COLUMNS, self.artifacts),
+                _rows_insert(Checkpoint, _CHECKPOINT_COLUMNS, self.checkpoints),
+                _run_update(self.run, self.run_fields),
+            )
+            if statement is not None
+        ]
+        if not statements:
+            return
+        cursors = [connection.cursor() for _ in statements]
+        try:
+            with connection.wrap_database_errors, connection.connection.pipeline():
+                for cursor, (sql, params) in zip(cursors, statements, strict=True):
+                    cursor.execute(sql, params)
+                if self._new:
+                    # The first statement is the steps' INSERT ... RETURNING id, in row order.
+                    for step, (pk,) in zip(self._new, cursors[0].fetchall(), strict=True):
+                        step.pk = pk
+                        step._state.adding = False
+        finally:
+            for cursor in cursors:
+                cursor.close()
+
+
+Statement = tuple[str, list[Any]]
+
+
+def _values(rows: Sequence[Sequence[Any]], casts: Sequence[str] = ()) -> tuple[str, list[Any]]:
+    """`(%s, %s), (%s, %s)` for the rows, with `::type` casts on the first (VALUES lists in an
+    UPDATE ... FROM take their column types from it), and the flat parameter list."""
+    width = len(rows[0])
+    first = ", ".join(f"%s::{cast}" if cast else "%s" for cast in (casts or [""] * width))
+    rest = ", ".join(["%s"] * width)
+    sql = ", ".join([f"({first})"] + [f"({rest})"] * (len(rows) - 1))
+    return sql, [value for row in rows for value in row]
+
+
+def _json(value: Any) -> Any:
+    return connection.ops.adapt_json_value(value, None)
+
+
+_STEP_INSERT = (
+    'INSERT INTO "runs_step" (run_id, seq, key, name, kind, status, epoch, detail, '
+    "reported_after_stop, created_at, started_at, finished_at) VALUES {} RETURNING id"
+)
+
+
+def _steps_insert(steps: list[Step]) -> Statement | None:
+    if not steps:
+        return None
+    values, params = _values(
+        [
+            (
+                step.run_id,
+                step.seq,
+                step.key,
+                step.name,
+                step.kind,
+                step.status,
+                step.epoch,
+                _json(step.detail),
+                step.reported_after_stop,
+                step.created_at,
+                step.started_at,
+                step.finished_at,
+            )
+            for step in steps
+        ]
+    )
+    return _STEP_INSERT.format(values), params
+
+
+# `detail` NULL means "not changed by this batch" (a step's detail is never null), so a step
+# read without its detail is never written back with one.
+_STEP_UPDATE = (
+    'UPDATE "runs_step" AS s SET name = v.name, kind = v.kind, status = v.status, '
+    "epoch = v.epoch, started_at = v.started_at, finished_at = v.finished_at, "
+    "reported_after_stop = v.reported_after_stop, detail = COALESCE(v.detail, s.detail) "
+    "FROM (VALUES {}) AS v(id, name, kind, status, epoch, started_at, finished_at, "
+    "reported_after_stop, detail) WHERE s.id = v.id"
+)
+_STEP_UPDATE_CASTS = (
+    "bigint",
+    "varchar",
+    "varchar",
+    "varchar",
+    "integer",
+    "timestamptz",
+    "timestamptz",
+    "boolean",
+    "jsonb",
+)
+
+
+def _steps_update(steps: list[Step]) -> Statement | None:
+    if not steps:
+        return None
+    values, params = _values(
+        [
+            (
+                step.pk,
+                step.name,
+                step.kind,
+                step.status,
+                step.epoch,
+                step.started_at,
+                step.finished_at,
+                step.reported_after_stop,
+                _json(step.__dict__["detail"]) if "detail" in step.__dict__ else None,
+            )
+            for step in steps
+        ],
+        _STEP_UPDATE_CASTS,
+    )
+    return _STEP_UPDATE.format(values), params
+
+
+_RECEIPT_COLUMNS = ("run_id", "event_id", "type", "epoch", "outcome", "code", "received_at")
+_ARTIFACT_COLUMNS = (
+    "run_id",
+    "step_id",
+    "name",
+    "kind",
+    "uri",
+    "content",
+    "checksum",
+    "reusable",
+    "evidence",
+    "epoch",
+    "created_at",
+)
+_CHECKPOINT_COLUMNS = ("run_id", "step_seq", "label", "state", "epoch", "created_at")
+_JSON_COLUMNS = frozenset({"state", "detail"})
+
+
+def _rows_insert(model: Any, columns: Sequence[str], rows: list[Any]) -> Statement | None:
+    if not rows:
+        return None
+    values, params = _values(
+        [
+            tuple(
+                _json(getattr(row, column)) if column in _JSON_COLUMNS else getattr(row, column)
+                for column in columns
+            )
+            for row in rows
+        ]
+    )
+    table = model._meta.db_table
+    return f'INSERT INTO "{table}" ({", ".join(columns)}) VALUES {values}', params
+
+
+def _run_update(run: Run, fields: set[str]) -> Statement | None:
+    if not fields:
+        return None
+    names = sorted(fields)
+    assignments = ", ".join(f"{name} = %s" for name in names)
+    return (
+        f'UPDATE "runs_run" SET {assignments} WHERE id = %s',
+        [getattr(run, name) for name in names] + [run.pk],
+    )
 
 
 def _apply_event(
@@ -238,7 +584,7 @@ def _apply_event(
     epoch: int,
     actor: Actor,
     now: Any,
-    steps: _BatchSteps,
+    batch: _Batch,
 ) -> None:
     if event_type not in EVENT_TYPES:
         raise _EventRejected("unknown_event_type", f"type must be one of {', '.join(EVENT_TYPES)}")
@@ -255,7 +601,9 @@ def _apply_event(
             "stale_epoch", f"epoch {epoch} is ahead of the run's epoch {run.stop_epoch}"
         )
     handler = _EVENT_HANDLERS[event_type]
-    handler(run, event, epoch=epoch, actor=actor, now=now, steps=steps)
+    if event_type in _WIDE_EVENTS:
+        batch.flush()
+    handler(run, event, epoch=epoch, actor=actor, now=now, batch=batch)
 
 
 def _keep_late_outcome(
@@ -294,7 +642,7 @@ def _text(event: dict[str, Any], key: str, default: str = "", limit: int = 300) 
 
 
 def _on_step_started(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
 ) -> None:
     key = _text(event, "key", limit=120)
     if not key:
@@ -302,22 +650,22 @@ def _on_step_started(
     kind = _text(event, "kind", StepKind.MODEL_CALL)
     if kind not in StepKind.values:
         raise _EventRejected("invalid", f"kind must be one of {', '.join(StepKind.values)}")
-    existing = steps.get(key)
+    existing = batch.get(key)
     # Validate everything before a new step takes a seq (a rejected event writes nothing).
     name = _text(event, "name", (existing.name if existing else "") or key)
-    step = existing or steps.new(key)
+    step = existing or batch.new(key)
     step.name = name
     step.kind = kind
     step.status = StepStatus.RUNNING
     step.epoch = epoch
     step.started_at = now
     step.finished_at = None
-    steps.changed(step)
+    batch.changed(step)
 
 
-def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int, steps: _BatchSteps) -> Step:
+def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int, batch: _Batch) -> Step:
     key = _text(event, "key", limit=120)
-    step = steps.get(key)
+    step = batch.get(key)
     if step is None:
         raise _EventRejected("unknown_step", f"no step {key!r} on this run")
     if step.epoch != epoch:
@@ -330,43 +678,47 @@ def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int, steps: _Ba
 
 def _on_step_finished(status: str) -> Any:
     def handler(
-        run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+        run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
     ) -> None:
-        step = _step_owned_by_epoch(run, event, epoch, steps)
+        step = _step_owned_by_epoch(run, event, epoch, batch)
         step.status = status
         step.finished_at = now
         step.reported_after_stop = epoch < run.stop_epoch
         detail = event.get("detail") or event.get("error")
         if detail is not None:
             step.detail = detail if isinstance(detail, dict) else {"detail": str(detail)[:2000]}
-        steps.changed(step)
+        batch.changed(step)
 
     return handler
 
 
 def _on_artifact_added(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
 ) -> None:
     name = _text(event, "name")
     if not name:
         raise _EventRejected("invalid", "artifact.added needs a name")
     step_key = _text(event, "step_key", limit=120)
-    Artifact.objects.create(
-        run=run,
-        step=steps.saved(step_key) if step_key else None,
-        name=name,
-        kind=_text(event, "kind", limit=60),
-        uri=_text(event, "uri", limit=1000),
-        content=_text(event, "content", limit=100_000),
-        checksum=_text(event, "checksum", limit=128),
-        reusable=bool(event.get("reusable", False)),
-        evidence=bool(event.get("evidence", False)),
-        epoch=epoch,
+    step = batch.saved(step_key) if step_key else None
+    batch.artifacts.append(
+        Artifact(
+            run=run,
+            step_id=step.pk if step is not None else None,
+            name=name,
+            kind=_text(event, "kind", limit=60),
+            uri=_text(event, "uri", limit=1000),
+            content=_text(event, "content", limit=100_000),
+            checksum=_text(event, "checksum", limit=128),
+            reusable=bool(event.get("reusable", False)),
+            evidence=bool(event.get("evidence", False)),
+            epoch=epoch,
+            created_at=now,
+        )
     )
 
 
 def _on_checkpoint_saved(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
 ) -> None:
     label = _text(event, "label", limit=120)
     if not label:
@@ -375,12 +727,15 @@ def _on_checkpoint_saved(
     if not isinstance(state, dict):
         raise _EventRejected("invalid", "state must be an object")
     step_seq = event.get("step_seq")
-    Checkpoint.objects.create(
-        run=run,
-        label=label,
-        state=state,
-        epoch=epoch,
-        step_seq=step_seq if isinstance(step_seq, int) and step_seq >= 0 else None,
+    batch.checkpoints.append(
+        Checkpoint(
+            run=run,
+            label=label,
+            state=state,
+            epoch=epoch,
+            step_seq=step_seq if isinstance(step_seq, int) and step_seq >= 0 else None,
+            created_at=now,
+        )
     )
     # Only the epoch being stopped (or the running one) may move the resume point; an older
     # round's checkpoint is kept but never redirects a newer round.
@@ -388,11 +743,11 @@ def _on_checkpoint_saved(
         epoch == run.stop_epoch - 1 and run.status in (*STOPPING_STATUSES, *STOPPED_STATUSES)
     ):
         run.resume_from = label
-        run.save(update_fields=["resume_from"])
+        batch.run_fields.add("resume_from")
 
 
 def _on_steering_applied(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
 ) -> None:
     message_id = event.get("steering_id")
     updated = SteeringMessage.objects.filter(
@@ -405,7 +760,7 @@ def _on_steering_applied(
 
 
 def _on_run_suspended(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
 ) -> None:
     lease = _live_lease(run)
     if lease is not None:
@@ -425,13 +780,13 @@ def _on_run_suspended(
 
 
 def _on_run_completed(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
 ) -> None:
     _finish_locked(run, RunStatus.COMPLETED, actor=actor, now=now, result=event.get("result"))
 
 
 def _on_run_failed(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, steps: _BatchSteps
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
 ) -> None:
     error = event.get("error")
     _finish_locked(
