@@ -19,7 +19,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs import hooks
+from runs import hooks, sql
 from runs.actors import Actor
 from runs.models import LedgerEntry, Run
 
@@ -123,7 +123,7 @@ def ledger_append(
     raise RuntimeError("could not append to the global ledger chain")
 
 
-def _chain_head(run: Run | None) -> ChainHead:
+def chain_head(run: Run | None) -> ChainHead:
     last = LedgerEntry.objects.filter(run=run).order_by("-run_seq").only("run_seq", "hash").first()
     return ChainHead(last.run_seq, last.hash) if last else EMPTY_CHAIN
 
@@ -138,7 +138,7 @@ def _insert_entry(
     team_slug: str,
     head: ChainHead | None = None,
 ) -> LedgerEntry:
-    head = head or _chain_head(run)
+    head = head or chain_head(run)
     run_seq = head.run_seq + 1
     prev_hash = head.hash
     # Truncate to microseconds as stored, so the verifier recomputes the very same string.
@@ -155,7 +155,7 @@ def _insert_entry(
         payload=payload,
         prev_hash=prev_hash,
     )
-    entry = LedgerEntry.objects.create(
+    entry = LedgerEntry(
         run=run,
         run_seq=run_seq,
         at=at,
@@ -169,6 +169,11 @@ def _insert_entry(
         prev_hash=prev_hash,
         hash=digest,
     )
+    # Every transition appends: its INSERT is built once, not compiled by the ORM each time.
+    if sql.prepared_statements():
+        sql.insert(entry)
+    else:
+        entry.save(force_insert=True)
     # Same transaction as the entry: what listeners write (notification rows) commits with it.
     hooks.entry_appended(entry, run)
     return entry

@@ -9,20 +9,25 @@ once each whether or not the outer query reads them, and reads of rows no CTE to
 after the run row is locked, in the stop's transaction, so what it reads is what the lock holds
 still (READ COMMITTED takes a new snapshot per statement: after the lock was granted).
 
-Column and table names come from the models' `_meta`, and the StopRequest INSERT names every
-concrete field with its Django default, so a column added by a migration is written too.
+Column and table names come from the models' `_meta` (`runs.sql`), and the StopRequest INSERT
+names every concrete field with its Django default, so a column added by a migration is written
+too. On SQLite (`make run`) the same writes and reads go through the ORM, one by one.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection, transaction
 
-from runs.ledger import EMPTY_CHAIN, ChainHead
+from runs import sql
+from runs.errors import NotFound
+from runs.ledger import EMPTY_CHAIN, ChainHead, chain_head
 from runs.models import (
     Approval,
     ApprovalStatus,
@@ -36,8 +41,9 @@ from runs.models import (
     SteeringMessage,
     SteeringStatus,
     StopRequest,
+    Team,
 )
-from runs.services._base import OPEN_EXECUTION_STATES
+from runs.services._base import OPEN_EXECUTION_STATES, _live_lease, _lock_run
 
 # What a stop changes on the run row, beside what `_touch` always bumps.
 RUN_FIELDS = (
@@ -49,6 +55,7 @@ RUN_FIELDS = (
     "change_seq",
     "updated_at",
 )
+STEERING_UNAPPLIED_AT_STOP = (SteeringStatus.QUEUED, SteeringStatus.CARRIED_OVER)
 
 
 @dataclass(frozen=True)
@@ -63,77 +70,91 @@ class StopWritten:
     lease_expires_at: datetime | None
 
 
-def _table(model: type[models.Model]) -> str:
-    return connection.ops.quote_name(model._meta.db_table)
+# --------------------------------------------------------------------------------------------
+# the run lock
 
 
-def _field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
-    field = model._meta.get_field(name)
-    assert isinstance(field, models.Field)  # a concrete column, not a reverse relation
-    return field
+@functools.cache
+def _lock_statement() -> str:
+    """`_base._lock_run`'s query (the run and its team, the run row locked FOR NO KEY UPDATE),
+    built once."""
+    return (
+        f"SELECT {sql.select_columns(Run)}, {sql.select_columns(Team)} "
+        f"FROM {sql.table(Run)} JOIN {sql.table(Team)} "
+        f"ON {sql.table(Team)}.{sql.column(Team, 'id')} = {sql.table(Run)}.{sql.column(Run, 'team')} "
+        f"WHERE {sql.table(Run)}.{sql.column(Run, 'id')} = %s "
+        f"FOR NO KEY UPDATE OF {sql.table(Run)}"
+    )
 
 
-def _quoted(field: models.Field[Any, Any]) -> str:
-    assert field.column is not None
-    return connection.ops.quote_name(field.column)
+def lock_run(run_id: str) -> Run:
+    """The first query of the stop's transaction: the run row, locked, with its team."""
+    if not sql.prepared_statements():
+        return _lock_run(run_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_lock_statement(), [run_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    width = len(Run._meta.concrete_fields)
+    run: Run = sql.from_row(Run, row[:width])
+    run.team = sql.from_row(Team, row[width:])
+    return run
 
 
-def _column(model: type[models.Model], name: str) -> str:
-    return _quoted(_field(model, name))
+@contextmanager
+def locked_run_for_stop(run_id: str) -> Iterator[Run]:
+    """`_base.locked_run` with its lock query built once: a durable transaction whose first
+    query locks the run."""
+    with transaction.atomic(durable=True):
+        yield lock_run(run_id)
 
 
-def _insert_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
-    return [field for field in model._meta.concrete_fields if not field.primary_key]
-
-
-def _set(model: type[models.Model], names: tuple[str, ...]) -> str:
-    return ", ".join(f"{_column(model, name)} = %s" for name in names)
+# --------------------------------------------------------------------------------------------
+# the stop's writes
 
 
 @functools.cache
 def _statement() -> str:
-    inserted = _insert_fields(StopRequest)
-    stop_request = (
-        f"INSERT INTO {_table(StopRequest)} "
-        f"({', '.join(_quoted(field) for field in inserted)}) "
-        f"VALUES ({', '.join(['%s'] * len(inserted))}) RETURNING {_column(StopRequest, 'id')}"
-    )
+    stop_request = sql.insert_statement(StopRequest)
     frozen = (
-        f"UPDATE {_table(OutboxItem)} SET "
-        f"{_set(OutboxItem, ('status', 'frozen_at', 'frozen_by_epoch', 'updated_at'))} "
-        f"WHERE {_column(OutboxItem, 'run')} = %s AND {_column(OutboxItem, 'status')} = %s "
+        f"UPDATE {sql.table(OutboxItem)} SET {_set(OutboxItem, _FROZEN_FIELDS)} "
+        f"WHERE {sql.column(OutboxItem, 'run')} = %s AND {sql.column(OutboxItem, 'status')} = %s "
         "RETURNING 1"
     )
     calls = (
-        f"UPDATE {_table(ExecutionRecord)} SET "
+        f"UPDATE {sql.table(ExecutionRecord)} SET "
         f"{_set(ExecutionRecord, ('cancel_requested', 'remote_cancel_state'))} "
-        f"WHERE {_column(ExecutionRecord, 'run')} = %s "
-        f"AND {_column(ExecutionRecord, 'execution_state')} = ANY(%s)"
+        f"WHERE {sql.column(ExecutionRecord, 'run')} = %s "
+        f"AND {sql.column(ExecutionRecord, 'execution_state')} = ANY(%s)"
     )
     steering = (
-        f"UPDATE {_table(SteeringMessage)} SET {_set(SteeringMessage, ('status',))} "
-        f"WHERE {_column(SteeringMessage, 'run')} = %s "
-        f"AND {_column(SteeringMessage, 'status')} = ANY(%s)"
+        f"UPDATE {sql.table(SteeringMessage)} SET {_set(SteeringMessage, ('status',))} "
+        f"WHERE {sql.column(SteeringMessage, 'run')} = %s "
+        f"AND {sql.column(SteeringMessage, 'status')} = ANY(%s)"
     )
-    moved = f"UPDATE {_table(Run)} SET {_set(Run, RUN_FIELDS)} WHERE {_column(Run, 'id')} = %s"
+    moved = (
+        f"UPDATE {sql.table(Run)} SET {_set(Run, RUN_FIELDS)} WHERE {sql.column(Run, 'id')} = %s"
+    )
     waiting = (
-        f"EXISTS (SELECT 1 FROM {_table(Approval)} WHERE {_column(Approval, 'run')} = %s "
-        f"AND {_column(Approval, 'status')} = %s)"
+        f"EXISTS (SELECT 1 FROM {sql.table(Approval)} WHERE {sql.column(Approval, 'run')} = %s "
+        f"AND {sql.column(Approval, 'status')} = %s)"
     )
     head = (
-        f"SELECT {_column(LedgerEntry, 'run_seq')} AS run_seq, {_column(LedgerEntry, 'hash')} "
-        f"AS hash FROM {_table(LedgerEntry)} WHERE {_column(LedgerEntry, 'run')} = %s "
-        f"ORDER BY {_column(LedgerEntry, 'run_seq')} DESC LIMIT 1"
+        f"SELECT {sql.column(LedgerEntry, 'run_seq')} AS run_seq, "
+        f"{sql.column(LedgerEntry, 'hash')} AS hash FROM {sql.table(LedgerEntry)} "
+        f"WHERE {sql.column(LedgerEntry, 'run')} = %s "
+        f"ORDER BY {sql.column(LedgerEntry, 'run_seq')} DESC LIMIT 1"
     )
     lease = (
-        f"SELECT {_column(Lease, 'expires_at')} AS expires_at FROM {_table(Lease)} "
-        f"WHERE {_column(Lease, 'run')} = %s AND {_column(Lease, 'released_at')} IS NULL "
+        f"SELECT {sql.column(Lease, 'expires_at')} AS expires_at FROM {sql.table(Lease)} "
+        f"WHERE {sql.column(Lease, 'run')} = %s AND {sql.column(Lease, 'released_at')} IS NULL "
         "LIMIT 1"  # at most one: lease_one_live_per_run
     )
     return (
         f"WITH stop_request AS ({stop_request}), frozen AS ({frozen}), calls AS ({calls}), "
         f"steering AS ({steering}), moved AS ({moved}) "
-        f"SELECT (SELECT {_column(StopRequest, 'id')} FROM stop_request), "
+        f"SELECT (SELECT {sql.quoted(StopRequest._meta.pk)} FROM stop_request), "
         f"(SELECT count(*) FROM frozen), {waiting}, "
         "head.run_seq, head.hash, lease.expires_at FROM (SELECT 1) AS one "
         f"LEFT JOIN LATERAL ({head}) AS head ON true "
@@ -141,15 +162,19 @@ def _statement() -> str:
     )
 
 
-def _prepared(model: type[models.Model], name: str, value: Any) -> Any:
-    return _field(model, name).get_db_prep_save(value, connection)
+_FROZEN_FIELDS = ("status", "frozen_at", "frozen_by_epoch", "updated_at")
+
+
+def _set(model: Any, names: tuple[str, ...]) -> str:
+    return ", ".join(f"{sql.column(model, name)} = %s" for name in names)
+
+
+def _prepared(model: Any, name: str, value: Any) -> Any:
+    return sql.field_of(model, name).get_db_prep_save(value, connection)
 
 
 def _params(run: Run, stop_request: StopRequest, *, now: datetime) -> list[Any]:
-    params: list[Any] = [
-        field.get_db_prep_save(field.pre_save(stop_request, True), connection)
-        for field in _insert_fields(StopRequest)
-    ]
+    params = sql.insert_params(stop_request)
     params += [
         OutboxStatus.FROZEN,
         _prepared(OutboxItem, "frozen_at", now),
@@ -159,11 +184,7 @@ def _params(run: Run, stop_request: StopRequest, *, now: datetime) -> list[Any]:
         OutboxStatus.PENDING,
     ]
     params += [True, RemoteCancelState.REQUESTED, run.pk, list(OPEN_EXECUTION_STATES)]
-    params += [
-        SteeringStatus.UNAPPLIED_AT_STOP,
-        run.pk,
-        [SteeringStatus.QUEUED, SteeringStatus.CARRIED_OVER],
-    ]
+    params += [SteeringStatus.UNAPPLIED_AT_STOP, run.pk, list(STEERING_UNAPPLIED_AT_STOP)]
     params += [_prepared(Run, name, getattr(run, name)) for name in RUN_FIELDS]
     params += [run.pk]
     params += [run.pk, ApprovalStatus.WAITING, run.pk, run.pk]
@@ -171,18 +192,44 @@ def _params(run: Run, stop_request: StopRequest, *, now: datetime) -> list[Any]:
 
 
 def write_stop(run: Run, stop_request: StopRequest, *, now: datetime) -> StopWritten:
-    """Insert `stop_request`, freeze the pending outbox, flag the calls in flight, mark queued
-    steering unapplied, write the run's stop fields (already set on `run`); read back the
-    StopRequest id, how many items froze, whether an approval waits, the ledger head and the
-    live lease's expiry. Call it under the run lock, in the stop's transaction."""
+    """Insert `stop_request` (its pk is set), freeze the pending outbox, flag the calls in
+    flight, mark queued steering unapplied, write the run's stop fields (already set on `run`);
+    read back how many items froze, whether an approval waits, the ledger head and the live
+    lease's expiry. Call it under the run lock, in the stop's transaction."""
+    if not sql.prepared_statements():
+        return _write_stop_with_the_orm(run, stop_request, now=now)
     with connection.cursor() as cursor:
         cursor.execute(_statement(), _params(run, stop_request, now=now))
         row = cursor.fetchone()
     stop_request_id, frozen, waiting, run_seq, digest, expires_at = row
+    sql.saved_as(stop_request, stop_request_id)
     return StopWritten(
         stop_request_id=stop_request_id,
         frozen=frozen,
         approvals_waiting=waiting,
         ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
         lease_expires_at=expires_at,
+    )
+
+
+def _write_stop_with_the_orm(run: Run, stop_request: StopRequest, *, now: datetime) -> StopWritten:
+    """The same writes and reads, one ORM statement each (SQLite)."""
+    stop_request.save(force_insert=True)
+    frozen = OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
+        status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
+    )
+    ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES).update(
+        cancel_requested=True, remote_cancel_state=RemoteCancelState.REQUESTED
+    )
+    SteeringMessage.objects.filter(run=run, status__in=STEERING_UNAPPLIED_AT_STOP).update(
+        status=SteeringStatus.UNAPPLIED_AT_STOP
+    )
+    run.save(update_fields=list(RUN_FIELDS))
+    lease = _live_lease(run)
+    return StopWritten(
+        stop_request_id=stop_request.pk,
+        frozen=frozen,
+        approvals_waiting=Approval.objects.filter(run=run, status=ApprovalStatus.WAITING).exists(),
+        ledger_head=chain_head(run),
+        lease_expires_at=lease.expires_at if lease is not None else None,
     )

@@ -60,7 +60,7 @@ from runs.services._base import (
     _release_lease,
     locked_run,
 )
-from runs.services._stop_sql import write_stop
+from runs.services._stop_sql import locked_run_for_stop, write_stop
 from runs.services.approvals import void_waiting_approvals_locked
 
 
@@ -91,7 +91,7 @@ def run_stop(
     if reason not in StopReason.values:
         raise InvalidInput(f"reason must be one of {', '.join(StopReason.values)}", field="reason")
     takeover = takeover or reason == StopReason.MANUAL_TAKEOVER
-    with locked_run(run_id) as run:
+    with locked_run_for_stop(run_id) as run:
         now = timezone.now()
         if run.status in TERMINAL_STATUSES:
             ledger_append(
@@ -187,8 +187,6 @@ def _stop_locked(
         epoch_after=run.stop_epoch,
     )
     written = write_stop(run, stop_request, now=now)
-    stop_request.pk = written.stop_request_id
-    stop_request._state.adding = False
     voided = (
         void_waiting_approvals_locked(
             run, now=now, why=f"the run was stopped ({reason})", actor=actor
