@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.validators import RegexValidator
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -88,10 +89,13 @@ class TrimmedCharFieldExtension(OpenApiSerializerFieldExtension):
             self.target, direction, bypass_extensions=True
         )
         field = self.target
+        # A field with its own RegexValidator gets that pattern from drf-spectacular later.
+        own_pattern = any(isinstance(check, RegexValidator) for check in field.validators)
         if (
             direction == "request"
             and field.trim_whitespace
             and not field.allow_blank
+            and not own_pattern
             and "pattern" not in schema
         ):
             schema["pattern"] = NOT_ONLY_WHITESPACE

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
-MAX_EXAMPLES = 12
+MAX_EXAMPLES = 8
 # No check of `--checks all` is excluded: the stateful ones (use_after_free,
 # ensure_resource_availability) and ignored_auth run too, and pass.
 FUZZ_SETTINGS = {
