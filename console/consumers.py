@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from importlib import import_module
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -84,6 +85,14 @@ def _session_logs_in(session_key: str | None, user: Any) -> bool:
         constant_time_compare(stored, fallback)
         for fallback in user.get_session_auth_fallback_hash()
     )
+
+
+# Handshake and close: their only database work (the access check at connect) goes through
+# database_sync_to_async, which closes stale connections itself before and after. Channels'
+# extra close_old_connections() hop through the one sync thread would be a third of a
+# handshake's hops and a close's only one: a reconnect storm's cost (docs/BENCHMARKS.md,
+# scale-out).
+_OWN_CONNECTION_HANDLING = frozenset({"websocket.connect", "websocket.disconnect"})
 
 
 # What `_access_now` returns when the socket's session no longer logs its user in.
@@ -176,8 +185,12 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         # close_old_connections(), a hop through the one sync thread that HTTP views also need.
         # That hop is the fan-out bottleneck with many viewers of a busy run (docs/BENCHMARKS.md).
         # `access.changed` (rare) takes the ordinary path: it reads the database.
-        if message.get("type") == "run.updated":
+        kind = message.get("type")
+        if kind == "run.updated":
             await self.run_updated(message)
+            return
+        if kind in _OWN_CONNECTION_HANDLING:
+            await getattr(self, get_handler_name(message))(message)
             return
         await super().dispatch(message)
 
