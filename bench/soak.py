@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -72,6 +73,9 @@ PROGRESS_EVERY = float(setting("SOAK_PROGRESS_EVERY", "60"))
 CELERY_BACKLOG = int(setting("SOAK_CELERY_BACKLOG", str(4 * RUNS_PER_ROUND * ITEMS)))
 # A line when this many stops are done, for runs told to go on longer (the hour of point 5).
 MILESTONE = int(setting("SOAK_MILESTONE", "10000"))
+# With SOAK_CELERY: trace the worker's allocations (bench/soak_worker.py) and print what grew.
+TRACEMALLOC = setting("SOAK_TRACEMALLOC", "0") not in ("0", "", "no", "false")
+TRACE_EVERY = float(setting("SOAK_TRACE_EVERY", "300"))
 SEED = int(setting("SOAK_SEED", str(time.time_ns())))
 LOG_DIR = Path(setting("SOAK_LOG_DIR", str(ROOT / "bench" / "results" / "soak")))
 
@@ -130,6 +134,7 @@ class CeleryContender:
     log_path: Path
     process: subprocess.Popen[Any] | None = None
     samples: list[tuple[float, int, int]] = field(default_factory=list)  # (s, VmRSS, VmHWM)
+    trace_dir: Path = LOG_DIR / "tracemalloc"
     queued: int = 0
     waited: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -138,11 +143,14 @@ class CeleryContender:
         from celery import Celery
 
         self._log = self.log_path.open("w")
+        launcher = [PYTHON, "-m", "celery"]
+        if TRACEMALLOC:
+            for stale in self.trace_dir.glob("snapshot-*.tracemalloc"):
+                stale.unlink()
+            launcher = [PYTHON, "bench/soak_worker.py", str(self.trace_dir), str(TRACE_EVERY)]
         self.process = subprocess.Popen(
             [
-                PYTHON,
-                "-m",
-                "celery",
+                *launcher,
                 "-A",
                 "console",
                 "worker",
@@ -264,7 +272,13 @@ class KeyReceiver:
         return Receiver()
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    # Through the `finally` below: the worker and the dispatchers are stopped, not orphaned.
+    sys.exit(128 + signum)
+
+
 def soak() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     db_name, broker = prepare_database()
     from runs import services
     from runs.actors import Actor
@@ -380,6 +394,9 @@ def soak() -> int:
         for line in worker.curve():
             print(line, flush=True)
         (LOG_DIR / "celery-rss.json").write_text(json.dumps(worker.samples))
+        if TRACEMALLOC:
+            for line in _allocation_growth(worker.trace_dir):
+                print(line, flush=True)
     for example in result.examples:
         say(f"problem: {example}")
     verdict = "PASS" if result.clean else "FAIL"
@@ -388,6 +405,40 @@ def soak() -> int:
         f"inconsistent={result.inconsistent} unknown_keys={result.unknown_keys}"
     )
     return 0 if result.clean else 1
+
+
+def _snapshot_seconds(path: Path) -> int:
+    return int(path.stem.split("-")[1])
+
+
+def _allocation_growth(directory: Path, top: int = 15) -> list[str]:
+    """Where the worker's traced memory grew over the second half of the soak: the baseline is
+    the first snapshot at or after half the last one's age, well past the warm-up (imports,
+    connections, the first tasks), which on loaded cores takes minutes."""
+    import tracemalloc
+
+    paths = sorted(directory.glob("snapshot-*.tracemalloc"), key=_snapshot_seconds)
+    if len(paths) < 3:
+        return [f"tracemalloc: {len(paths)} snapshots, too few to compare"]
+    half = _snapshot_seconds(paths[-1]) / 2
+    baseline = next(path for path in paths if _snapshot_seconds(path) >= half)
+    ignore = [
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap_external>"),
+    ]
+    first = tracemalloc.Snapshot.load(str(baseline)).filter_traces(ignore)
+    last = tracemalloc.Snapshot.load(str(paths[-1])).filter_traces(ignore)
+    total = sum(stat.size for stat in last.statistics("filename")) - sum(
+        stat.size for stat in first.statistics("filename")
+    )
+    lines = [f"tracemalloc: {baseline.name} -> {paths[-1].name}: {total / 1024:+.1f} KiB traced"]
+    for stat in last.compare_to(first, "traceback")[:top]:
+        # Oldest frame first in a Traceback: the allocating line is the last one.
+        recent = list(stat.traceback)[-4:][::-1]
+        frames = " <- ".join(f"{frame.filename}:{frame.lineno}" for frame in recent)
+        lines.append(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {frames}")
+    return lines
 
 
 def _runs_all_sent(model: Any, status: Any, run_ids: list[str]) -> int:
