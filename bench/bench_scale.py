@@ -56,8 +56,12 @@ PROCESS_COUNTS = (1, 2, 4)
 # says what the extra processes bring, not what extra clients bring.
 CLIENTS = 8
 VIEWERS = 1000
+# BENCH_SCALE_PARTS=stop,fanout runs a subset (all three by default).
+PARTS = frozenset(os.environ.get("BENCH_SCALE_PARTS", "ingest,stop,fanout").split(","))
 VIEWER_PROCESSES = 4
-FANOUT_RATE = 10.0
+# (daphne processes, changes a second): 1,000 viewers at 10/s is 10,000 frames/s, at 2/s the
+# 2,000 frames/s of the single-process fan-out's 200 viewers at 10/s (bench/bench_fanout.py).
+FANOUTS = ((2, 10.0), (2, 2.0), (1, 2.0))
 
 
 def raise_fd_limit() -> int:
@@ -612,10 +616,17 @@ def fanout(
         open_now = {pid: (rss_kib(pid), _open_sockets(pid)) for pid in pids}
         first_seq = clock.by_seq(run_obj.pk)
         load = os.getloadavg()[0]
+        groups = {
+            "daphne": pids,
+            "nginx": process_tree(proxy.process.pid),
+            "viewer clients": [client.process.pid for client in clients],
+        }
+        cpu_before = {name: cpu_seconds(group) for name, group in groups.items()}
         changes = _drive(stack, run_obj.pk, lease.epoch, rate, seconds)
         for client in clients:
             client.send({"op": "report", "quiet": 1.0, "max_wait": 30})
         report = _merge_reports([client.receive(timeout=180) for client in clients])
+        cpu = {name: cpu_seconds(group) - cpu_before[name] for name, group in groups.items()}
         after = {pid: rss_kib(pid) for pid in pids}
     finally:
         clock.uninstall()
@@ -632,6 +643,9 @@ def fanout(
         latencies.extend((at - committed) * 1000 for at in times)
     gaps = report["missed_in_sequence"] + never_arrived
     connect_seconds = max(hello["connect_seconds"] for hello in hellos)
+    frames = max(report["frames"], 1)
+    # What a frame costs each side, whatever the machine's load: capacity = cores / cost.
+    per_frame = ", ".join(f"{name} {seconds * 1e6 / frames:.0f}" for name, seconds in cpu.items())
     rows = [
         latency_row(
             "scale",
@@ -644,7 +658,7 @@ def fanout(
             f"(missed in sequence {report['missed_in_sequence']}, never arrived {never_arrived}); "
             f"duplicates {report['duplicates']}, out of order {report['out_of_order']}; "
             f"connected in {connect_seconds:.1f} s by {VIEWER_PROCESSES} client processes; "
-            f"failures {report['failures'][:2]}",
+            f"CPU µs per delivered frame: {per_frame}; failures {report['failures'][:2]}",
         ),
         Row(
             "scale",
@@ -708,17 +722,19 @@ def run(stack: Stack) -> list[Row]:
     try:
         from bench.fixtures import analyze
 
-        rows += _part("ingestion", lambda: bench_ingest(stack, farm))
+        if "ingest" in PARTS:
+            rows += _part("ingestion", lambda: bench_ingest(stack, farm))
         analyze("runs_step", "runs_eventreceipt", "runs_run")
-        rows += _part("stop", lambda: bench_stop(stack, farm))
+        if "stop" in PARTS:
+            rows += _part("stop", lambda: bench_stop(stack, farm))
         viewers = stack.n(VIEWERS, 200)
         seconds = stack.n(20.0, 5.0)
-        for processes in (2, 1):
+        for processes, rate in FANOUTS if "fanout" in PARTS else ():
             baseline = {daphne.pid: _open_sockets(daphne.pid) for daphne in farm.daphnes}
             rows += _part(
-                f"fan-out, {processes} daphne",
-                lambda processes=processes: fanout(  # type: ignore[misc]
-                    stack, farm, processes, viewers=viewers, rate=FANOUT_RATE, seconds=seconds
+                f"fan-out, {processes} daphne at {rate:g}/s",
+                lambda processes=processes, rate=rate: fanout(  # type: ignore[misc]
+                    stack, farm, processes, viewers=viewers, rate=rate, seconds=seconds
                 ),
             )
             _wait_for_sockets_closed(farm, baseline)
