@@ -65,6 +65,17 @@ def test_upstream_resolves_every_web_replica_through_dockers_dns(conf, services)
     assert re.search(r"^\s*resolver\s+127\.0\.0\.11\b", conf, re.MULTILINE)
 
 
+def test_idle_upstream_connections_close_on_nginx_side_first(conf):
+    import twisted.web.http
+
+    upstream = conf[re.search(r"^upstream\s", conf, re.MULTILINE).start() :]  # type: ignore[union-attr]
+    upstream = upstream[: upstream.index("}")]
+    idle = re.search(r"keepalive_timeout\s+(\d+)s;", upstream)
+    assert idle is not None and "keepalive " in upstream
+    # daphne's HTTP channel closes an idle keep-alive connection after Twisted's request timeout
+    assert int(idle.group(1)) < twisted.web.http._REQUEST_TIMEOUT
+
+
 def test_websockets_are_upgraded_and_kept_open(conf):
     assert "proxy_http_version 1.1;" in conf
     assert "proxy_set_header Upgrade $http_upgrade;" in conf
