@@ -97,7 +97,8 @@ def test_daphne_gets_the_client_address_the_client_cannot_forge(conf):
     # daphne takes X-Forwarded-Port as the client's port, not the proxy's
     assert "proxy_set_header X-Forwarded-Port $remote_port;" in conf
     assert "proxy_set_header X-Forwarded-Proto $scheme;" in conf
-    assert "proxy_set_header Host $host;" in conf
+    # the port too, or a published port other than 80 fails Django's CSRF Origin check
+    assert "proxy_set_header Host $http_host;" in conf
 
 
 def test_rendering_swaps_only_the_upstream_listen_and_resolver(conf):
