@@ -429,10 +429,11 @@ class _Batch:
                 for cursor, (sql, params) in zip(cursors, statements, strict=True):
                     cursor.execute(sql, params)
                 if self._new:
-                    # The first statement is the steps' INSERT ... RETURNING id, in row order.
-                    for step, (pk,) in zip(self._new, cursors[0].fetchall(), strict=True):
-                        step.pk = pk
-                        step._state.adding = False
+                    # The first statement is the steps' INSERT ... RETURNING id, seq.
+                    by_seq = {step.seq: step for step in self._new}
+                    for pk, seq in cursors[0].fetchall():
+                        by_seq[seq].pk = pk
+                        by_seq[seq]._state.adding = False
         finally:
             for cursor in cursors:
                 cursor.close()
@@ -441,77 +442,70 @@ class _Batch:
 Statement = tuple[str, list[Any]]
 
 
-def _values(rows: Sequence[Sequence[Any]], casts: Sequence[str] = ()) -> tuple[str, list[Any]]:
-    """`(%s, %s), (%s, %s)` for the rows, with `::type` casts on the first (VALUES lists in an
-    UPDATE ... FROM take their column types from it), and the flat parameter list."""
-    width = len(rows[0])
-    first = ", ".join(f"%s::{cast}" if cast else "%s" for cast in (casts or [""] * width))
-    rest = ", ".join(["%s"] * width)
-    sql = ", ".join([f"({first})"] + [f"({rest})"] * (len(rows) - 1))
-    return sql, [value for row in rows for value in row]
-
-
 def _json(value: Any) -> Any:
     return connection.ops.adapt_json_value(value, None)
 
 
-_STEP_INSERT = (
-    'INSERT INTO "runs_step" (run_id, seq, key, name, kind, status, epoch, detail, '
-    "reported_after_stop, created_at, started_at, finished_at) VALUES {} RETURNING id"
+def _unnest(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> Statement:
+    """`unnest(%s::type[], ...)` over the rows' columns: one array per column, so the statement
+    text (and psycopg's parse of it) is the same whatever the batch's size; a multi-row VALUES
+    list cost more to build and parse than the rest of a 100-event batch's SQL."""
+    arrays = [list(column) for column in zip(*rows, strict=True)]
+    sql = ", ".join(f"%s::{kind}[]" for _name, kind in columns)
+    return f"unnest({sql})", arrays
+
+
+_STEP_COLUMNS = (
+    ("run_id", "varchar"),
+    ("seq", "integer"),
+    ("key", "varchar"),
+    ("name", "varchar"),
+    ("kind", "varchar"),
+    ("status", "varchar"),
+    ("epoch", "integer"),
+    ("detail", "jsonb"),
+    ("reported_after_stop", "boolean"),
+    ("created_at", "timestamptz"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
 )
 
 
 def _steps_insert(steps: list[Step]) -> Statement | None:
     if not steps:
         return None
-    values, params = _values(
+    source, params = _unnest(
+        _STEP_COLUMNS,
         [
-            (
-                step.run_id,
-                step.seq,
-                step.key,
-                step.name,
-                step.kind,
-                step.status,
-                step.epoch,
-                _json(step.detail),
-                step.reported_after_stop,
-                step.created_at,
-                step.started_at,
-                step.finished_at,
+            tuple(
+                _json(step.detail) if name == "detail" else getattr(step, name)
+                for name, _kind in _STEP_COLUMNS
             )
             for step in steps
-        ]
+        ],
     )
-    return _STEP_INSERT.format(values), params
+    names = ", ".join(name for name, _kind in _STEP_COLUMNS)
+    return f'INSERT INTO "runs_step" ({names}) SELECT * FROM {source} RETURNING id, seq', params
 
 
-# `detail` NULL means "not changed by this batch" (a step's detail is never null), so a step
-# read without its detail is never written back with one.
-_STEP_UPDATE = (
-    'UPDATE "runs_step" AS s SET name = v.name, kind = v.kind, status = v.status, '
-    "epoch = v.epoch, started_at = v.started_at, finished_at = v.finished_at, "
-    "reported_after_stop = v.reported_after_stop, detail = COALESCE(v.detail, s.detail) "
-    "FROM (VALUES {}) AS v(id, name, kind, status, epoch, started_at, finished_at, "
-    "reported_after_stop, detail) WHERE s.id = v.id"
-)
-_STEP_UPDATE_CASTS = (
-    "bigint",
-    "varchar",
-    "varchar",
-    "varchar",
-    "integer",
-    "timestamptz",
-    "timestamptz",
-    "boolean",
-    "jsonb",
+_STEP_UPDATE_COLUMNS = (
+    ("id", "bigint"),
+    ("name", "varchar"),
+    ("kind", "varchar"),
+    ("status", "varchar"),
+    ("epoch", "integer"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+    ("reported_after_stop", "boolean"),
+    ("detail", "jsonb"),
 )
 
 
 def _steps_update(steps: list[Step]) -> Statement | None:
     if not steps:
         return None
-    values, params = _values(
+    source, params = _unnest(
+        _STEP_UPDATE_COLUMNS,
         [
             (
                 step.pk,
@@ -522,47 +516,72 @@ def _steps_update(steps: list[Step]) -> Statement | None:
                 step.started_at,
                 step.finished_at,
                 step.reported_after_stop,
+                # NULL: not changed by this batch (a step's detail is never null), so a step
+                # read without its detail is never written back with one.
                 _json(step.__dict__["detail"]) if "detail" in step.__dict__ else None,
             )
             for step in steps
         ],
-        _STEP_UPDATE_CASTS,
     )
-    return _STEP_UPDATE.format(values), params
+    names = ", ".join(name for name, _kind in _STEP_UPDATE_COLUMNS)
+    return (
+        'UPDATE "runs_step" AS s SET name = v.name, kind = v.kind, status = v.status, '
+        "epoch = v.epoch, started_at = v.started_at, finished_at = v.finished_at, "
+        "reported_after_stop = v.reported_after_stop, detail = COALESCE(v.detail, s.detail) "
+        f"FROM {source} AS v({names}) WHERE s.id = v.id",
+        params,
+    )
 
 
-_RECEIPT_COLUMNS = ("run_id", "event_id", "type", "epoch", "outcome", "code", "received_at")
-_ARTIFACT_COLUMNS = (
-    "run_id",
-    "step_id",
-    "name",
-    "kind",
-    "uri",
-    "content",
-    "checksum",
-    "reusable",
-    "evidence",
-    "epoch",
-    "created_at",
+_RECEIPT_COLUMNS = (
+    ("run_id", "varchar"),
+    ("event_id", "varchar"),
+    ("type", "varchar"),
+    ("epoch", "integer"),
+    ("outcome", "varchar"),
+    ("code", "varchar"),
+    ("received_at", "timestamptz"),
 )
-_CHECKPOINT_COLUMNS = ("run_id", "step_seq", "label", "state", "epoch", "created_at")
-_JSON_COLUMNS = frozenset({"state", "detail"})
+_ARTIFACT_COLUMNS = (
+    ("run_id", "varchar"),
+    ("step_id", "bigint"),
+    ("name", "varchar"),
+    ("kind", "varchar"),
+    ("uri", "varchar"),
+    ("content", "text"),
+    ("checksum", "varchar"),
+    ("reusable", "boolean"),
+    ("evidence", "boolean"),
+    ("epoch", "integer"),
+    ("created_at", "timestamptz"),
+)
+_CHECKPOINT_COLUMNS = (
+    ("run_id", "varchar"),
+    ("step_seq", "integer"),
+    ("label", "varchar"),
+    ("state", "jsonb"),
+    ("epoch", "integer"),
+    ("created_at", "timestamptz"),
+)
 
 
-def _rows_insert(model: Any, columns: Sequence[str], rows: list[Any]) -> Statement | None:
+def _rows_insert(
+    model: Any, columns: Sequence[tuple[str, str]], rows: list[Any]
+) -> Statement | None:
     if not rows:
         return None
-    values, params = _values(
+    source, params = _unnest(
+        columns,
         [
             tuple(
-                _json(getattr(row, column)) if column in _JSON_COLUMNS else getattr(row, column)
-                for column in columns
+                _json(getattr(row, name)) if kind == "jsonb" else getattr(row, name)
+                for name, kind in columns
             )
             for row in rows
-        ]
+        ],
     )
-    table = model._meta.db_table
-    return f'INSERT INTO "{table}" ({", ".join(columns)}) VALUES {values}', params
+    names = ", ".join(name for name, _kind in columns)
+    return f'INSERT INTO "{model._meta.db_table}" ({names}) SELECT * FROM {source}', params
 
 
 def _run_update(run: Run, fields: set[str]) -> Statement | None:
