@@ -30,16 +30,18 @@
     var page = f.ownerDocument.querySelector("input[data-bulk-page]");
     if (page) { page.hidden = boxes.length === 0; page.checked = all; }
     var total = f.dataset.bulkMatchingCount || "0";
+    // what the page says: "1000+" once the count reached its cap (console/selectors.py)
+    var label = f.dataset.bulkMatchingLabel || total;
     var summary = f.querySelector("[data-bulk-summary]");
     var selectMatching = f.querySelector("[data-bulk-select-matching]");
     var stopSelected = f.querySelector("[data-bulk-selected]");
     if (matching) {
-      summary.textContent = "All " + total + " matching runs selected.";
+      summary.textContent = "All " + label + " matching runs selected.";
       selectMatching.textContent = "Clear selection";
       selectMatching.hidden = false;
     } else {
       summary.textContent = count() ? count() + " selected." : "";
-      selectMatching.textContent = "Select all " + total + " matching";
+      selectMatching.textContent = "Select all " + label + " matching";
       selectMatching.hidden = !(all && Number(total) > boxes.length);
     }
     stopSelected.value = matching ? "matching" : "selected";

@@ -31,6 +31,8 @@ def test_a_count_past_the_cap_shows_the_cap_and_a_plus(as_reviewer, team, cap_of
     assert "1 run stopped dirty" in body
     pending = as_reviewer.get("/", {"status": "pending"}).content.decode()
     assert "Stop all 3+ matching" in pending
+    # bulk.js words "Select all N matching" from the label; the count stays a number it compares
+    assert 'data-bulk-matching-count="3" data-bulk-matching-label="3+"' in pending
     assert "· 3+ Pending" in pending or "3+ pending" in pending.lower()
 
 
