@@ -123,7 +123,7 @@ class RunsPage:
     # interrupted with an unknown (`runs.selectors.needs_resolution_q`): how many, which rows
     interrupted_unresolved: int = 0
     unresolved_ids: set[str] = field(default_factory=set)
-    # the states whose count reached RUNS_COUNT_CAP: "10,000+", not the exact figure
+    # the states whose count reached its cap: the page says "1000+", not the exact figure
     capped: set[str] = field(default_factory=set)
     interrupted_capped: bool = False
 
@@ -195,8 +195,8 @@ def _sampled_counts(narrowed: QuerySet[Run], cap: int) -> tuple[dict[str, int], 
 
 
 def _agents(access: Access, limit: int = 200) -> list[str]:
-    """The distinct agents, in order: a loose index scan over `run_agent_idx` (one index probe
-    per agent) where DISTINCT read every run (600 ms at 1,000,000). Recursive CTEs run on
+    """The distinct agents, in order: a loose index scan over `run_agent_status_team_idx` (one
+    index probe per agent) where DISTINCT read every run (600 ms at 1,000,000). Recursive CTEs run on
     PostgreSQL and SQLite alike."""
     table = connection.ops.quote_name(Run._meta.db_table)
     scope, params = "", []
