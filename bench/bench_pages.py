@@ -466,11 +466,43 @@ def _database_exists(admin_url: str, name: str) -> bool:
     return found is not None
 
 
+def _sample(username: str, url: str, iterations: int) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from bench.common import percentile
+    from runs.models import Run
+
+    client = _client(username)
+    for _ in range(3):
+        client.get(url)
+    totals, sql = [], []
+    for _ in range(iterations):
+        with CaptureQueriesContext(connection) as queries:
+            started = time.perf_counter()
+            client.get(url)
+            totals.append((time.perf_counter() - started) * 1000)
+        sql.append(sum(float(query["time"]) for query in queries.captured_queries) * 1000)
+    print(
+        f"{Run.objects.count():,} runs, {url}: total p50 {percentile(totals, 0.5):.0f} "
+        f"p95 {percentile(totals, 0.95):.0f} ms; SQL p50 {percentile(sql, 0.5):.0f} "
+        f"p95 {percentile(sql, 0.95):.0f} ms; {len(queries)} queries; "
+        f"load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="The runs page over a million runs.")
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--fresh", action="store_true", help="drop the kept database first")
+    parser.add_argument(
+        "--sample",
+        metavar="URL",
+        help="only time this URL as staff on the kept database (total and SQL, p50/p95): run "
+        "two at once on two BENCH_DB_NAMEs to compare sizes under the same load",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("BENCH_DB_NAME", "safestop_bench_pages")
     os.environ.setdefault("BENCH_REDIS_DB", "13")
@@ -482,6 +514,9 @@ def main(argv: list[str]) -> None:
         recreate_database(admin_url, db_name)
     _setup_django(env)
     principals = _principals_once()
+    if args.sample:
+        _sample(principals["staff_username"], args.sample, args.iterations)
+        return
     from runs.models import Run
 
     have = Run.objects.count()
