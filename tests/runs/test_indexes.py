@@ -34,12 +34,16 @@ def test_a_frozen_outbox_item_writes_two_index_entries_not_five() -> None:
         "outbox_pending_idx",
         "outbox_dispatching_idx",
         "outbox_exec_record_idx",
+        "outbox_unconfirmed_idx",
     }
-    # The three partial indexes take no entry for a frozen item without an execution record.
+    # The four partial indexes take no entry for a frozen item without an execution record.
     assert (
         "WHERE" in indexes["outbox_exec_record_idx"]
         and "IS NOT NULL" in indexes["outbox_exec_record_idx"]
     )
+    unconfirmed = indexes["outbox_unconfirmed_idx"]
+    assert "WHERE" in unconfirmed and "'dispatching'" in unconfirmed
+    assert "'frozen'" not in unconfirmed and "'pending'" not in unconfirmed
 
 
 @pytest.mark.parametrize(
