@@ -231,8 +231,10 @@ class CeleryContender:
                 self.process.kill()
                 self.process.wait(10)
         self._log.close()
-        # The queue and kombu's binding for it: nothing of this soak stays in Redis.
-        self.redis.delete(self.queue, f"_kombu.binding.{self.queue}")
+        # The queue and kombu's bindings for it: nothing of this soak stays in Redis.
+        ours = list(self.redis.scan_iter(match=f"*{self.queue}*"))
+        if ours:
+            self.redis.delete(*ours)
         self.client.close()
 
     def curve(self) -> list[str]:
