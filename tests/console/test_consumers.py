@@ -80,10 +80,15 @@ async def test_a_change_after_connect_arrives(team, charlie, bob):
     await database_sync_to_async(services.run_stop)(
         run_id=run.pk, reason="user_stop", actor=Actor.for_user(bob)
     )
+    # The worker's signal is published first (runs/services/lifecycle._stop_locked), then the
+    # viewers' change of the same commit: both carry the same seq, so a page applies it once.
+    signal = await communicator.receive_json_from(timeout=3)
+    assert signal["kind"] == "stop_signal" and signal["status"] == "cancel_requested"
     frame = await communicator.receive_json_from(timeout=3)
     assert frame["type"] == "run.updated" and frame["run_id"] == run.pk
     assert frame["status"] == "cancel_requested" and frame["stop_epoch"] == 2
     assert frame["kind"] == "run.stop_requested" and frame["team"] == team.pk
+    assert frame["seq"] == signal["seq"]
     await database_sync_to_async(services.lease_heartbeat)(
         run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT
     )
