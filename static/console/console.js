@@ -68,6 +68,7 @@
   var issued = {}; // region id -> number of the newest GET issued for it
   var userGets = {}; // region id -> GETs a person started, in flight
   var heldLive = {}; // region id -> the live fetch waiting for them
+  var newestUser = {}; // region id -> the issue number of the newest GET a person started
 
   function queryRegion(target) {
     return target && target.dataset && target.dataset.queryForm && target.id ? target : null;
@@ -112,6 +113,7 @@
     if (!headers["X-Safestop-Live"]) {
       detail.xhr.safestopUser = true;
       userGets[id] = (userGets[id] || 0) + 1;
+      newestUser[id] = issued[id];
     }
   });
 
@@ -119,10 +121,29 @@
     var xhr = evt.detail.xhr;
     var id = xhr && xhr.safestopRegion;
     if (!id) return;
-    if (xhr.safestopIssued !== issued[id]) { evt.detail.shouldSwap = false; return; }
+    if (xhr.safestopIssued !== issued[id]) {
+      evt.detail.shouldSwap = false;
+      keepAddressOfDroppedAnswer(evt.detail, id);
+      return;
+    }
     var current = document.getElementById(id);
     if (current) evt.detail.target = current;
   });
+
+  // A live refresh issued while a person's filter GET was in flight makes that answer stale, and
+  // htmx pushes a URL only with a swap: the table shows the filter (the live fetch carries the
+  // form's query) but the address bar would stay one step behind. The newest person's GET still
+  // owns the address.
+  function keepAddressOfDroppedAnswer(detail, id) {
+    var xhr = detail.xhr;
+    if (!xhr.safestopUser || xhr.safestopIssued !== newestUser[id]) return;
+    var elt = detail.requestConfig && detail.requestConfig.elt;
+    var pusher = elt && elt.closest && elt.closest("[hx-push-url]");
+    if (!pusher || pusher.getAttribute("hx-push-url") !== "true") return;
+    var info = detail.pathInfo || {};
+    var path = info.finalRequestPath || info.requestPath;
+    if (path && path !== location.pathname + location.search) history.pushState({ htmx: true }, "", path);
+  }
 
   document.addEventListener("htmx:afterRequest", function (evt) {
     var xhr = evt.detail.xhr;
