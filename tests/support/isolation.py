@@ -2,9 +2,11 @@
 database and its own Redis database.
 
 - The database: `SAFESTOP_TEST_DB_NAME`, else `test_safestop_<pid of pytest>` (console/settings.py).
-- Redis: `SAFESTOP_TEST_REDIS_URL`, else this plugin claims a free database number (1-15; 0 is
+- Redis: `SAFESTOP_TEST_REDIS_URL` (which every xdist worker would share: set it only without
+  `-n`), else this plugin claims a free database number (1-15; 0 is
   `make run`'s) for the session and exports the URL in `SAFESTOP_TEST_REDIS_URL`, so test modules,
-  the live servers and child processes (Celery worker, dispatchers) all use the same one. A claim
+  the live servers and child processes (Celery worker, dispatchers) all use the same one. Under
+  `pytest -n N` (`make test`) each worker is a session of its own and claims its own. A claim
   is a key in the database itself, written with SET NX (two sessions starting together cannot
   take the same number) and an expiry; a claim whose owner process is gone is taken over.
 
@@ -84,8 +86,16 @@ def _claim() -> str | None:
     )
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """`pytest -n N`: the process that only hands tests to its workers. Its workers inherit its
+    environment, so a database it claimed would be shared by all of them: each claims its own."""
+    return bool(getattr(config.option, "numprocesses", None)) and not os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get(ENV):
+    if os.environ.get(ENV) or _xdist_controller(config):
         return
     url = _claim()
     if url is not None:
