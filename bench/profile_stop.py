@@ -1,7 +1,10 @@
-"""Where one `run_stop` spends its time: the statements it sends and a cProfile of many stops.
+"""Where one `run_stop` (or, with PROFILE_STOP_PHASE=drained, one `run_drained`: the worker's
+drained answer, which settles the run and builds its stop packet) spends its time: the statements
+it sends and a cProfile of many of them.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/profile_stop.py
     #   PROFILE_STOP_RUNS=300  PROFILE_STOP_OUT=/tmp/stop.prof  PROFILE_STOP_TOP=40
+    #   PROFILE_STOP_PHASE=drained
 
 Runs on a test database of its own (SAFESTOP_TEST_DB_NAME, default `test_safestop_profile_stop`).
 Makes running runs with live leases (as `bench_bulk_stop.py` does), prints the SQL of one stop,
@@ -24,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 RUNS = int(os.environ.get("PROFILE_STOP_RUNS", 300))
 OUT = os.environ.get("PROFILE_STOP_OUT", "")
 TOP = int(os.environ.get("PROFILE_STOP_TOP", 40))
+PHASE = os.environ.get("PROFILE_STOP_PHASE", "stop")
 
 
 def _running_runs(team: Any, count: int) -> list[tuple[str, Any]]:
@@ -43,39 +47,60 @@ def _running_runs(team: Any, count: int) -> list[tuple[str, Any]]:
     return made
 
 
-def _print_statements_of_one_stop(run_id: str, actor: Any) -> None:
+def _stop(run_id: str, actor: Any) -> None:
+    from runs import services
+
+    services.run_stop(run_id=run_id, reason="user_stop", actor=actor, bulk_id="bulk_profile")
+
+
+def _drained(run_id: str, lease: Any) -> None:
+    from runs import services
+    from runs.actors import Actor
+
+    services.run_drained(
+        run_id=run_id,
+        lease_token=lease.token,
+        epoch=lease.epoch,
+        actor=Actor("api_client", "1", "profile-agent"),
+    )
+
+
+def _print_statements_of_one(transition: Any) -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from runs import services
-
     with CaptureQueriesContext(connection) as queries:
-        services.run_stop(run_id=run_id, reason="user_stop", actor=actor, bulk_id="bulk_profile")
-    print(f"one run_stop: {len(queries.captured_queries)} statements")
+        transition()
+    print(f"one run_{PHASE}: {len(queries.captured_queries)} statements")
     for query in queries.captured_queries:
         print(f"  {query['sql'][:160]}")
 
 
 def profile(team: Any) -> None:
-    from runs import services
     from runs.actors import Actor
 
     actor = Actor("user", "0", "profile-reviewer")
     made = _running_runs(team, RUNS + 1)
-    _print_statements_of_one_stop(made[0][0], actor)
+    if PHASE == "drained":
+        for run_id, _lease in made:
+            _stop(run_id, actor)
+        transitions = [lambda r=run_id, le=lease: _drained(r, le) for run_id, lease in made]
+    else:
+        transitions = [lambda r=run_id: _stop(r, actor) for run_id, _lease in made]
+    _print_statements_of_one(transitions[0])
     # CPU time, not wall time: on a shared machine the waits on PostgreSQL would swamp the
     # Python, and the Python is what one interpreter's threads cannot overlap.
     profiler = cProfile.Profile(time.process_time)
     load_before = os.getloadavg()[0]
     cpu_started, started = time.process_time(), time.perf_counter()
     profiler.enable()
-    for run_id, _lease in made[1:]:
-        services.run_stop(run_id=run_id, reason="user_stop", actor=actor, bulk_id="bulk_profile")
+    for transition in transitions[1:]:
+        transition()
     profiler.disable()
     wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     print(
-        f"{RUNS} stops one after another under cProfile: wall {wall_s:.2f} s, CPU {cpu_s:.2f} s "
-        f"({cpu_s * 1000 / RUNS:.2f} ms CPU per stop, profiler overhead included); "
+        f"{RUNS} run_{PHASE} one after another under cProfile: wall {wall_s:.2f} s, CPU {cpu_s:.2f} s "
+        f"({cpu_s * 1000 / RUNS:.2f} ms CPU each, profiler overhead included); "
         f"load average {load_before:.2f} → {os.getloadavg()[0]:.2f}"
     )
     if OUT:
