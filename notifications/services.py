@@ -58,7 +58,12 @@ from notifications.transports import (
 from runs.actors import Actor
 from runs.dispatch import dispatcher_name
 from runs.errors import InvalidInput, NotFound
-from runs.ledger import ChainBreak, VerifyProgress, ledger_append, ledger_verify
+from runs.ledger import ChainBreak, VerifyProgress, ledger_append
+from runs.ledger_checks import (
+    verification_claim,
+    verification_run,
+    verification_start_scheduled,
+)
 from runs.models import LedgerEntry, Membership, Run, Team
 
 logger = logging.getLogger(__name__)
@@ -518,10 +523,19 @@ def _log_verify_progress(progress: VerifyProgress) -> None:
     )
 
 
-def ledger_check() -> ChainBreak | None:
-    """Verify every ledger chain; a break is `ledger.broken` for the team it belongs to (every
-    team, for a break in the global chain), once per broken entry."""
-    _checked, broken = ledger_verify(progress=_log_verify_progress)
+def ledger_check(verification_id: int | None = None) -> ChainBreak | None:
+    """Verify every ledger chain and record the walk (`runs.ledger_checks`): the one a person
+    asked for (`verification_id`), else a new scheduled one. A break is `ledger.broken` for the
+    team it belongs to (every team, for a break in the global chain), once per broken entry.
+    None when every chain verifies, or when another worker had already claimed that walk."""
+    if verification_id is None:
+        verification = verification_start_scheduled()
+    else:
+        claimed = verification_claim(verification_id)
+        if claimed is None:
+            return None
+        verification = claimed
+    broken = verification_run(verification, progress=_log_verify_progress)
     if broken is None:
         return None
     logger.error("ledger chain broken at entry %s: %s", broken.entry_id, broken.problem)

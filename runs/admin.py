@@ -31,6 +31,7 @@ from runs.models import (
     ExecutionRecord,
     Lease,
     LedgerEntry,
+    LedgerVerification,
     Membership,
     OutboxItem,
     RejectedWrite,
@@ -273,6 +274,24 @@ class RejectedWriteAdmin(ReadOnlyAdmin):
     list_filter = ["kind", "code"]
     search_fields = ["run__id"]
     list_select_related = ["run"]
+
+
+@admin.register(LedgerVerification)
+class LedgerVerificationAdmin(ReadOnlyAdmin):
+    """Records of walks of the ledger (the audit page asks for new ones)."""
+
+    list_display = [
+        "id",
+        "requested_by",
+        "requested_at",
+        "started_at",
+        "finished_at",
+        "checked",
+        "broken_entry_id",
+        "error",
+    ]
+    list_filter = ["requested_by"]
+    date_hierarchy = "requested_at"
 
 
 @admin.register(LedgerEntry)

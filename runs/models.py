@@ -714,6 +714,31 @@ class LedgerEntry(models.Model):
         return self.pk
 
 
+class LedgerVerification(models.Model):
+    """One walk of every hash chain: who asked (a person, or `scheduled`), when it ran, how many
+    entries it checked and the first break it found. Walks run in a worker, never in a page
+    request (runs/ledger_checks.py); the audit page shows the latest one."""
+
+    requested_by = models.CharField(max_length=150)
+    requested_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    checked = models.PositiveBigIntegerField(default=0)
+    broken_entry_id = models.BigIntegerField(null=True, blank=True)
+    broken_run_id = models.CharField(max_length=32, blank=True)
+    broken_run_seq = models.PositiveIntegerField(null=True, blank=True)
+    problem = models.TextField(blank=True)
+    # Why the walk could not finish (the database went away, ...): not a break, not a pass.
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [models.Index(fields=["-requested_at"], name="ledger_verification_idx")]
+
+    def __str__(self) -> str:
+        return f"ledger verification #{self.pk} ({self.requested_by})"
+
+
 class ApprovalAppliesTo(models.TextChoices):
     ANY = "any", "Tool calls and outbox items"
     TOOL_CALL = "tool_call", "Tool calls"

@@ -9,15 +9,24 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods
 
 from console.access import Access, request_access, visible_teams
 from console.forms import AuditFilterForm
 from console.selectors import AuditFilters, audit_page
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
-from runs.ledger import ledger_verify
+from notifications.tasks import verify_ledger_soon
+from runs.ledger_checks import (
+    verification_break,
+    verification_is_open,
+    verification_last_finished,
+    verification_latest,
+    verification_request,
+)
 from runs.ledger_queries import ledger_entries, ledger_entry_team, ledger_filter_choices
 from runs.models import Role, Team
 
@@ -71,6 +80,7 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
         "actions": actions,
         "reasons": reasons,
         "stop_action": STOP_ACTIONS,
+        **verification_context(slugs),
     }
     if wants_fragment(request) and request.htmx.target == "audit-region":
         # The export link comes along: it exports what the table now shows (the same query).
@@ -79,26 +89,45 @@ def audit(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_http_methods(["GET", "POST"])
 def audit_verify(request: HtmxHttpRequest) -> HttpResponse:
-    """Walk every hash chain. Slow on a big ledger, so the page loads it lazily."""
-    access, slugs, _teams = _admin_scope(request)
-    started = timezone.now()
-    checked, broken = ledger_verify()
-    elapsed_ms = (timezone.now() - started).total_seconds() * 1000
-    in_scope = True
-    if broken is not None and slugs is not None:
-        in_scope = ledger_entry_team(entry_id=broken.entry_id) in slugs
-    context = {
-        "checked": checked,
-        "broken": broken,
-        "in_scope": in_scope,
-        "elapsed_ms": elapsed_ms,
-        "verified_at": timezone.now(),
-    }
+    """The latest recorded walk of every hash chain (GET), or ask for a new one (POST). No
+    request walks the ledger itself: a big one takes tens of seconds (runs/ledger_checks.py)."""
+    _access, slugs, _teams = _admin_scope(request)
+    if request.method == "POST":
+        verification, created = verification_request(requested_by=request.user.get_username())
+        if created:
+            transaction.on_commit(lambda: verify_ledger_soon(verification.pk))
+        if not request.htmx:
+            return redirect("console:audit_verify")  # post/redirect/get without JavaScript
+    context = verification_context(slugs)
     if request.htmx:
         return fragments(request, "console/audit_verify.html", "verify", context)
     return page(request, "console/audit_verify.html", context)
+
+
+def verification_context(slugs: list[str] | None) -> dict[str, Any]:
+    """What the "Ledger verification" line shows: the last finished walk (its outcome, when,
+    how long) and the one queued or running, if any (then the line polls itself)."""
+    latest = verification_latest()
+    running = latest if latest is not None and verification_is_open(latest) else None
+    last = latest if latest is not None and latest.finished_at else verification_last_finished()
+    broken = verification_break(last) if last is not None else None
+    in_scope = True
+    if broken is not None and slugs is not None:
+        in_scope = ledger_entry_team(entry_id=broken.entry_id) in slugs
+    took = None
+    if last is not None and last.started_at is not None and last.finished_at is not None:
+        took = (last.finished_at - last.started_at).total_seconds()
+    return {
+        "verification": {
+            "last": last,
+            "running": running,
+            "broken": broken,
+            "in_scope": in_scope,
+            "took_seconds": took,
+        }
+    }
 
 
 class _Echo:

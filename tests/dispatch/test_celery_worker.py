@@ -17,10 +17,12 @@ from console.celery import app as safestop_app
 from console.celery import beat_schedule
 from runs import services
 from runs.actors import Actor
-from runs.models import OutboxItem, OutboxStatus, RunStatus
+from runs.ledger_checks import verification_request
+from runs.models import LedgerEntry, LedgerVerification, OutboxItem, OutboxStatus, RunStatus
 from tests.runs.factories import make_running, reload
 from tests.support.children import ROOT, child_env
 from tests.support.isolation import suite_redis_url
+from tests.support.scenarios import stopped_cleanly
 
 # The session's own Redis database (tests/support/isolation.py), and a queue (and worker name)
 # unique to this test, so test sessions sharing the Redis server never consume each other's tasks.
@@ -236,3 +238,19 @@ def test_the_beat_schedule_names_only_registered_tasks() -> None:
         *(entry["task"] for entry in schedule.values()),
     ):
         assert safestop_app.tasks[name].acks_late is True
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_worker_runs_the_ledger_walk_someone_asked_for(team, worker, client_app) -> None:
+    stopped_cleanly(team)
+    verification, _created = verification_request(requested_by="alice")
+    client_app.send_task("notifications.tasks.verify_ledger", args=[verification.pk])
+
+    def finished() -> bool:
+        return LedgerVerification.objects.get(pk=verification.pk).finished_at is not None
+
+    assert _wait(finished, timeout=30), worker.log()[-3000:]
+    done = LedgerVerification.objects.get(pk=verification.pk)
+    assert done.checked == LedgerEntry.objects.count() and done.broken_entry_id is None
+    assert done.error == "" and "Traceback" not in worker.log()

@@ -1,0 +1,157 @@
+"""The audit page's ledger verification: recorded walks, never a walk inside a page request.
+
+A walk of 1,000,000 entries takes 22–25 s (docs/BENCHMARKS.md), so the page shows the latest
+recorded walk and "Verify now" queues one, which a thread of the serving process runs here (the
+embedded default; a Celery worker in production, tests/dispatch/test_celery_worker.py).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from notifications import services as notify
+from runs import ledger_checks
+from runs.models import LedgerEntry, LedgerVerification, Membership, Role
+from tests.support.htmx import htmx
+from tests.support.scenarios import stopped_cleanly
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _finished(verification_id: int, timeout: float = 15.0) -> LedgerVerification:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        verification = LedgerVerification.objects.get(pk=verification_id)
+        if verification.finished_at is not None:
+            return verification
+        time.sleep(0.05)
+    raise AssertionError(f"verification {verification_id} never finished")
+
+
+def _tamper(entry: LedgerEntry) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")  # past the append-only trigger
+        cursor.execute("UPDATE runs_ledgerentry SET reason = 'timeout' WHERE id = %s", [entry.pk])
+        cursor.execute("SET session_replication_role = DEFAULT")
+
+
+@pytest.fixture
+def no_walk_in_requests(monkeypatch):
+    """Fails the test if a page request walks the ledger (the worker thread may: see `allow`)."""
+    walks: list[str] = []
+    real = ledger_checks.ledger_verify
+
+    def guarded(**kwargs):
+        walks.append("walk")
+        return real(**kwargs)
+
+    monkeypatch.setattr(ledger_checks, "ledger_verify", guarded)
+    return walks
+
+
+def test_the_page_shows_the_last_walk_without_walking(as_admin, team, no_walk_in_requests):
+    body = as_admin.get("/audit/").content.decode()
+    assert "Ledger not verified yet" in body and 'data-testid="ledger-verify-now"' in body
+    stopped_cleanly(team)
+    notify.ledger_check()  # the scheduled walk, as beat or the background loop runs it
+    assert no_walk_in_requests == ["walk"]
+
+    body = as_admin.get("/audit/").content.decode()
+    fragment = as_admin.get("/audit/verify/", **htmx("ledger-verify")).content.decode()
+
+    entries = LedgerEntry.objects.count()
+    for shown in (body, fragment):
+        assert f"Ledger verified:</strong> {entries} entries, every hash chain intact" in shown
+        assert "scheduled" in shown and 'data-testid="ledger-verify-now"' in shown
+    assert no_walk_in_requests == ["walk"]  # neither page request walked
+
+
+def test_verify_now_queues_one_walk_that_a_worker_runs_and_records(as_admin, alice, team):
+    stopped_cleanly(team)
+    response = as_admin.post("/audit/verify/", **htmx("ledger-verify"))
+    assert response.status_code == 200
+    [verification] = LedgerVerification.objects.all()
+    assert verification.requested_by == alice.username
+
+    done = _finished(verification.pk)
+    assert done.started_at is not None and done.checked == LedgerEntry.objects.count()
+    assert done.broken_entry_id is None and done.error == ""
+    body = as_admin.get("/audit/verify/", **htmx("ledger-verify")).content.decode()
+    assert "every hash chain intact" in body and f"asked by {alice.username}" in body
+    assert 'hx-trigger="every 2s"' not in body  # nothing running: the line stops polling
+
+
+def test_a_walk_already_queued_is_not_queued_twice_and_the_line_polls(as_admin, team):
+    queued, created = ledger_checks.verification_request(requested_by="bob")
+    assert created
+    body = as_admin.post("/audit/verify/", **htmx("ledger-verify")).content.decode()
+    assert LedgerVerification.objects.count() == 1  # the second click joined the first
+    assert 'data-testid="ledger-verify-running"' in body and 'hx-trigger="every 2s"' in body
+    assert 'data-testid="ledger-verify-now"' not in body
+    # Without JavaScript: post, then redirect to the verification page.
+    plain = as_admin.post("/audit/verify/")
+    assert plain.status_code == 302 and plain["Location"] == "/audit/verify/"
+    assert LedgerVerification.objects.count() == 1
+    # A walk asked for an hour ago and never finished died with its worker: a new one may start.
+    LedgerVerification.objects.filter(pk=queued.pk).update(
+        requested_at=timezone.now() - timedelta(hours=2)
+    )
+    _again, created = ledger_checks.verification_request(requested_by="bob")
+    assert created
+
+
+def test_a_broken_chain_is_shown_where_it_breaks_and_only_to_its_teams_admins(
+    as_admin, team, other_team, django_user_model
+):
+    run = stopped_cleanly(team)
+    entry = LedgerEntry.objects.filter(run=run, action="run.stop_requested").get()
+    _tamper(entry)
+    as_admin.post("/audit/verify/", **htmx("ledger-verify"))
+    [verification] = LedgerVerification.objects.all()
+    done = _finished(verification.pk)
+    assert done.broken_entry_id == entry.pk and done.broken_run_id == run.pk
+
+    body = as_admin.get("/audit/").content.decode()
+    assert "Ledger verification FAILED" in body and f"#{entry.pk}" in body and run.pk in body
+
+    other_admin = django_user_model.objects.create_user("olga", password="x")
+    Membership.objects.create(user=other_admin, team=other_team, role=Role.ADMIN)
+    client = Client()
+    client.force_login(other_admin)
+    foreign = client.get("/audit/").content.decode()
+    assert "A chain outside your teams is broken" in foreign and run.pk not in foreign
+
+
+def test_a_walk_that_fails_is_recorded_as_failed_not_as_passed(as_admin, team, monkeypatch):
+    def broken_database(**kwargs):
+        raise RuntimeError("connection to the database was lost")
+
+    monkeypatch.setattr(ledger_checks, "ledger_verify", broken_database)
+    with pytest.raises(RuntimeError):
+        notify.ledger_check()
+    [verification] = LedgerVerification.objects.all()
+    assert verification.finished_at is not None and "database was lost" in verification.error
+    body = as_admin.get("/audit/").content.decode()
+    assert "could not finish" in body and "database was lost" in body
+    assert "every hash chain intact" not in body
+
+
+def test_a_redelivered_walk_is_walked_once(team):
+    verification, _ = ledger_checks.verification_request(requested_by="bob")
+    assert ledger_checks.verification_claim(verification.pk) is not None
+    assert ledger_checks.verification_claim(verification.pk) is None  # already started
+    assert notify.ledger_check(verification.pk) is None  # claims nothing, walks nothing
+    assert LedgerVerification.objects.get(pk=verification.pk).finished_at is None
+
+
+def test_only_admins_see_or_ask_for_a_verification(as_reviewer, as_viewer):
+    for client in (as_reviewer, as_viewer):
+        assert client.get("/audit/verify/").status_code == 403
+        assert client.post("/audit/verify/").status_code == 403
+    assert LedgerVerification.objects.count() == 0
