@@ -410,7 +410,7 @@ def bench_inbox(stack: Any) -> list[Row]:
     from bench.fixtures import analyze
     from runs.models import Approval
 
-    team_ids = _teams(stack)
+    team_ids = _teams(stack.team_id)
     staff = _client(stack.staff_username)
     reviewer = _client(stack.reviewer_username)
     api = Client(HTTP_AUTHORIZATION=f"Bearer {stack.reviewer_token}")
