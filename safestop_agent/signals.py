@@ -24,6 +24,14 @@ from .errors import ApiError
 
 log = logging.getLogger("safestop_agent")
 
+# Close codes of the push socket (docs/api.md). 4401 and 4404 will not change by reconnecting,
+# and every attempt with a wrong token spends the address's wrong-token budget: once it is spent
+# the server closes every handshake from the address with 4429, other workers' on this host too.
+# 4429 asks the address to wait for the rest of the minute.
+CLOSE_REFUSED = {4401: "token refused", 4404: "no such run"}
+CLOSE_THROTTLED = 4429
+THROTTLED_WAIT_SECONDS = 60.0
+
 SignalHandler = Callable[[Mapping[str, Any]], object]
 FrameHandler = Callable[[dict[str, Any]], object]
 LeaseLostHandler = Callable[[str, "int | None"], None]
@@ -97,8 +105,10 @@ class PushListener:
     """Keeps a websocket open to the run's push channel, reconnecting with backoff.
 
     Agents are not browsers: the handshake carries the bearer token and no
-    Origin. A connection that dies is retried forever (with backoff up to
-    `max_backoff`) until `stop()`; the heartbeat covers the gaps.
+    Origin. A connection that dies is retried (with backoff up to `max_backoff`)
+    until `stop()`; the heartbeat covers the gaps. A refusal is not retried
+    (4401 token refused, 4404 no such run), and a throttled address (4429)
+    waits `throttled_wait` seconds before its next attempt.
     """
 
     # A connection that stayed up this long was healthy: start the backoff over.
@@ -114,6 +124,7 @@ class PushListener:
         min_backoff: float = 0.2,
         max_backoff: float = 10.0,
         poll_seconds: float = 0.5,
+        throttled_wait: float = THROTTLED_WAIT_SECONDS,
         name: str = "safestop-push",
     ) -> None:
         self.url = url
@@ -126,6 +137,7 @@ class PushListener:
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
         self._poll_seconds = poll_seconds
+        self._throttled_wait = throttled_wait
         self._stopping = threading.Event()
         self._connection: Any = None
         self.connected = threading.Event()
@@ -155,6 +167,7 @@ class PushListener:
         backoff = self._min_backoff
         while not self._stopping.is_set():
             opened_at = time.monotonic()
+            code: int | None = None
             try:
                 with connect(
                     self.url,
@@ -167,6 +180,14 @@ class PushListener:
                     self.connected.set()
                     self._receive_until_closed(connection)
             except Exception as error:  # any failure means "reconnect later", never "crash the run"
+                code = close_code(error)
+                if code in CLOSE_REFUSED and not self._stopping.is_set():
+                    log.warning(
+                        "safestop push refused (%s, %s); relying on heartbeats",
+                        code,
+                        CLOSE_REFUSED[code],
+                    )
+                    return
                 if not self._stopping.is_set():
                     log.info("safestop push connection lost: %r", error)
             finally:
@@ -174,7 +195,8 @@ class PushListener:
                 self.connected.clear()
             if time.monotonic() - opened_at >= self.HEALTHY_CONNECTION_SECONDS:
                 backoff = self._min_backoff
-            if self._stopping.wait(backoff):
+            wait = max(backoff, self._throttled_wait) if code == CLOSE_THROTTLED else backoff
+            if self._stopping.wait(wait):
                 return
             backoff = min(self._max_backoff, backoff * 2)
 
@@ -204,6 +226,13 @@ class PushListener:
             connection.send(json.dumps({"type": "ack", "stop_epoch": signal.get("stop_epoch")}))
         except Exception:  # a lost ack is covered by the heartbeat's
             log.debug("safestop push: ack not sent", exc_info=True)
+
+
+def close_code(error: BaseException) -> int | None:
+    """The close code the server sent, when `error` is websockets' ConnectionClosed."""
+    received = getattr(error, "rcvd", None)
+    code = getattr(received, "code", None)
+    return code if isinstance(code, int) else None
 
 
 def frame_in(message: str | bytes) -> dict[str, Any] | None:

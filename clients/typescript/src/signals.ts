@@ -87,10 +87,19 @@ export function stopSignalOf(frame: JsonObject): StopSignal | undefined {
   return undefined;
 }
 
+/** Close codes of the push socket (docs/api.md): a refusal that reconnecting cannot change
+ * (and each retry with a wrong token spends the address's budget, after which the server
+ * refuses every handshake from the address, other workers' too), and a throttled address. */
+const CLOSE_REFUSED = new Set([4401, 4404]);
+const CLOSE_THROTTLED = 4429;
+/** 4429 asks the address to wait for the rest of the server's one-minute window. */
+export const THROTTLED_WAIT_MS = 60_000;
+
 /**
  * Keeps a websocket open to the run's push channel (`/ws/agent/runs/{id}/`, bearer token in
  * the handshake, no Origin), reconnecting with backoff until `stop()`; the heartbeat covers
- * the gaps. A pushed stop is acknowledged on the socket at once (`{"type": "ack"}`), which
+ * the gaps (not after a refusal, 4401 or 4404; after 4429, not before `throttledWaitMs`).
+ * A pushed stop is acknowledged on the socket at once (`{"type": "ack"}`), which
  * moves the run to `draining` without waiting for the next heartbeat.
  */
 export class PushListener {
@@ -111,6 +120,7 @@ export class PushListener {
       logger: Logger;
       minBackoffMs?: number;
       maxBackoffMs?: number;
+      throttledWaitMs?: number;
     },
   ) {
     this.backoffMs = options.minBackoffMs ?? 200;
@@ -172,7 +182,7 @@ export class PushListener {
     });
     socket.on("close", (code) => {
       this.connected = false;
-      if (code === 4401 || code === 4404) refusedFor = code;
+      if (CLOSE_REFUSED.has(code)) refusedFor = code;
       if (this.stopped) return;
       if (refusedFor !== undefined) {
         // The server refused this token or run: retrying cannot help; the heartbeat still works.
@@ -180,7 +190,11 @@ export class PushListener {
         return;
       }
       if (Date.now() - openedAt >= 5000) this.backoffMs = this.options.minBackoffMs ?? 200;
-      this.retryTimer = setTimeout(() => this.connect(), this.backoffMs);
+      const wait =
+        code === CLOSE_THROTTLED
+          ? Math.max(this.backoffMs, this.options.throttledWaitMs ?? THROTTLED_WAIT_MS)
+          : this.backoffMs;
+      this.retryTimer = setTimeout(() => this.connect(), wait);
       this.backoffMs = Math.min(this.options.maxBackoffMs ?? 10_000, this.backoffMs * 2);
     });
   }
