@@ -41,7 +41,9 @@ def test_a_frozen_outbox_item_writes_two_index_entries_not_five() -> None:
     # The six partial indexes take no entry for a frozen item without an execution record.
     for name in ("outbox_pending_idx", "outbox_pending_run_idx"):
         assert "WHERE" in indexes[name] and "'pending'" in indexes[name], indexes[name]
-    assert "WHERE" in indexes["outbox_released_idx"] and "'released'" in indexes["outbox_released_idx"]
+    assert (
+        "WHERE" in indexes["outbox_released_idx"] and "'released'" in indexes["outbox_released_idx"]
+    )
     assert (
         "WHERE" in indexes["outbox_exec_record_idx"]
         and "IS NOT NULL" in indexes["outbox_exec_record_idx"]
