@@ -7,15 +7,18 @@ that plus one transport timeout, and never a stop, a permit or an approval: thos
 own requests and transactions, which only ever write a row.
 
 The handoff reminder runs once a minute and the ledger verification every
-`SAFESTOP_LEDGER_VERIFY_SECONDS` (it reads the whole ledger), counted from this process's start.
+`SAFESTOP_LEDGER_VERIFY_SECONDS` (it reads the whole ledger), counted from this process's start;
+the walk runs in a thread of its own, so a big ledger does not hold up the loop's next ticks.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 from django.conf import settings
+from django.db import connections
 
 from notifications.services import (
     deliveries_reap_stuck,
@@ -25,6 +28,8 @@ from notifications.services import (
 )
 
 HANDOFF_REMINDER_EVERY = 60.0
+
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _last = {"handoffs": time.monotonic(), "ledger": time.monotonic()}
@@ -44,6 +49,29 @@ def notifications_periodic() -> int:
     if _due("handoffs", HANDOFF_REMINDER_EVERY):
         queued += handoffs_remind_waiting()
     if _due("ledger", settings.SAFESTOP_LEDGER_VERIFY_SECONDS):
-        ledger_check()
+        walk_ledger_aside()
     deliveries_reap_stuck()
     return queued + deliveries_send_due(limit=50, max_seconds=settings.SAFESTOP_NOTIFY_TICK_SECONDS)
+
+
+_walking = threading.Lock()
+
+
+def walk_ledger_aside() -> bool:
+    """Start the scheduled walk of every hash chain in a thread, unless one is still walking.
+    A walk reads the whole ledger (22–25 s at a million entries, docs/BENCHMARKS.md): inline,
+    it held the embedded loop's dispatch, reapers and drain watchdog for that long."""
+    if not _walking.acquire(blocking=False):
+        return False
+    threading.Thread(target=_walk_then_release, name="ledger-walk", daemon=True).start()
+    return True
+
+
+def _walk_then_release() -> None:
+    try:
+        ledger_check()
+    except Exception:  # recorded as failed on its LedgerVerification; the next hour tries again
+        logger.exception("scheduled ledger verification failed")
+    finally:
+        connections.close_all()
+        _walking.release()

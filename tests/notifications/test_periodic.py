@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -9,10 +11,12 @@ from django.db import connection
 from django.utils import timezone
 
 from handoff.models import Handoff
+from notifications import periodic
 from notifications import services as notify
 from notifications.models import Delivery
+from runs import ledger_checks
 from runs.actors import Actor
-from runs.models import LedgerEntry
+from runs.models import LedgerEntry, LedgerVerification
 from tests.support.scenarios import handed_off, stopped_dirty
 
 pytestmark = pytest.mark.django_db
@@ -64,3 +68,32 @@ def test_a_broken_ledger_chain_is_delivered_once(team, other_team, webhook, make
     assert "changed" in delivery.message["text"]
     assert notify.deliveries_send_due(limit=5, sender="t") == 1
     assert receiver.hits[0].verified
+
+
+def _until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scheduled_walk_runs_beside_the_loop_one_at_a_time(team, monkeypatch):
+    """The embedded loop's hourly walk must not hold its tick (dispatch, reapers, watchdog)."""
+    release = threading.Event()
+    real = ledger_checks.ledger_verify
+
+    def slow_walk(**kwargs):
+        assert release.wait(10)
+        return real(**kwargs)
+
+    monkeypatch.setattr(ledger_checks, "ledger_verify", slow_walk)
+    started = time.monotonic()
+    assert periodic.walk_ledger_aside() is True
+    assert time.monotonic() - started < 1.0  # back to the loop at once
+    assert periodic.walk_ledger_aside() is False  # the first is still walking
+    release.set()
+    assert _until(lambda: not periodic._walking.locked())  # the thread let go as it ended
+    [walk] = LedgerVerification.objects.all()
+    assert walk.requested_by == "scheduled" and walk.finished_at is not None
+    assert walk.error == "" and walk.checked == LedgerEntry.objects.count()
