@@ -40,6 +40,7 @@ from runs.models import (
     LedgerEntry,
     Membership,
     OutboxItem,
+    OutboxStatus,
     RejectedWrite,
     Role,
     Run,
@@ -59,6 +60,12 @@ RUN_LEDGER_LIMIT = 200
 # The run page shows the newest steps and tool calls (and every unresolved call, whatever its
 # age): rendering 5,000 steps took a second (docs/BENCHMARKS.md). "Show all" lifts the window.
 RUN_STEP_WINDOW = 200
+# Outbox items that went out (or were discarded) and artifacts are history too: the newest
+# RUN_HISTORY_WINDOW of each. An item still open — held, pending, in flight, unknown, failed,
+# frozen or released — is always shown, whatever its age. (The page of a run with 300 of each
+# spent most of its time rendering them, docs/BENCHMARKS.md.)
+RUN_HISTORY_WINDOW = 100
+OUTBOX_SETTLED = (OutboxStatus.SENT, OutboxStatus.DISCARDED)
 # The stop packet page likewise shows the newest completed steps, tool calls and artifacts of the
 # snapshot; pending steps, unknowns and frozen or in-flight outbox items are always shown whole.
 # A 5,000-step packet rendered in ~430 ms p95 (docs/BENCHMARKS.md). "Show all" lifts the window.
@@ -347,9 +354,17 @@ class RunDetail:
     steps_total: int = 0
     calls_total: int = 0
 
+    outbox_total: int = 0
+    artifacts_total: int = 0
+
     @property
     def windowed(self) -> bool:
-        return self.steps_total > len(self.steps) or self.calls_total > len(self.calls)
+        return (
+            self.steps_total > len(self.steps)
+            or self.calls_total > len(self.calls)
+            or self.outbox_total > len(self.outbox)
+            or self.artifacts_total > len(self.artifacts)
+        )
 
     @property
     def lease_expired(self) -> bool:
@@ -407,11 +422,42 @@ def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], 
     return loaded, loaded[0].total if loaded else 0
 
 
+def _latest_outbox(run: Run, window: int | None) -> tuple[list[OutboxItem], int]:
+    items = OutboxItem.objects.filter(run=run)
+    if window is None:
+        found = list(items.order_by("pk"))
+        return found, len(found)
+    newest = items.order_by("-pk").values("pk")[:window]
+    every_item = (
+        OutboxItem.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
+    )
+    loaded: list[Any] = list(
+        items.filter(Q(pk__in=newest) | ~Q(status__in=OUTBOX_SETTLED))
+        .annotate(total=Subquery(every_item))
+        .order_by("pk")
+    )
+    return loaded, loaded[0].total if loaded else 0
+
+
+def _latest_artifacts(run: Run, window: int | None) -> tuple[list[Artifact], int]:
+    if window is None:
+        found = list(Artifact.objects.filter(run=run).order_by("pk"))
+        return found, len(found)
+    newest: list[Any] = list(
+        Artifact.objects.filter(run=run)
+        .annotate(total=Window(Count("pk")))
+        .order_by("-pk")[:window]
+    )
+    return newest[::-1], newest[0].total if newest else 0
+
+
 def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
     """A bounded number of queries whatever the run's size; children are grouped in Python.
 
     Without `everything`, only the newest RUN_STEP_WINDOW steps and calls are loaded (plus every
-    unresolved call): a reviewer needs the recent work and every unknown, not 5,000 rows."""
+    unresolved call), and the newest RUN_HISTORY_WINDOW sent or discarded outbox items (plus
+    every open one) and artifacts: a reviewer needs the recent work and every unknown, not
+    5,000 rows."""
     window = None if everything else RUN_STEP_WINDOW
     steps, steps_total = _latest_steps(run, window)
     calls, calls_total = _latest_calls(run, window)
@@ -422,7 +468,8 @@ def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
     for call in calls:  # avoid a lazy `call.step` query per row in the template
         if call.step_id is not None:
             call.step = steps_by_id.get(call.step_id)
-    outbox = list(OutboxItem.objects.filter(run=run).order_by("pk"))
+    outbox, outbox_total = _latest_outbox(run, None if everything else RUN_HISTORY_WINDOW)
+    artifacts, artifacts_total = _latest_artifacts(run, None if everything else RUN_HISTORY_WINDOW)
     lease = Lease.objects.filter(run=run).order_by("-acquired_at", "-pk").first()
     ledger = list(LedgerEntry.objects.filter(run=run).order_by("-run_seq")[:RUN_LEDGER_LIMIT])
     unresolved = sum(
@@ -440,7 +487,7 @@ def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
         loose_calls=by_step.get(None, []),
         calls=calls,
         outbox=outbox,
-        artifacts=list(Artifact.objects.filter(run=run).order_by("pk")),
+        artifacts=artifacts,
         checkpoints=list(Checkpoint.objects.filter(run=run).order_by("pk")),
         steering=list(SteeringMessage.objects.filter(run=run).order_by("pk")),
         lease=lease,
@@ -462,6 +509,8 @@ def run_detail(run: Run, *, everything: bool = False) -> RunDetail:
         unresolved=unresolved,
         steps_total=steps_total,
         calls_total=calls_total,
+        outbox_total=outbox_total,
+        artifacts_total=artifacts_total,
     )
 
 

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from runs import services
 from runs.actors import Actor
-from runs.models import Run, RunStatus, StopRequest
+from runs.models import Artifact, OutboxItem, OutboxStatus, Run, RunStatus, StopRequest
 from tests.support.htmx import htmx
 from tests.support.scenarios import (
     AGENT,
@@ -315,6 +315,50 @@ def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(
         assert "step_00" in everything and "call_read_0" in everything
     finally:
         console_selectors.RUN_STEP_WINDOW = original
+
+
+def test_sent_outbox_items_and_artifacts_are_windowed_open_items_never(
+    as_viewer, team, monkeypatch
+):
+    import console.selectors as console_selectors
+
+    monkeypatch.setattr(console_selectors, "RUN_HISTORY_WINDOW", 3)
+    run = services.run_create(team=team, title="chatty", agent="bot", actor=AGENT)
+
+    def item(key: str, status: str) -> OutboxItem:
+        return OutboxItem(
+            run=run,
+            transport="webhook",
+            destination="https://hooks.example/x",
+            idempotency_key=key,
+            status=status,
+            enqueue_epoch=1,
+        )
+
+    # Two old items still open (frozen, unknown), then eight sent ones, newer.
+    OutboxItem.objects.bulk_create(
+        [item("old-frozen", OutboxStatus.FROZEN), item("old-unknown", OutboxStatus.UNKNOWN)]
+        + [item(f"sent-{n}", OutboxStatus.SENT) for n in range(8)]
+    )
+    Artifact.objects.bulk_create([Artifact(run=run, name=f"report-{n}.pdf") for n in range(7)])
+    short = services.run_create(team=team, title="short", agent="bot", actor=AGENT)
+    with CaptureQueriesContext(connection) as short_queries:
+        as_viewer.get(f"/runs/{short.pk}/")
+    with CaptureQueriesContext(connection) as long_queries:
+        body = as_viewer.get(f"/runs/{run.pk}/").content.decode()
+    assert len(long_queries) == len(short_queries)  # the totals ride along with the rows
+
+    outbox = _section(body, "outbox")
+    assert "old-frozen" in outbox and "old-unknown" in outbox  # open: whatever their age
+    assert "sent-7" in outbox and "sent-5" in outbox and "sent-4" not in outbox
+    assert "5 of 10" in outbox and "show all" in outbox
+    artifacts = body[body.index('id="artifacts-title"') :]
+    assert "Showing the latest 3 of 7 artifacts" in artifacts
+    assert "report-6.pdf" in artifacts and "report-3.pdf" not in artifacts
+
+    everything = as_viewer.get(f"/runs/{run.pk}/?all=1").content.decode()
+    assert "sent-0" in everything and "report-0.pdf" in everything
+    assert "5 of 10" not in everything and "Showing the latest" not in everything
 
 
 def _section(body: str, section_id: str) -> str:
