@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -71,6 +72,23 @@ def _wait_for(url: str, deadline: float) -> int:
 
 
 @pytest.mark.slow
+def _finished_walks(path) -> int:
+    with sqlite3.connect(path, timeout=5) as db:
+        return db.execute(
+            "SELECT count(*) FROM runs_ledgerverification "
+            "WHERE requested_by = 'scheduled' AND finished_at IS NOT NULL AND error = ''"
+        ).fetchone()[0]
+
+
+def _until_true(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
 def test_serve_migrates_and_serves_http_and_websockets_on_sqlite(tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -93,6 +111,9 @@ def test_serve_migrates_and_serves_http_and_websockets_on_sqlite(tmp_path):
             head = sock.recv(200).decode(errors="replace")
         assert head.startswith("HTTP/1.1 ")
         assert (tmp_path / "serve.sqlite3").exists()
+        # The embedded server walks the ledger once at start, beside its loop (the audit page
+        # has a recorded walk to show from the start).
+        assert _until_true(lambda: _finished_walks(tmp_path / "serve.sqlite3") >= 1)
     finally:
         process.terminate()
         output = process.communicate(timeout=20)[0].decode(errors="replace")

@@ -3,8 +3,9 @@
 1. apply migrations;
 2. unless --no-demo: create the demo users and teams (printing their passwords);
 3. start the background loop (dispatcher, reapers, drain watchdog, budget enforcer) inside
-   this process — the in-memory channel layer only reaches consumers in this process — unless
-   REDIS_URL is set, in which case Celery workers and beat do that work;
+   this process — the in-memory channel layer only reaches consumers in this process — and a
+   first walk of the ledger beside it, unless REDIS_URL is set, in which case Celery workers
+   and beat do that work;
 4. unless --no-demo: start the simulator, which drives agent runs over real HTTP/websockets;
 5. run daphne (HTTP + websockets) in the foreground until Ctrl-C.
 """
@@ -57,6 +58,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 "Background loop started (dispatcher, reapers, drain watchdog, budget enforcer)."
             )
+            # A first walk of the ledger now, beside the loop, so the audit page has a recorded
+            # one from the start; then every SAFESTOP_LEDGER_VERIFY_SECONDS.
+            from notifications.periodic import walk_ledger_aside
+
+            walk_ledger_aside()
         else:
             self.stdout.write(
                 "REDIS_URL is set: background work is expected from Celery workers and beat."
