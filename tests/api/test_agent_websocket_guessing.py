@@ -19,6 +19,7 @@ from websockets.sync.client import connect
 from console.asgi import application
 from runs.api import consumers, ratelimit
 from tests.runs.factories import make_running
+from tests.support.api import with_time_left_in_the_window
 from tests.support.livestack import start_live_stack
 
 LIMIT = 4
@@ -75,6 +76,7 @@ def test_wrong_socket_tokens_spend_the_http_budget_then_4429_even_for_the_right_
 ):
     run, _lease = make_running(team)
     url = guarded_stack.agent_ws_url(run.pk)
+    with_time_left_in_the_window()
     assert socket_close_code(url, agent_token.raw) is None  # before the budget is spent
 
     # Half the budget over HTTP, the rest on the socket: one budget per address.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from tests.support.api import url
+from tests.support.api import url, with_time_left_in_the_window
 from tests.support.scenarios import running
 
 pytestmark = pytest.mark.django_db
@@ -34,6 +34,7 @@ def _get(path: str, token: str, address: str):
 
 def test_wrong_bearer_tokens_from_one_address_turn_into_429(settings, team, agent_token):
     settings.SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE = 5
+    with_time_left_in_the_window(5.0)
     run, _lease = running(team)
     for guess in range(5):
         assert _get(url(run), f"ss_guess{guess}", GUESSER).status_code == 401
@@ -49,6 +50,7 @@ def test_wrong_bearer_tokens_from_one_address_turn_into_429(settings, team, agen
 
 def test_wrong_bearer_tokens_on_metrics_are_throttled_too(settings, team):
     settings.SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE = 3
+    with_time_left_in_the_window(5.0)
     for guess in range(3):
         assert _get("/metrics", f"ss_guess{guess}", GUESSER).status_code == 401
     blocked = _get("/metrics", "ss_guess3", GUESSER)
@@ -57,6 +59,7 @@ def test_wrong_bearer_tokens_on_metrics_are_throttled_too(settings, team):
 
 def test_metrics_count_refused_tokens_and_throttling(settings, team, as_staff_client):
     settings.SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE = 2
+    with_time_left_in_the_window(5.0)
     run, _lease = running(team)
     for guess in range(4):
         _get(url(run), f"ss_guess{guess}", GUESSER)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from django.test import Client
 
 from runs import services
 from runs.actors import Actor
+from runs.api.ratelimit import WINDOW_SECONDS
 from runs.models import Lease, Run
 
 
@@ -48,3 +50,14 @@ def stop(run: Run, reason: str = "user_stop") -> Any:
 
 def lease_body(lease: Lease, **extra: Any) -> dict[str, Any]:
     return {"lease_id": lease.token, "epoch": lease.epoch, **extra}
+
+
+def with_time_left_in_the_window(needed: float = 20.0) -> None:
+    """Per-address and per-caller budgets count per clock minute (`runs.api.ratelimit`): a test
+    that spends a budget and then expects the refusal must not straddle a window's end, or the
+    budget starts over midway and the refusal never comes. When fewer than `needed` seconds are
+    left in this window, wait for the next one. (A live server is another process: its clock
+    cannot be frozen from the test.)"""
+    left = WINDOW_SECONDS - time.time() % WINDOW_SECONDS
+    if left < needed:
+        time.sleep(left + 0.2)
