@@ -353,7 +353,6 @@ class RunDetail:
     unresolved: int
     steps_total: int = 0
     calls_total: int = 0
-
     outbox_total: int = 0
     artifacts_total: int = 0
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connections
@@ -63,15 +64,26 @@ def walk_ledger_aside() -> bool:
     it held the embedded loop's dispatch, reapers and drain watchdog for that long."""
     if not _walking.acquire(blocking=False):
         return False
-    threading.Thread(target=_walk_then_release, name="ledger-walk", daemon=True).start()
+    walk_ledger_in_thread(None, then=_walking.release)
     return True
 
 
-def _walk_then_release() -> None:
+def walk_ledger_in_thread(
+    verification_id: int | None, *, then: Callable[[], None] | None = None
+) -> None:
+    """`ledger_check(verification_id)` in a daemon thread of this process (the embedded
+    default has no worker to hand it to), then `then`."""
+    threading.Thread(
+        target=_walk, args=(verification_id, then), name="ledger-walk", daemon=True
+    ).start()
+
+
+def _walk(verification_id: int | None, then: Callable[[], None] | None) -> None:
     try:
-        ledger_check()
-    except Exception:  # recorded as failed on its LedgerVerification; the next hour tries again
-        logger.exception("scheduled ledger verification failed")
+        ledger_check(verification_id)
+    except Exception:  # a thread's exception would vanish: log it (the walk records it failed)
+        logger.exception("ledger verification %s failed", verification_id or "(scheduled)")
     finally:
         connections.close_all()
-        _walking.release()
+        if then is not None:
+            then()

@@ -4,12 +4,9 @@ their request."""
 
 from __future__ import annotations
 
-import logging
-import threading
-
 from celery import shared_task
-from django.db import connections
 
+from notifications.periodic import walk_ledger_in_thread
 from notifications.services import (
     deliveries_reap_stuck,
     deliveries_send_due,
@@ -30,9 +27,6 @@ def remind_waiting_handoffs() -> int:
     return handoffs_remind_waiting()
 
 
-logger = logging.getLogger(__name__)
-
-
 @shared_task(name="notifications.tasks.verify_ledger", ignore_result=True)
 def verify_ledger(verification_id: int | None = None) -> bool:
     """Walk every chain: the walk `verification_id` someone asked for, else a scheduled one.
@@ -44,18 +38,7 @@ def verify_ledger_soon(verification_id: int) -> None:
     """Run a requested walk outside the request that asked for it: a Celery task when Celery
     does the background work (REDIS_URL), else a thread of this process (the embedded default
     has no worker; its background loop must not stall tens of seconds on a walk either)."""
-    if not background_runs_in_process():
+    if background_runs_in_process():
+        walk_ledger_in_thread(verification_id)
+    else:
         verify_ledger.delay(verification_id)
-        return
-    threading.Thread(
-        target=_verify_in_thread, args=(verification_id,), name="ledger-verify", daemon=True
-    ).start()
-
-
-def _verify_in_thread(verification_id: int) -> None:
-    try:
-        ledger_check(verification_id)
-    except Exception:  # a thread's exception would vanish: log it, the page shows it unfinished
-        logger.exception("ledger verification %s failed", verification_id)
-    finally:
-        connections.close_all()

@@ -7,11 +7,9 @@ embedded default; a Celery worker in production, tests/dispatch/test_celery_work
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -19,31 +17,30 @@ from notifications import services as notify
 from runs import ledger_checks
 from runs.models import LedgerEntry, LedgerVerification, Membership, Role
 from tests.support.htmx import htmx
+from tests.support.ledger import behind_the_triggers
 from tests.support.scenarios import stopped_cleanly
+from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _finished(verification_id: int, timeout: float = 15.0) -> LedgerVerification:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        verification = LedgerVerification.objects.get(pk=verification_id)
-        if verification.finished_at is not None:
-            return verification
-        time.sleep(0.05)
-    raise AssertionError(f"verification {verification_id} never finished")
+def _finished(verification_id: int) -> LedgerVerification:
+    return wait_until(
+        lambda: LedgerVerification.objects.filter(
+            pk=verification_id, finished_at__isnull=False
+        ).first(),
+        timeout=15,
+        what=f"verification {verification_id} to finish",
+    )
 
 
 def _tamper(entry: LedgerEntry) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")  # past the append-only trigger
-        cursor.execute("UPDATE runs_ledgerentry SET reason = 'timeout' WHERE id = %s", [entry.pk])
-        cursor.execute("SET session_replication_role = DEFAULT")
+    behind_the_triggers("UPDATE runs_ledgerentry SET reason = 'timeout' WHERE id = %s", [entry.pk])
 
 
 @pytest.fixture
 def no_walk_in_requests(monkeypatch):
-    """Fails the test if a page request walks the ledger (the worker thread may: see `allow`)."""
+    """Counts the walks of the ledger, so a test can show that a page request made none."""
     walks: list[str] = []
     real = ledger_checks.ledger_verify
 

@@ -7,7 +7,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from handoff.models import Handoff
@@ -17,7 +16,9 @@ from notifications.models import Delivery
 from runs import ledger_checks
 from runs.actors import Actor
 from runs.models import LedgerEntry, LedgerVerification
+from tests.support.ledger import behind_the_triggers
 from tests.support.scenarios import handed_off, stopped_dirty
+from tests.support.stack import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -55,10 +56,7 @@ def test_a_broken_ledger_chain_is_delivered_once(team, other_team, webhook, make
     assert notify.ledger_check() is None
     Delivery.objects.all().delete()
     target = LedgerEntry.objects.get(run=run, action="run.stop_requested")
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
-        cursor.execute("UPDATE runs_ledgerentry SET reason = 'timeout' WHERE id = %s", [target.pk])
-        cursor.execute("SET session_replication_role = DEFAULT")
+    behind_the_triggers("UPDATE runs_ledgerentry SET reason = 'timeout' WHERE id = %s", [target.pk])
     broken = notify.ledger_check()
     assert broken is not None and broken.entry_id == target.pk
     notify.ledger_check()  # found again: not announced again
@@ -68,13 +66,6 @@ def test_a_broken_ledger_chain_is_delivered_once(team, other_team, webhook, make
     assert "changed" in delivery.message["text"]
     assert notify.deliveries_send_due(limit=5, sender="t") == 1
     assert receiver.hits[0].verified
-
-
-def _until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not predicate():
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -93,7 +84,7 @@ def test_the_scheduled_walk_runs_beside_the_loop_one_at_a_time(team, monkeypatch
     assert time.monotonic() - started < 1.0  # back to the loop at once
     assert periodic.walk_ledger_aside() is False  # the first is still walking
     release.set()
-    assert _until(lambda: not periodic._walking.locked())  # the thread let go as it ended
+    wait_until(lambda: not periodic._walking.locked())  # the thread let go as it ended
     [walk] = LedgerVerification.objects.all()
     assert walk.requested_by == "scheduled" and walk.finished_at is not None
     assert walk.error == "" and walk.checked == LedgerEntry.objects.count()

@@ -17,6 +17,7 @@ from django.core.management import CommandError, call_command
 
 from runs.models import ApiToken, Team
 from runs.tokens import api_token_authenticate, hash_token
+from tests.support.stack import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,15 +81,6 @@ def _finished_walks(path) -> int:
         ).fetchone()[0]
 
 
-def _until_true(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
-
-
 def test_serve_migrates_and_serves_http_and_websockets_on_sqlite(tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -113,7 +105,11 @@ def test_serve_migrates_and_serves_http_and_websockets_on_sqlite(tmp_path):
         assert (tmp_path / "serve.sqlite3").exists()
         # The embedded server walks the ledger once at start, beside its loop (the audit page
         # has a recorded walk to show from the start).
-        assert _until_true(lambda: _finished_walks(tmp_path / "serve.sqlite3") >= 1)
+        wait_until(
+            lambda: _finished_walks(tmp_path / "serve.sqlite3") >= 1,
+            timeout=20,
+            what="the first ledger walk",
+        )
     finally:
         process.terminate()
         output = process.communicate(timeout=20)[0].decode(errors="replace")

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 
 from runs import services
 from runs.actors import Actor
 from runs.ledger import ledger_verify
 from runs.models import LedgerEntry, StopReason
 from tests.runs.factories import make_running
+from tests.support.ledger import behind_the_triggers
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,13 +53,9 @@ def test_verify_ledger_names_the_first_row_changed_behind_the_triggers_back(team
     call_command("verify_ledger")
     assert "ledger OK" in capsys.readouterr().out
     target = LedgerEntry.objects.filter(run=run, action="run.stop_requested").get()
-    with connection.cursor() as cursor:
-        # What a superuser could do: switch user triggers off for the session, edit, switch back.
-        cursor.execute("SET session_replication_role = replica")
-        cursor.execute(
-            "UPDATE runs_ledgerentry SET reason = 'budget_exhausted' WHERE id = %s", [target.pk]
-        )
-        cursor.execute("SET session_replication_role = DEFAULT")
+    behind_the_triggers(
+        "UPDATE runs_ledgerentry SET reason = 'budget_exhausted' WHERE id = %s", [target.pk]
+    )
     with pytest.raises(SystemExit) as exited:
         call_command("verify_ledger")
     assert exited.value.code == 1
@@ -69,10 +66,7 @@ def test_verify_ledger_names_the_first_row_changed_behind_the_triggers_back(team
 def test_verify_ledger_notices_a_removed_entry(team):
     run = _stopped_run(team)
     victim = LedgerEntry.objects.filter(run=run, run_seq=2).get()
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
-        cursor.execute("DELETE FROM runs_ledgerentry WHERE id = %s", [victim.pk])
-        cursor.execute("SET session_replication_role = DEFAULT")
+    behind_the_triggers("DELETE FROM runs_ledgerentry WHERE id = %s", [victim.pk])
     _checked, broken = ledger_verify(run_id=run.pk)
     assert broken is not None and "gap" in broken.problem and broken.run_seq == 3
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
 from runs.ledger import VerifyProgress, ledger_verify
 from runs.models import LedgerEntry
 from tests.runs.factories import make_running
+from tests.support.ledger import behind_the_triggers
 
 pytestmark = pytest.mark.django_db
 
@@ -20,10 +20,7 @@ def _three_runs(team) -> list[str]:
 
 def _forge(entry_id: int) -> None:
     """What a superuser could do behind the append-only triggers' back."""
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
-        cursor.execute("UPDATE runs_ledgerentry SET actor = 'mallory' WHERE id = %s", [entry_id])
-        cursor.execute("SET session_replication_role = DEFAULT")
+    behind_the_triggers("UPDATE runs_ledgerentry SET actor = 'mallory' WHERE id = %s", [entry_id])
 
 
 def _walk_order() -> list[int]:
