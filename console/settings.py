@@ -373,6 +373,21 @@ SAFESTOP_DRAIN_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DRAIN_DEADLINE_
 # An approval no rule times out (the agent asked for it itself) waits this long, then expires
 # as a rejection (DESIGN §10: deny by default).
 SAFESTOP_APPROVAL_TIMEOUT_SECONDS = int(os.environ.get("SAFESTOP_APPROVAL_TIMEOUT_SECONDS", 900))
+# Agent-supplied JSON Schemas for a reviewer's edits (runs.argument_schemas): the schema's size at
+# the permit; the edited arguments' size, and the child process that checks them (killed past
+# its seconds, and its address space capped) at the decision.
+SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES = int(
+    os.environ.get("SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES", 64 * 1024)
+)
+SAFESTOP_ARGUMENTS_MAX_BYTES = int(os.environ.get("SAFESTOP_ARGUMENTS_MAX_BYTES", 1024 * 1024))
+SAFESTOP_ARGUMENTS_CHECK_SECONDS = float(os.environ.get("SAFESTOP_ARGUMENTS_CHECK_SECONDS", 5))
+SAFESTOP_ARGUMENTS_CHECK_MEMORY_BYTES = int(
+    os.environ.get("SAFESTOP_ARGUMENTS_CHECK_MEMORY_BYTES", 512 * 1024 * 1024)
+)
+# API answers: a list item carries the first characters of its arguments (the detail has them
+# whole), and a list page stops adding items once its JSON passes this many bytes.
+SAFESTOP_API_LIST_ARGUMENTS_CHARS = int(os.environ.get("SAFESTOP_API_LIST_ARGUMENTS_CHARS", 300))
+SAFESTOP_API_PAGE_MAX_BYTES = int(os.environ.get("SAFESTOP_API_PAGE_MAX_BYTES", 2 * 1024 * 1024))
 SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60))
 SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))
