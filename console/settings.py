@@ -363,6 +363,8 @@ SPECTACULAR_SETTINGS = {
     # one name per choice set in the schema (fields named `status` carry several)
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "runs.models.RunStatus",
+        "ApprovalStatusEnum": "runs.models.ApprovalStatus",
+        "ApprovalTargetEnum": "runs.models.ApprovalTarget",
         "ResolutionDecisionEnum": "handoff.models.ResolutionDecision",
         "EventOutcomeEnum": ["accepted", "duplicate", "rejected"],
     },
