@@ -272,14 +272,15 @@ def _find_loop(edges: dict[int, list[int]]) -> bool:
     return False
 
 
-def arguments_schema_check(schema: Any) -> dict[str, Any] | None:
+def arguments_schema_check(schema: Any, *, max_bytes: int | None = None) -> dict[str, Any] | None:
     """An agent's JSON Schema for edits, refused (400, a `schema_*` code) unless it can be
-    checked safely later. None or {} means "no schema"."""
+    checked safely later. None or {} means "no schema". `max_bytes`: default
+    SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES."""
     if schema is None or schema == {}:
         return None
     if not isinstance(schema, dict):
         raise SchemaRefused("schema_invalid", "must be a JSON Schema object")
-    limit = settings.SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES
+    limit = settings.SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES if max_bytes is None else max_bytes
     if json_too_deep(schema):
         raise SchemaRefused("schema_too_large", f"nested deeper than {MAX_JSON_DEPTH} levels")
     if (size := json_size(schema)) > limit:
