@@ -56,7 +56,7 @@ from runs.models import (
     Role,
     Team,
 )
-from runs.selectors import approvals_list, approvals_waiting_count
+from runs.selectors import approvals_list, approvals_summarised, approvals_waiting_count
 
 INBOX_TEMPLATE = "console/approvals.html"
 PAGE_TEMPLATE = "console/approval.html"
@@ -109,6 +109,8 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         risk=data.get("risk") or "",
         run_id=data.get("run") or "",
     )
+    # The inbox shows no arguments: never read them (an agent's may be megabytes each).
+    approvals = approvals_summarised(approvals, chars=0)
     rows = list(approvals[: INBOX_LIMIT + 1])
     context = {
         "form": form,
