@@ -376,10 +376,11 @@ SAFESTOP_DRAIN_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DRAIN_DEADLINE_
 # as a rejection (DESIGN §10: deny by default).
 SAFESTOP_APPROVAL_TIMEOUT_SECONDS = int(os.environ.get("SAFESTOP_APPROVAL_TIMEOUT_SECONDS", 900))
 # Agent-supplied JSON Schemas for a reviewer's edits (runs.argument_schemas): the schema's size at
-# the permit; the edited arguments' size, and the child process that checks them (killed past
-# its seconds, and its address space capped) at the decision.
+# the permit; the edited arguments' size at the decision; and the child process that checks
+# them (and a schema of more than 64 subschemas against the meta-schema): killed past its
+# seconds, its address space capped.
 SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES = int(
-    os.environ.get("SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES", 64 * 1024)
+    os.environ.get("SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES", 32 * 1024)
 )
 SAFESTOP_ARGUMENTS_MAX_BYTES = int(os.environ.get("SAFESTOP_ARGUMENTS_MAX_BYTES", 1024 * 1024))
 SAFESTOP_ARGUMENTS_CHECK_SECONDS = float(os.environ.get("SAFESTOP_ARGUMENTS_CHECK_SECONDS", 5))

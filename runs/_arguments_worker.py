@@ -1,8 +1,10 @@
 """Check a reviewer's edited arguments against an agent's JSON Schema, in a child process.
 
 Run by `runs.argument_schemas._run_worker` as `python -I _arguments_worker.py`, with
-`{"schema", "arguments", "memory_bytes", "cpu_seconds"}` as JSON on stdin; prints one line,
-`{"valid": true}` or `{"valid": false, "where", "message"}`. It imports nothing of the project
+`{"mode", "schema", "arguments", "memory_bytes", "cpu_seconds"}` as JSON on stdin (mode
+`arguments`: check the arguments against the schema; `schema`: check a large schema against
+the 2020-12 meta-schema); prints one line, `{"valid": true}` or
+`{"valid": false, "where", "message"}`. It imports nothing of the project
 (no Django, no database connection): the parent kills it when its time is up.
 
 Inside it, jsonschema matches every pattern with RE2 (linear time), `uniqueItems` is linear
@@ -99,12 +101,25 @@ def check(schema: Any, arguments: Any) -> dict[str, Any]:
     return {"valid": False, "where": where[:300], "message": message}
 
 
+def check_schema(schema: Any) -> dict[str, Any]:
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as error:
+        return {"valid": False, "where": "(root)", "message": error.message[:500]}
+    return {"valid": True}
+
+
 def main() -> int:
     request = json.loads(sys.stdin.buffer.read().decode("utf-8", "surrogatepass"))
     _limit(int(request["memory_bytes"]), int(request["cpu_seconds"]))
     sys.setrecursionlimit(4000)
     try:
-        verdict = check(request["schema"], request["arguments"])
+        if request.get("mode") == "schema":
+            verdict = check_schema(request["schema"])
+        else:
+            verdict = check(request["schema"], request["arguments"])
     except RecursionError:
         verdict = {
             "valid": False,

@@ -45,6 +45,9 @@ MAX_JSON_DEPTH = 64
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _BASE_URI = "urn:safestop:arguments-schema"
 _WORKER = Path(__file__).with_name("_arguments_worker.py")
+# A schema with more subschemas than this is checked against the meta-schema in the child
+# process (bounded time), a smaller one here (a few milliseconds).
+IN_PROCESS_SUBSCHEMAS = 64
 
 # Keywords whose value is one schema, a list of schemas, or a map of name -> schema (2020-12).
 _ONE = (
@@ -286,24 +289,45 @@ def arguments_schema_check(schema: Any, *, max_bytes: int | None = None) -> dict
     if (size := json_size(schema)) > limit:
         raise SchemaRefused("schema_too_large", f"{size} bytes; the limit is {limit}")
     _check_one(schema)
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as error:
-        raise SchemaRefused(
-            "schema_invalid", f"not a valid JSON Schema: {error.message[:300]}"
-        ) from None
     resource = referencing.jsonschema.DRAFT202012.create_resource(schema)
     registry = REFUSING_REGISTRY.with_resource(_BASE_URI, resource)
     resolver = registry.resolver(base_uri=_BASE_URI)
     edges: dict[int, list[int]] = {}
-    _walk(schema, resolver=resolver, edges=edges, seen={})
+    seen: dict[int, dict[str, Any]] = {}
+    _walk(schema, resolver=resolver, edges=edges, seen=seen)
     if _find_loop(edges):
         raise SchemaRefused(
             "schema_ref_loop",
             "references loop back to the same value ($ref/$dynamicRef, directly or through "
             "allOf/anyOf/oneOf/not/if/then/else) and would never finish",
         )
+    if len(seen) <= IN_PROCESS_SUBSCHEMAS:
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as error:
+            why: str | None = error.message
+        else:
+            why = None
+    else:
+        why = _meta_schema_check_in_child(schema)
+    if why is not None:
+        raise SchemaRefused("schema_invalid", f"not a valid JSON Schema: {why[:300]}")
     return schema
+
+
+def _meta_schema_check_in_child(schema: dict[str, Any]) -> str | None:
+    """jsonschema's meta-schema check costs about 20 ms per subschema on a busy core: a large
+    schema is checked in a child process, with the decision's time and memory limits."""
+    seconds = settings.SAFESTOP_ARGUMENTS_CHECK_SECONDS
+    try:
+        verdict = _run_worker({"mode": "schema", "schema": schema})
+    except subprocess.TimeoutExpired:
+        raise SchemaRefused(
+            "schema_too_large", f"checking it took longer than {seconds} s and was stopped"
+        ) from None
+    if verdict is None:
+        raise SchemaRefused("schema_invalid", "it could not be checked (the check failed)")
+    return None if verdict.get("valid") else str(verdict.get("message"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,7 +353,21 @@ def edited_arguments_check(schema: dict[str, Any] | None, arguments: Any) -> Non
         )
     if not schema:
         return
-    verdict = _run_worker(schema, arguments)
+    seconds = settings.SAFESTOP_ARGUMENTS_CHECK_SECONDS
+    try:
+        verdict = _run_worker({"mode": "arguments", "schema": schema, "arguments": arguments})
+    except subprocess.TimeoutExpired:
+        raise ArgumentsRefused(
+            "arguments_check_timeout",
+            f"checking the arguments against the agent's schema took longer than {seconds} s "
+            "and was stopped; approve the original arguments, or reject",
+        ) from None
+    if verdict is None:
+        raise ArgumentsRefused(
+            "arguments_check_failed",
+            "the arguments could not be checked against the agent's schema (the check failed "
+            "or ran out of memory); approve the original arguments, or reject",
+        )
     if not verdict.get("valid"):
         raise InvalidInput(
             f"edited arguments do not match the schema at {verdict.get('where') or '(root)'}: "
@@ -338,42 +376,28 @@ def edited_arguments_check(schema: dict[str, Any] | None, arguments: Any) -> Non
         )
 
 
-def _run_worker(schema: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+def _run_worker(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The child's verdict, or None when it failed; TimeoutExpired once it was killed."""
     seconds = settings.SAFESTOP_ARGUMENTS_CHECK_SECONDS
-    request = json.dumps(
+    body = json.dumps(
         {
-            "schema": schema,
-            "arguments": arguments,
+            **request,
             "memory_bytes": settings.SAFESTOP_ARGUMENTS_CHECK_MEMORY_BYTES,
             "cpu_seconds": max(1, int(seconds) + 1),
         },
         ensure_ascii=False,
     ).encode("utf-8", "surrogatepass")
-    try:
-        # -I: isolated (no PYTHON* variables, no current directory on the path). run() kills
-        # the child when the time is up.
-        done = subprocess.run(
-            [sys.executable, "-I", str(_WORKER)],
-            input=request,
-            capture_output=True,
-            timeout=seconds,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise ArgumentsRefused(
-            "arguments_check_timeout",
-            f"checking the arguments against the agent's schema took longer than {seconds} s "
-            "and was stopped; approve the original arguments, or reject",
-        ) from None
+    # -I: isolated (no PYTHON* variables, no current directory on the path). run() kills the
+    # child when the time is up, then raises TimeoutExpired.
+    done = subprocess.run(
+        [sys.executable, "-I", str(_WORKER)],
+        input=body,
+        capture_output=True,
+        timeout=seconds,
+        check=False,
+    )
     try:
         verdict = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
-        verdict = None
-    if done.returncode != 0 or not isinstance(verdict, dict):
-        why = "it ran out of memory" if done.returncode in (-9, 1) else "it failed"
-        raise ArgumentsRefused(
-            "arguments_check_failed",
-            f"the arguments could not be checked against the agent's schema ({why}); approve "
-            "the original arguments, or reject",
-        )
-    return verdict
+        return None
+    return verdict if done.returncode == 0 and isinstance(verdict, dict) else None

@@ -97,7 +97,7 @@ def _invalid_arguments_schema(body: Any) -> bool:
         return False
     try:
         # the server's default limit: the hooks run in schemathesis' process, without Django
-        arguments_schema_check(schema, max_bytes=64 * 1024)
+        arguments_schema_check(schema, max_bytes=32 * 1024)
     except SchemaRefused:
         return True
     return False

@@ -86,6 +86,11 @@ def held(api: Api, run: Run, token: Any, schema: Any, arguments: dict[str, Any])
         ({"properties": {"a": {"pattern": "(a)\\1"}}}, "schema_unsupported_pattern"),
         ({"patternProperties": {"(?=x)": {}}}, "schema_unsupported_pattern"),
         ({"type": "no-such-type"}, "schema_invalid"),
+        # past IN_PROCESS_SUBSCHEMAS: checked against the meta-schema in the child process
+        (
+            {"properties": {f"p{n}": {"type": "string"} for n in range(80)} | {"x": {"type": 5}}},
+            "schema_invalid",
+        ),
         ({"enum": ["x" * 70_000]}, "schema_too_large"),
     ],
 )
@@ -111,6 +116,7 @@ def test_a_schema_that_cannot_be_checked_safely_is_refused_at_the_permit(
         },
         {"properties": {"name": {"type": "string", "pattern": REDOS}}},  # RE2 matches it
         {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"},
+        {"properties": {f"p{n}": {"type": "string", "maxLength": 9} for n in range(80)}},
     ],
 )
 def test_local_recursive_and_re2_schemas_are_accepted(api, team, agent_token, schema):
