@@ -8,8 +8,10 @@ from typing import Any
 
 from django import forms
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from handoff.models import ResolutionDecision
+from runs.argument_schemas import MAX_JSON_DEPTH, json_too_deep
 from runs.models import (
     ApprovalAppliesTo,
     ApprovalRisk,
@@ -300,6 +302,13 @@ class ApprovalDecisionForm(forms.Form):
             value = json.loads(text)
         except ValueError as error:
             raise forms.ValidationError(f"not valid JSON: {error}") from None
+        except RecursionError:
+            value = None  # nested past the parser's own limit: refused just below
+        if value is None or json_too_deep(value):
+            raise forms.ValidationError(
+                gettext("the arguments are nested deeper than %(limit)d levels")
+                % {"limit": MAX_JSON_DEPTH}
+            )
         if not isinstance(value, dict):
             raise forms.ValidationError("the arguments must be a JSON object ({...})")
         return value

@@ -363,6 +363,8 @@ SPECTACULAR_SETTINGS = {
     # one name per choice set in the schema (fields named `status` carry several)
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "runs.models.RunStatus",
+        "ApprovalStatusEnum": "runs.models.ApprovalStatus",
+        "ApprovalTargetEnum": "runs.models.ApprovalTarget",
         "ResolutionDecisionEnum": "handoff.models.ResolutionDecision",
         "EventOutcomeEnum": ["accepted", "duplicate", "rejected"],
     },
@@ -373,6 +375,22 @@ SAFESTOP_DRAIN_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DRAIN_DEADLINE_
 # An approval no rule times out (the agent asked for it itself) waits this long, then expires
 # as a rejection (DESIGN §10: deny by default).
 SAFESTOP_APPROVAL_TIMEOUT_SECONDS = int(os.environ.get("SAFESTOP_APPROVAL_TIMEOUT_SECONDS", 900))
+# Agent-supplied JSON Schemas for a reviewer's edits (runs.argument_schemas): the schema's size at
+# the permit; the edited arguments' size at the decision; and the child process that checks
+# them (and a schema of more than 64 subschemas against the meta-schema): killed past its
+# seconds, its address space capped.
+SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES = int(
+    os.environ.get("SAFESTOP_ARGUMENTS_SCHEMA_MAX_BYTES", 32 * 1024)
+)
+SAFESTOP_ARGUMENTS_MAX_BYTES = int(os.environ.get("SAFESTOP_ARGUMENTS_MAX_BYTES", 1024 * 1024))
+SAFESTOP_ARGUMENTS_CHECK_SECONDS = float(os.environ.get("SAFESTOP_ARGUMENTS_CHECK_SECONDS", 5))
+SAFESTOP_ARGUMENTS_CHECK_MEMORY_BYTES = int(
+    os.environ.get("SAFESTOP_ARGUMENTS_CHECK_MEMORY_BYTES", 512 * 1024 * 1024)
+)
+# API answers: a list item carries the first characters of its arguments (the detail has them
+# whole), and a list page stops adding items once its JSON passes this many bytes.
+SAFESTOP_API_LIST_ARGUMENTS_CHARS = int(os.environ.get("SAFESTOP_API_LIST_ARGUMENTS_CHARS", 300))
+SAFESTOP_API_PAGE_MAX_BYTES = int(os.environ.get("SAFESTOP_API_PAGE_MAX_BYTES", 2 * 1024 * 1024))
 SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60))
 SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))

@@ -8,7 +8,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    TextField,
+)
+from django.db.models.functions import Cast, Left, Length
 
 from runs.models import (
     Approval,
@@ -195,6 +206,27 @@ def approvals_list(
     order = ("deadline", "id") if status == ApprovalStatus.WAITING else ("-requested_at", "-id")
     return approvals.select_related("run", "team", "execution_record", "outbox_item").order_by(
         *order
+    )
+
+
+def approvals_summarised(approvals: QuerySet[Approval], *, chars: int) -> QuerySet[Approval]:
+    """A list's approvals without their arguments: each row carries the first `chars`
+    characters of its arguments' JSON text (`arguments_head`) and its length
+    (`arguments_chars`), cut by the database, so a page of approvals with megabytes of
+    arguments each is read and answered in bounded memory. The detail has them whole."""
+    text = Cast("arguments", output_field=TextField())
+    return approvals.defer(
+        "original_arguments",
+        "arguments",
+        "arguments_schema",
+        "execution_record__arguments",
+        "outbox_item__payload",
+    ).annotate(
+        arguments_head=Left(text, chars + 1),
+        arguments_chars=Length(text),
+        has_arguments_schema=ExpressionWrapper(
+            Q(arguments_schema__isnull=False), output_field=BooleanField()
+        ),
     )
 
 

@@ -103,7 +103,9 @@ class OutboxItemInfo(TypedDict):
 
 
 class ApprovalInfo(TypedDict, total=False):
-    """`GET /api/v1/approvals/{id}/`: `arguments` are the final ones (edited or the originals)."""
+    """`GET /api/v1/approvals/{id}/`: `arguments` are the final ones (edited or the originals).
+    In a list (`iter_approvals`) the arguments are summarised instead: `arguments_summary`,
+    `arguments_chars`, `arguments_truncated`, `has_arguments_schema`."""
 
     id: str
     run_id: str
@@ -124,6 +126,10 @@ class ApprovalInfo(TypedDict, total=False):
     requested_at: str
     deadline: str | None
     permit_id: str | None
+    arguments_summary: str
+    arguments_chars: int
+    arguments_truncated: bool
+    has_arguments_schema: bool
 
 
 class StopRequestInfo(TypedDict):

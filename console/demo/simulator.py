@@ -326,6 +326,12 @@ class Simulator:
                 continue
             if now - self._approvals_seen[approval_id][1] < self.config.approval_grace:
                 continue
+            if "arguments" not in approval:
+                # a list summarises the arguments; an edit needs them whole
+                try:
+                    approval = self.reviewers[team].get_approval(approval_id)
+                except (ApiError, httpx.TransportError):
+                    continue
             decision, message, arguments = bot_decision(self.rng, approval)
             try:
                 self.reviewers[team].decide_approval(

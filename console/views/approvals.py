@@ -29,6 +29,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import Access, request_access, visible_teams
@@ -55,7 +56,7 @@ from runs.models import (
     Role,
     Team,
 )
-from runs.selectors import approvals_list, approvals_waiting_count
+from runs.selectors import approvals_list, approvals_summarised, approvals_waiting_count
 
 INBOX_TEMPLATE = "console/approvals.html"
 PAGE_TEMPLATE = "console/approval.html"
@@ -108,6 +109,8 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         risk=data.get("risk") or "",
         run_id=data.get("run") or "",
     )
+    # The inbox shows no arguments: never read them (an agent's may be megabytes each).
+    approvals = approvals_summarised(approvals, chars=0)
     rows = list(approvals[: INBOX_LIMIT + 1])
     context = {
         "form": form,
@@ -165,14 +168,66 @@ def _pretty(value: Any) -> str:
 
 @dataclass(frozen=True)
 class DiffLine:
-    op: str  # "+", "-" or " "
+    op: str  # "+", "-", " ", or "…" (the changes left out past DIFF_MAX_LINES)
     text: str
 
 
+# The changed lines an approval page shows; the rest are counted ("N more changed lines").
+DIFF_MAX_LINES = 400
+# Past this many lines between the first and last difference, lines are not matched up (a
+# SequenceMatcher is quadratic at worst): the old ones are shown removed, the new ones added.
+DIFF_MATCH_MAX_LINES = 5000
+
+
+def _diff_ops(before: list[str], after: list[str]) -> list[tuple[str, str]]:
+    """(op, line) for the whole diff: the common head and tail are cut first (linear); the
+    middle is matched line by line (no intraline comparison: difflib.ndiff's pairwise scoring
+    of replaced blocks is quadratic), or shown as replaced when it is too long to match."""
+    head = 0
+    while head < min(len(before), len(after)) and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while (
+        tail < min(len(before), len(after)) - head
+        and before[len(before) - 1 - tail] == after[len(after) - 1 - tail]
+    ):
+        tail += 1
+    old, new = before[head : len(before) - tail], after[head : len(after) - tail]
+    ops = [(" ", line) for line in before[:head]]
+    if max(len(old), len(new)) > DIFF_MATCH_MAX_LINES:
+        ops += [("-", line) for line in old] + [("+", line) for line in new]
+    else:
+        matcher = difflib.SequenceMatcher(None, old, new)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag == "equal":
+                ops += [(" ", line) for line in old[i1:i2]]
+                continue
+            ops += [("-", line) for line in old[i1:i2]] + [("+", line) for line in new[j1:j2]]
+    return ops + [(" ", line) for line in before[len(before) - tail :]]
+
+
 def arguments_diff(before: Any, after: Any) -> list[DiffLine]:
-    """A line diff of two argument objects as pretty JSON (what the reviewer changed)."""
-    lines = difflib.ndiff(_pretty(before).splitlines(), _pretty(after).splitlines())
-    return [DiffLine(line[0], line[2:]) for line in lines if line[:1] in "+- "]
+    """A line diff of two argument objects as pretty JSON (what the reviewer changed), linear
+    in the common parts and capped at DIFF_MAX_LINES changed lines."""
+    lines: list[DiffLine] = []
+    shown = hidden = 0
+    for op, text in _diff_ops(_pretty(before).splitlines(), _pretty(after).splitlines()):
+        if op != " ":
+            if shown >= DIFF_MAX_LINES:
+                hidden += 1
+                continue
+            shown += 1
+        elif hidden:
+            continue
+        lines.append(DiffLine(op, text))
+    if hidden:
+        more = ngettext(
+            "%(count)d more changed line not shown",
+            "%(count)d more changed lines not shown",
+            hidden,
+        ) % {"count": hidden}
+        lines.append(DiffLine("…", more))
+    return lines
 
 
 def approval_context(

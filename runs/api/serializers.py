@@ -24,7 +24,6 @@ from runs.api.fields import (
     StrictIntegerField,
 )
 from runs.api.permissions import API_STOP_REASONS
-from runs.errors import InvalidInput
 from runs.models import (
     Approval,
     ApprovalRisk,
@@ -278,18 +277,15 @@ class ApprovalAskIn(serializers.Serializer):
     )
 
     def validate_arguments_schema(self, schema: Any) -> dict[str, Any] | None:
-        if schema is None:
-            return None
-        if not isinstance(schema, dict):
+        # The schema itself is checked by the service, before its lock: a refusal there has
+        # its own code (`schema_remote_ref`, `schema_ref_loop`, ...; runs.argument_schemas).
+        if schema is not None and not isinstance(schema, dict):
             raise serializers.ValidationError("must be a JSON Schema object")
-        try:
-            return services.validate_arguments_schema(schema)
-        except InvalidInput as error:
-            raise serializers.ValidationError(error.detail) from None
+        return schema
 
 
-class ApprovalOut(serializers.Serializer):
-    """One approval (DESIGN §10): the held call or item, and its decision."""
+class _ApprovalFields(serializers.Serializer):
+    """What the detail and the list both say about an approval (all but its arguments)."""
 
     id = StrictCharField(source="public_id", help_text="appr_<n>")
     run_id = StrictCharField()
@@ -307,9 +303,6 @@ class ApprovalOut(serializers.Serializer):
     match_reason = StrictCharField(help_text="why it is held, in words")
     summary = StrictCharField()
     risk = serializers.ChoiceField(choices=ApprovalRisk.choices)
-    original_arguments = AnyJSONField()
-    arguments = AnyJSONField(help_text="the final arguments: the originals until edited")
-    arguments_schema = serializers.JSONField(allow_null=True)
     edited = StrictBooleanField()
     message = StrictCharField(help_text="the reviewer's message to the agent")
     decided_by = serializers.SerializerMethodField()
@@ -350,6 +343,39 @@ class ApprovalOut(serializers.Serializer):
         return approval.execution_record.permit_id
 
 
+class ApprovalOut(_ApprovalFields):
+    """One approval (DESIGN §10): the held call or item, its arguments whole, its decision."""
+
+    original_arguments = AnyJSONField()
+    arguments = AnyJSONField(help_text="the final arguments: the originals until edited")
+    arguments_schema = serializers.JSONField(allow_null=True)
+
+
+class ApprovalListItemOut(_ApprovalFields):
+    """An approval in a list: its arguments summarised (`runs.selectors.approvals_summarised`);
+    GET /api/v1/approvals/{id}/ has them whole."""
+
+    arguments_summary = serializers.SerializerMethodField()
+    arguments_chars = StrictIntegerField(
+        help_text="the length of the final arguments' JSON text, in characters"
+    )
+    arguments_truncated = serializers.SerializerMethodField()
+    has_arguments_schema = StrictBooleanField()
+
+    @extend_schema_field(
+        StrictCharField(
+            help_text="the start of the final arguments' JSON text (at most "
+            "SAFESTOP_API_LIST_ARGUMENTS_CHARS characters, 300 by default)"
+        )
+    )
+    def get_arguments_summary(self, approval: Approval) -> str:
+        return approval.arguments_head[: settings.SAFESTOP_API_LIST_ARGUMENTS_CHARS]  # type: ignore[attr-defined, no-any-return]
+
+    @extend_schema_field(StrictBooleanField(help_text="true when the summary is cut short"))
+    def get_arguments_truncated(self, approval: Approval) -> bool:
+        return bool(approval.arguments_chars > settings.SAFESTOP_API_LIST_ARGUMENTS_CHARS)  # type: ignore[attr-defined]
+
+
 class ApprovalListQuery(serializers.Serializer):
     status = serializers.ChoiceField(
         choices=APPROVAL_LIST_STATUSES,
@@ -368,7 +394,7 @@ class ApprovalListQuery(serializers.Serializer):
 class ApprovalPageOut(serializers.Serializer):
     next = serializers.URLField(allow_null=True)
     previous = serializers.URLField(allow_null=True)
-    results = ApprovalOut(many=True)
+    results = ApprovalListItemOut(many=True)
 
 
 class ApprovalDecideIn(serializers.Serializer):

@@ -9,9 +9,11 @@ input serializer (400 names the bad field); (3) calls exactly one service, which
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -22,6 +24,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
+from rest_framework.utils.encoders import JSONEncoder
 from rest_framework.views import APIView
 
 from handoff import selectors as handoff_selectors
@@ -117,6 +120,28 @@ class _Page(CursorPagination):
             return super().paginate_queryset(queryset, request, view)
         except (ValueError, TypeError, OverflowError, DjangoValidationError):
             raise NotFound(self.invalid_cursor_message) from None
+
+    def answer(
+        self, queryset: Any, request: Request, view: Any, serializer: type[Serializer]
+    ) -> Response:
+        """The page, cut short once its JSON passes SAFESTOP_API_PAGE_MAX_BYTES (one item at
+        least): `next` then continues from the first item left out, so a client reading every
+        page misses nothing and a large `limit` never makes an unbounded answer."""
+        page = self.paginate_queryset(queryset, request, view) or []
+        items = [serializer(item).data for item in page]
+        budget, kept = settings.SAFESTOP_API_PAGE_MAX_BYTES, 0
+        for item in items:
+            budget -= len(json.dumps(item, cls=JSONEncoder, ensure_ascii=False).encode()) + 1
+            if budget < 0 and kept:
+                break
+            kept += 1
+        if kept < len(items):
+            first_left_out = page[kept]
+            self.page = page[:kept]
+            self.page_size = kept
+            self.has_next = True
+            self.next_position = self._get_position_from_instance(first_left_out, self.ordering)
+        return self.get_paginated_response(items[:kept])
 
 
 class RunPage(_Page):
@@ -234,8 +259,7 @@ class RunsView(ApiView):
         if query.get("status"):
             runs = runs.filter(status=query["status"])
         paginator = RunPage()
-        page = paginator.paginate_queryset(runs, request, view=self)
-        return paginator.get_paginated_response(s.RunOut(page, many=True).data)
+        return paginator.answer(runs, request, self, s.RunOut)
 
     @extend_schema(
         operation_id="runs_create",
@@ -775,8 +799,10 @@ class ApprovalsView(ApiView):
             run_id=query.get("run", ""),
         )
         paginator = WaitingApprovalPage() if wanted == ApprovalStatus.WAITING else ApprovalPage()
-        page = paginator.paginate_queryset(approvals, request, view=self)
-        return paginator.get_paginated_response(s.ApprovalOut(page, many=True).data)
+        approvals = run_selectors.approvals_summarised(
+            approvals, chars=settings.SAFESTOP_API_LIST_ARGUMENTS_CHARS
+        )
+        return paginator.answer(approvals, request, self, s.ApprovalListItemOut)
 
 
 class ApprovalDetailView(ApiView):
@@ -942,8 +968,7 @@ class LedgerView(ApiView):
             until=query.get("until"),
         )
         paginator = LedgerPage()
-        page = paginator.paginate_queryset(entries, request, view=self)
-        return paginator.get_paginated_response(s.LedgerEntryOut(page, many=True).data)
+        return paginator.answer(entries, request, self, s.LedgerEntryOut)
 
 
 class StopQualityView(ApiView):

@@ -42,11 +42,12 @@ SCHEMA = {
 
 
 def _waiting(reviewer: SafestopClient, run_id: str) -> dict[str, Any]:
-    """The run's one waiting approval, as a reviewer token lists it."""
+    """The run's one waiting approval, as a reviewer token lists it (then reads it whole: a
+    list summarises the arguments)."""
 
     def listed() -> dict[str, Any] | None:
         rows = reviewer.list_approvals(status="waiting", run=run_id)
-        return dict(rows[0]) if len(rows) == 1 else None
+        return dict(reviewer.get_approval(rows[0]["id"])) if len(rows) == 1 else None
 
     return wait_until(listed, timeout=10, interval=0.05, what=f"an approval waiting on {run_id}")
 

@@ -75,8 +75,9 @@ def stop(reviewer: SafestopClient, run_id: str) -> float:
 
 def waiting_approval(reviewer: SafestopClient, run_id: str) -> dict[str, Any]:
     def listed() -> dict[str, Any] | None:
+        # a list summarises the arguments: read the one approval whole
         rows = reviewer.list_approvals(status="waiting", run=run_id)
-        return dict(rows[0]) if len(rows) == 1 else None
+        return dict(reviewer.get_approval(rows[0]["id"])) if len(rows) == 1 else None
 
     return wait_until(listed, timeout=15, interval=0.05, what=f"an approval waiting on {run_id}")
 
