@@ -397,10 +397,12 @@ SAFESTOP_NOTIFY_RETRY_MAX_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_RETRY_
 SAFESTOP_NOTIFY_STUCK_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_STUCK_SECONDS", 300))
 # How long one tick of the embedded loop keeps starting sends.
 SAFESTOP_NOTIFY_TICK_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_TICK_SECONDS", 2))
-# Apprise URL schemes a channel may use; not the generic json:// / form:// / xml:// ones, which
-# would post anywhere, around the webhook allow-list.
+# Apprise URL schemes a channel may use. Whatever the scheme, the host it posts to must be on
+# SAFESTOP_WEBHOOK_ALLOWED_HOSTS (notifications/apprise_targets.py). The generic json:// /
+# form:// / xml:// are left off the default; msteams:// too (Microsoft retired its connectors
+# and Apprise's plugin fails every send: use workflows://).
 SAFESTOP_NOTIFY_APPRISE_SCHEMES = env_list(
-    "SAFESTOP_NOTIFY_APPRISE_SCHEMES", "msteams,workflows,discord,tgram,pover,pagerduty,opsgenie"
+    "SAFESTOP_NOTIFY_APPRISE_SCHEMES", "workflows,discord,tgram,pover,pagerduty,opsgenie"
 )
 # Slack interactivity (Approve / Reject buttons) is on when this is set.
 SAFESTOP_SLACK_SIGNING_SECRET = os.environ.get("SAFESTOP_SLACK_SIGNING_SECRET", "")
