@@ -35,7 +35,7 @@ from standardwebhooks.webhooks import Webhook
 from notifications.apprise_targets import ALLOW_LIST, apprise_guarded, apprise_refusal
 from runs.errors import InvalidInput
 from runs.services import validate_outbox_destination
-from runs.transports import webhook_timeout
+from runs.transports import header_value, webhook_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -267,14 +267,14 @@ def email_message(target: str, outgoing: Outgoing) -> EmailMultiAlternatives:
     html = render_to_string("notifications/email.html", context)
     domain = settings.DEFAULT_FROM_EMAIL.rpartition("@")[2] or "safestop"
     mail = EmailMultiAlternatives(
-        subject=f"[safestop] {outgoing.message.get('title', outgoing.event)}"[:250],
+        subject=header_value(f"[safestop] {outgoing.message.get('title', outgoing.event)}"),
         body=text,
         from_email=settings.DEFAULT_FROM_EMAIL,
         to=[target],
         headers={
             # The same id on every attempt, so a mailbox can tell a retry from a new event.
             "Message-ID": f"<{outgoing.id}@{domain}>",
-            "X-Safestop-Event": outgoing.event,
+            "X-Safestop-Event": header_value(outgoing.event),
         },
     )
     mail.attach_alternative(html, "text/html")
@@ -286,9 +286,14 @@ def _email(target: str, secret: str, outgoing: Outgoing) -> Answer:
         validate_outbox_destination("email", target)
     except InvalidInput as refused:
         return Answer.refused(f"not sent: {refused.detail}")
+    try:
+        mail = email_message(target, outgoing)
+        mail.message()  # built here, so a message that can never be built is not retried
+    except ValueError as exc:  # BadHeaderError, a malformed address
+        return Answer.refused(f"not sent: the message cannot be built: {exc}"[:500])
     connection = get_connection(fail_silently=False)  # EMAIL_TIMEOUT bounds every SMTP call
     try:
-        connection.send_messages([email_message(target, outgoing)])
+        connection.send_messages([mail])
     except _SMTP_REFUSED as exc:
         return Answer.refused(f"refused by the mail server: {type(exc).__name__}: {exc}"[:500])
     except (smtplib.SMTPException, OSError) as exc:
