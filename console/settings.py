@@ -235,17 +235,24 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
 
-# Failed console sign-ins are throttled by django-axes, per username and per client address
-# separately: after SAFESTOP_LOGIN_FAILURE_LIMIT failures either one is locked for
-# SAFESTOP_LOGIN_COOLOFF_SECONDS (the login page says so, 429 + Retry-After). Attempts live in
-# the database, so every web process sees the same count.
+# Failed console sign-ins are throttled by django-axes per (username, client address) pair:
+# after SAFESTOP_LOGIN_FAILURE_LIMIT failures that pair is locked (the login page says so, 429 +
+# Retry-After) for SAFESTOP_LOGIN_COOLOFF_SECONDS, doubling with each further lockout of the pair
+# up to SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS (`console.views.auth.login_cool_off`). Neither the
+# username alone nor the address alone is locked: wrong passwords typed for a reviewer never
+# keep that reviewer, or anyone else behind the same address, away from the Stop button.
+# Attempts live in the database, so every web process sees the same count.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = int(os.environ.get("SAFESTOP_LOGIN_FAILURE_LIMIT", 5))
-AXES_COOLOFF_TIME = timedelta(seconds=int(os.environ.get("SAFESTOP_LOGIN_COOLOFF_SECONDS", 900)))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+SAFESTOP_LOGIN_COOLOFF_SECONDS = int(os.environ.get("SAFESTOP_LOGIN_COOLOFF_SECONDS", 300))
+SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS = int(
+    os.environ.get("SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS", 24 * 3600)
+)
+AXES_COOLOFF_TIME = "console.views.auth.login_cool_off"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "console.views.auth.login_locked_out"
 # REMOTE_ADDR, as for the API's limits: daphne --proxy-headers puts the client's address there;
