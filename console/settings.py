@@ -9,7 +9,6 @@ and Celery.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
