@@ -379,6 +379,11 @@ SAFESTOP_DRAIN_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DRAIN_DEADLINE_
 # An approval no rule times out (the agent asked for it itself) waits this long, then expires
 # as a rejection (DESIGN §10: deny by default).
 SAFESTOP_APPROVAL_TIMEOUT_SECONDS = int(os.environ.get("SAFESTOP_APPROVAL_TIMEOUT_SECONDS", 900))
+# Approval requests one team may make in a sliding minute; past it a permit or outbox item that
+# would be held answers 429 `approval_rate_limited` with Retry-After (0 turns it off).
+SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE = int(
+    os.environ.get("SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE", 120)
+)
 SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60))
 SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))

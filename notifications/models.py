@@ -165,11 +165,18 @@ class Delivery(models.Model):
             ),
         ]
         indexes = [
-            # The sender's scan: `deliveries_claim_due` (pending, oldest due first).
+            # The claim's leftovers (`deliveries_claim_due`): pending, oldest due first.
             models.Index(
                 fields=["next_attempt_at"],
                 condition=Q(status="pending"),
                 name="delivery_due_idx",
+            ),
+            # The fair claim (`deliveries_claim_due`): which teams have due rows, and each
+            # team's oldest due rows.
+            models.Index(
+                fields=["team", "next_attempt_at"],
+                condition=Q(status="pending"),
+                name="delivery_team_due_idx",
             ),
             # The stuck-claim reaper: `deliveries_reap_stuck`.
             models.Index(
