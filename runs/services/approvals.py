@@ -20,9 +20,9 @@ from django.utils import timezone
 from runs import notify
 from runs.actors import Actor
 from runs.errors import (
-    ApprovalRateLimited,
     AlreadyDecided,
     ApprovalClosed,
+    ApprovalRateLimited,
     ApprovalVoid,
     InvalidInput,
     NotFound,
