@@ -78,7 +78,8 @@ def apprise_refusal(target: str, *, schemes: list[str]) -> str | None:
     """Why this Apprise URL may not be a channel's target, or None when it may."""
     scheme = target.split("://", 1)[0].lower() if "://" in target else ""
     if scheme not in schemes:
-        return f"an Apprise URL must start with one of {', '.join(s + '://' for s in schemes)}"
+        listed = ", ".join(s + "://" for s in schemes)
+        return f"an Apprise URL must start with one of {listed} (SAFESTOP_NOTIFY_APPRISE_SCHEMES)"
     plugin = _plugin(target)
     if plugin is None:
         return "Apprise does not understand this URL"
