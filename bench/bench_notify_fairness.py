@@ -129,6 +129,7 @@ def main() -> None:
                 note=f"{sends_before} sends before it, {FLOOD} flooded",
             )
         ]
+        print(f"sends before the quiet team's delivery: {sends_before} (of {FLOOD} flooded)")
         for spread in (1, 50):
             flood(spread)
             timings = []

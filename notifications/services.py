@@ -26,8 +26,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Exists, F, Min, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from handoff.models import Handoff, HandoffStatus
@@ -163,12 +163,7 @@ def deliveries_claim_due(*, limit: int, claimer: str, now: Any = None) -> list[i
     now = now or timezone.now()
     due = Delivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
     with transaction.atomic(durable=True):
-        teams = list(
-            due.values("team_id")
-            .annotate(oldest=Min("next_attempt_at"))
-            .order_by("oldest", "team_id")
-            .values_list("team_id", flat=True)[:limit]
-        )
+        teams = _teams_with_due_deliveries(now=now, limit=limit)
         if not teams:
             return []
         share = max(1, limit // len(teams))
@@ -196,6 +191,35 @@ def deliveries_claim_due(*, limit: int, claimer: str, now: Any = None) -> list[i
             attempts=F("attempts") + 1,
         )
     return ids
+
+
+# The teams with pending deliveries, one index probe each (a loose index scan over
+# `delivery_team_due_idx`), and each one's oldest due row, longest-waiting team first: its cost
+# grows with the number of teams, not with the size of a flood (a GROUP BY would read every
+# pending row at each claim). Plain SQL that PostgreSQL and SQLite both run (a recursive CTE and
+# correlated subqueries, no LATERAL).
+_TEAMS_WITH_DUE_SQL = """
+WITH RECURSIVE teams(team_id) AS (
+    SELECT MIN(team_id) FROM {table} WHERE status = 'pending'
+    UNION ALL
+    SELECT (SELECT MIN(team_id) FROM {table} WHERE status = 'pending' AND team_id > teams.team_id)
+    FROM teams WHERE teams.team_id IS NOT NULL
+)
+SELECT team_id FROM (
+    SELECT team_id, (
+        SELECT MIN(next_attempt_at) FROM {table}
+        WHERE status = 'pending' AND team_id = teams.team_id AND next_attempt_at <= %s
+    ) AS oldest
+    FROM teams WHERE team_id IS NOT NULL
+) AS due WHERE oldest IS NOT NULL ORDER BY oldest, team_id LIMIT %s
+"""
+
+
+def _teams_with_due_deliveries(*, now: Any, limit: int) -> list[int]:
+    sql = _TEAMS_WITH_DUE_SQL.format(table=connection.ops.quote_name(Delivery._meta.db_table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [connection.ops.adapt_datetimefield_value(now), limit])
+        return [row[0] for row in cursor.fetchall()]
 
 
 def delivery_record(*, delivery_id: int, claimer: str, answer: Answer, now: Any = None) -> str:
