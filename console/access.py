@@ -1,7 +1,7 @@
 """Who may see and do what in the console: roles scoped to teams.
 
 The rules are the one role → capability table in `runs.access` (DESIGN §5), which the API asks
-too: a viewer reads the team's runs, packets, handoffs and stop quality; a reviewer also stops,
+too: a viewer reads the team's runs, packets, handoffs, approvals and stop quality; a reviewer also stops,
 takes over, resolves, releases/discards, hands off, resumes, closes and steers; an admin also
 has the audit page and the team's API tokens; `is_staff` / `is_superuser` is an admin of every
 team.
@@ -65,6 +65,12 @@ class Access:
 
     def can_admin(self, team_id: int) -> bool:
         return self.may(Capability.ADMIN, team_id)
+
+    def ids_may(self, capability: Capability) -> list[int] | None:
+        """Teams where the user has `capability`; None means every team."""
+        if self.all_teams:
+            return None
+        return sorted(team_id for team_id in self.roles if self.may(capability, team_id))
 
     def ids_with(self, role: str) -> list[int] | None:
         """Teams where the user holds at least `role`; None means every team."""

@@ -9,7 +9,6 @@ and Celery.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -235,17 +234,24 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
 
-# Failed console sign-ins are throttled by django-axes, per username and per client address
-# separately: after SAFESTOP_LOGIN_FAILURE_LIMIT failures either one is locked for
-# SAFESTOP_LOGIN_COOLOFF_SECONDS (the login page says so, 429 + Retry-After). Attempts live in
-# the database, so every web process sees the same count.
+# Failed console sign-ins are throttled by django-axes per (username, client address) pair:
+# after SAFESTOP_LOGIN_FAILURE_LIMIT failures that pair is locked (the login page says so, 429 +
+# Retry-After) for SAFESTOP_LOGIN_COOLOFF_SECONDS, doubling with each further lockout of the pair
+# up to SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS (`console.views.auth.login_cool_off`). Neither the
+# username alone nor the address alone is locked: wrong passwords typed for a reviewer never
+# keep that reviewer, or anyone else behind the same address, away from the Stop button.
+# Attempts live in the database, so every web process sees the same count.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = int(os.environ.get("SAFESTOP_LOGIN_FAILURE_LIMIT", 5))
-AXES_COOLOFF_TIME = timedelta(seconds=int(os.environ.get("SAFESTOP_LOGIN_COOLOFF_SECONDS", 900)))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+SAFESTOP_LOGIN_COOLOFF_SECONDS = int(os.environ.get("SAFESTOP_LOGIN_COOLOFF_SECONDS", 300))
+SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS = int(
+    os.environ.get("SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS", 24 * 3600)
+)
+AXES_COOLOFF_TIME = "console.views.auth.login_cool_off"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "console.views.auth.login_locked_out"
 # REMOTE_ADDR, as for the API's limits: daphne --proxy-headers puts the client's address there;
@@ -391,6 +397,11 @@ SAFESTOP_ARGUMENTS_CHECK_MEMORY_BYTES = int(
 # whole), and a list page stops adding items once its JSON passes this many bytes.
 SAFESTOP_API_LIST_ARGUMENTS_CHARS = int(os.environ.get("SAFESTOP_API_LIST_ARGUMENTS_CHARS", 300))
 SAFESTOP_API_PAGE_MAX_BYTES = int(os.environ.get("SAFESTOP_API_PAGE_MAX_BYTES", 2 * 1024 * 1024))
+# Approval requests one team may make in a sliding minute; past it a permit or outbox item that
+# would be held answers 429 `approval_rate_limited` with Retry-After (0 turns it off).
+SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE = int(
+    os.environ.get("SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE", 120)
+)
 SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60))
 SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))
@@ -415,10 +426,12 @@ SAFESTOP_NOTIFY_RETRY_MAX_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_RETRY_
 SAFESTOP_NOTIFY_STUCK_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_STUCK_SECONDS", 300))
 # How long one tick of the embedded loop keeps starting sends.
 SAFESTOP_NOTIFY_TICK_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_TICK_SECONDS", 2))
-# Apprise URL schemes a channel may use; not the generic json:// / form:// / xml:// ones, which
-# would post anywhere, around the webhook allow-list.
+# Apprise URL schemes a channel may use. Whatever the scheme, the host it posts to must be on
+# SAFESTOP_WEBHOOK_ALLOWED_HOSTS (notifications/apprise_targets.py). The generic json:// /
+# form:// / xml:// are left off the default; msteams:// too (Microsoft retired its connectors
+# and Apprise's plugin fails every send: use workflows://).
 SAFESTOP_NOTIFY_APPRISE_SCHEMES = env_list(
-    "SAFESTOP_NOTIFY_APPRISE_SCHEMES", "msteams,workflows,discord,tgram,pover,pagerduty,opsgenie"
+    "SAFESTOP_NOTIFY_APPRISE_SCHEMES", "workflows,discord,tgram,pover,pagerduty,opsgenie"
 )
 # Slack interactivity (Approve / Reject buttons) is on when this is set.
 SAFESTOP_SLACK_SIGNING_SECRET = os.environ.get("SAFESTOP_SLACK_SIGNING_SECRET", "")

@@ -113,5 +113,10 @@ urlpatterns = [
         notifications.slack_link,
         name="notification_slack_link",
     ),
+    path(
+        "notifications/slack-links/<int:link_id>/unlink/",
+        notifications.slack_unlink,
+        name="notification_slack_unlink",
+    ),
     path("integrations/slack/actions/", notifications.slack_actions, name="slack_actions"),
 ]

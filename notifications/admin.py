@@ -7,6 +7,7 @@ from notifications.models import (
     Delivery,
     NotificationChannel,
     SlackLink,
+    SlackLinkCode,
     SlackRequestSeen,
     UserSubscription,
 )
@@ -55,8 +56,25 @@ class CapturedMailAdmin(admin.ModelAdmin):
 
 @admin.register(SlackLink)
 class SlackLinkAdmin(admin.ModelAdmin):
+    """Staff may unlink (delete); a link is only ever made by its owner with a code Slack gave
+    them (`notifications.slack.slack_link_confirm`), never typed in here."""
+
     list_display = ("slack_user_id", "user", "created_at")
     search_fields = ("slack_user_id", "user__username")
+    readonly_fields = ("user", "slack_user_id", "created_at")
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(SlackLinkCode)
+class SlackLinkCodeAdmin(admin.ModelAdmin):
+    list_display = ("slack_user_id", "expires_at", "created_at")
+    readonly_fields = ("slack_user_id", "expires_at", "created_at")
+    exclude = ("code_hash",)
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(SlackRequestSeen)

@@ -165,11 +165,18 @@ class Delivery(models.Model):
             ),
         ]
         indexes = [
-            # The sender's scan: `deliveries_claim_due` (pending, oldest due first).
+            # The claim's leftovers (`deliveries_claim_due`): pending, oldest due first.
             models.Index(
                 fields=["next_attempt_at"],
                 condition=Q(status="pending"),
                 name="delivery_due_idx",
+            ),
+            # The fair claim (`deliveries_claim_due`): which teams have due rows, and each
+            # team's oldest due rows.
+            models.Index(
+                fields=["team", "next_attempt_at"],
+                condition=Q(status="pending"),
+                name="delivery_team_due_idx",
             ),
             # The stuck-claim reaper: `deliveries_reap_stuck`.
             models.Index(
@@ -209,8 +216,9 @@ class CapturedMail(models.Model):
 
 
 class SlackLink(models.Model):
-    """A console user's Slack member id, set by the user on their own page: Slack clicks by
-    that member decide with this user's rights (and only theirs)."""
+    """A console user's Slack member id: Slack clicks by that member decide with this user's
+    rights (and only theirs). Made only with proof that the user controls the member: a
+    one-time code Slack showed that member alone (`SlackLinkCode`)."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slack_link"
@@ -220,6 +228,20 @@ class SlackLink(models.Model):
 
     def __str__(self) -> str:
         return f"{self.slack_user_id} → {self.user_id}"
+
+
+class SlackLinkCode(models.Model):
+    """A one-time code given to one Slack member, in an ephemeral reply to a click Slack signed
+    for that member: whoever types it on their console page controls that member. Stored hashed;
+    it expires, and using it deletes it."""
+
+    slack_user_id = models.CharField(max_length=32, unique=True)  # one live code per member
+    code_hash = models.CharField(max_length=64, unique=True)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"link code for {self.slack_user_id}"
 
 
 class SlackRequestSeen(models.Model):

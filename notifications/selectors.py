@@ -13,7 +13,7 @@ from notifications.models import (
     SlackLink,
     UserSubscription,
 )
-from runs.models import Team
+from runs.models import Membership, Team
 
 
 def channels_of(*, teams: Sequence[Team]) -> list[NotificationChannel]:
@@ -46,6 +46,16 @@ def subscriptions_of(*, user_id: int) -> dict[int, UserSubscription]:
 
 def captured_mails(*, limit: int = 100) -> list[CapturedMail]:
     return list(CapturedMail.objects.order_by("-captured_at", "-id")[:limit])
+
+
+def slack_links_of(*, teams: Sequence[Team], limit: int = 500) -> list[SlackLink]:
+    """The Slack links of these teams' members (for their admins, who may unlink them)."""
+    members = Membership.objects.filter(team__in=teams).values("user_id")
+    return list(
+        SlackLink.objects.filter(user_id__in=members)
+        .select_related("user")
+        .order_by("user__username")[:limit]
+    )
 
 
 def slack_link_of(*, user_id: int) -> SlackLink | None:

@@ -6,7 +6,8 @@
    CONFLICT DO NOTHING: the row commits or rolls back with the event, a repeat writes nothing,
    and a failure here is logged and never fails the event.
 2. The sender (`deliveries_send_due`; the embedded loop's periodic step or the Celery task)
-   claims due rows with `SELECT … FOR UPDATE SKIP LOCKED` + a conditional update, sends each
+   claims due rows, fairly across teams, with `SELECT … FOR UPDATE SKIP LOCKED` + a
+   conditional update, sends each
    outside any transaction, and records sent / retry later (exponential backoff) / failed, with
    the status and the first bytes of the answer.
 3. A sender that died mid-send leaves its rows `sending`; `deliveries_reap_stuck` puts them
@@ -25,7 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
@@ -149,16 +150,38 @@ def backoff_seconds(attempts: int) -> float:
 
 
 def deliveries_claim_due(*, limit: int, claimer: str, now: Any = None) -> list[int]:
-    """Claim up to `limit` due deliveries for `claimer`; two senders never claim the same row
-    (skip-locked rows, then a conditional update under that lock). Scans `delivery_due_idx`."""
+    """Claim up to `limit` due deliveries for `claimer`, fairly across teams; two senders never
+    claim the same row (skip-locked rows, then a conditional update under that lock).
+
+    Fair: one team's flood must not delay every other team's notifications behind it. The teams
+    with due deliveries are read first, the longest-waiting first; each gets an equal share of
+    the claim (at least one row), its oldest due rows; what a team could not use goes to the
+    oldest due rows of any team. So a team with one delivery waiting is served in the first
+    claim however many thousands another team queued, and a lone team still gets the whole
+    claim. Reads `delivery_team_due_idx`.
+    """
     now = now or timezone.now()
+    due = Delivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
     with transaction.atomic(durable=True):
-        ids = list(
-            Delivery.objects.select_for_update(skip_locked=True)
-            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
-            .order_by("next_attempt_at")
-            .values_list("pk", flat=True)[:limit]
-        )
+        teams = _teams_with_due_deliveries(now=now, limit=limit)
+        if not teams:
+            return []
+        share = max(1, limit // len(teams))
+        ids: list[int] = []
+        for team_id in teams:
+            ids += (
+                due.filter(team_id=team_id)
+                .select_for_update(skip_locked=True)
+                .order_by("next_attempt_at")
+                .values_list("pk", flat=True)[: min(share, limit - len(ids))]
+            )
+        if len(ids) < limit:
+            ids += (
+                due.exclude(pk__in=ids)
+                .select_for_update(skip_locked=True)
+                .order_by("next_attempt_at")
+                .values_list("pk", flat=True)[: limit - len(ids)]
+            )
         if not ids:
             return []
         Delivery.objects.filter(pk__in=ids, status=DeliveryStatus.PENDING).update(
@@ -168,6 +191,35 @@ def deliveries_claim_due(*, limit: int, claimer: str, now: Any = None) -> list[i
             attempts=F("attempts") + 1,
         )
     return ids
+
+
+# The teams with pending deliveries, one index probe each (a loose index scan over
+# `delivery_team_due_idx`), and each one's oldest due row, longest-waiting team first: its cost
+# grows with the number of teams, not with the size of a flood (a GROUP BY would read every
+# pending row at each claim). Plain SQL that PostgreSQL and SQLite both run (a recursive CTE and
+# correlated subqueries, no LATERAL).
+_TEAMS_WITH_DUE_SQL = """
+WITH RECURSIVE teams(team_id) AS (
+    SELECT MIN(team_id) FROM {table} WHERE status = 'pending'
+    UNION ALL
+    SELECT (SELECT MIN(team_id) FROM {table} WHERE status = 'pending' AND team_id > teams.team_id)
+    FROM teams WHERE teams.team_id IS NOT NULL
+)
+SELECT team_id FROM (
+    SELECT team_id, (
+        SELECT MIN(next_attempt_at) FROM {table}
+        WHERE status = 'pending' AND team_id = teams.team_id AND next_attempt_at <= %s
+    ) AS oldest
+    FROM teams WHERE team_id IS NOT NULL
+) AS due WHERE oldest IS NOT NULL ORDER BY oldest, team_id LIMIT %s
+"""
+
+
+def _teams_with_due_deliveries(*, now: Any, limit: int) -> list[int]:
+    sql = _TEAMS_WITH_DUE_SQL.format(table=connection.ops.quote_name(Delivery._meta.db_table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [connection.ops.adapt_datetimefield_value(now), limit])
+        return [row[0] for row in cursor.fetchall()]
 
 
 def delivery_record(*, delivery_id: int, claimer: str, answer: Answer, now: Any = None) -> str:

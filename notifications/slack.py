@@ -5,19 +5,27 @@ On when `SAFESTOP_SLACK_SIGNING_SECRET` is set. `slack_action_handle` is what th
 
 1. verify the request's signature and its timestamp (±5 minutes) with `slack_sdk.signature`;
    refuse a replay of a correctly signed request (its signature was seen before);
-2. map the Slack member to the console user who linked that member id on their own page;
-3. decide through `runs.services.approval_decide` with that user's rights (a reviewer of the
+2. read the payload; one Slack never sends (valid signature, malformed body) is a 400;
+3. map the Slack member to the console user linked to that member id. A member nobody linked
+   gets, in an ephemeral reply only that member sees, a one-time code to type on their own
+   console page (`slack_link_confirm`): the link is made only with that proof, so nobody can
+   claim another person's member id and have that person's clicks decided with their rights;
+4. decide through `runs.services.approval_decide` with that user's rights (a reviewer of the
    approval's team); anyone else gets an ephemeral refusal and nothing changes;
-4. answer Slack's `response_url` after the decision committed: the message is replaced by the
+5. answer Slack's `response_url` after the decision committed: the message is replaced by the
    outcome and who decided.
 
-Anything refused at step 1 changes nothing and is answered 401.
+Anything refused at step 1 changes nothing and is answered 401. Every text sent back to Slack
+is escaped for mrkdwn (`slack_escape`): an approval's subject is the agent's words.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
+import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -26,21 +34,29 @@ from urllib.parse import parse_qs
 import httpx
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 from django.utils import timezone
 from slack_sdk.signature import SignatureVerifier
 
-from notifications.models import SlackLink, SlackRequestSeen
+from notifications.models import SlackLink, SlackLinkCode, SlackRequestSeen
 from notifications.transports import slack_escape
 from runs import services
 from runs.access import Capability, Grants, is_admin_of_every_team, membership_roles
 from runs.actors import Actor
-from runs.errors import DomainError, InvalidInput
+from runs.errors import DomainError, InvalidInput, NotFound
+from runs.ledger import ledger_append
 from runs.models import Approval
 from runs.services import validate_outbox_destination
 
 logger = logging.getLogger(__name__)
 
 REPLAY_WINDOW = timedelta(minutes=10)  # longer than the ±5 minutes a timestamp is accepted
+LINK_CODE_LIFETIME = timedelta(minutes=10)
+# Slack member ids: U… or W… followed by upper-case letters and digits.
+SLACK_MEMBER_ID = re.compile(r"[UW][A-Z0-9]{1,31}")
+# No 0/O or 1/I/L: a code is read off one screen and typed on another.
+_CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
+_CODE_LENGTH = 10  # 31^10 ≈ 8·10^14 codes, each alive ten minutes
 
 
 @dataclass(frozen=True)
@@ -50,24 +66,104 @@ class SlackAnswer:
     reply: dict[str, Any] | None = None  # posted to response_url
 
 
-def slack_link_set(*, user: Any, slack_user_id: str) -> SlackLink | None:
-    """The user's own Slack member id (blank removes it)."""
-    slack_user_id = slack_user_id.strip()
+@dataclass(frozen=True)
+class SlackAction:
+    """The parts of a `block_actions` payload this endpoint reads, type-checked."""
+
+    action_id: str
+    value: str
+    slack_user: str
+    response_url: str
+
+
+# --------------------------------------------------------------------------------------------
+# linking a Slack member to a console user, with proof
+
+
+def _code_digest(code: str) -> str:
+    normalised = "".join(char for char in code.upper() if char.isalnum())
+    return hashlib.sha256(normalised.encode()).hexdigest()
+
+
+def slack_link_code_issue(*, slack_user_id: str) -> str:
+    """A new one-time code for this Slack member (any earlier one stops working). Only call it
+    for a member id taken from a request Slack signed, and show the code to that member only."""
+    if not SLACK_MEMBER_ID.fullmatch(slack_user_id):
+        raise InvalidInput("not a Slack member id", field="slack_user_id")
+    code = "".join(secrets.choice(_CODE_ALPHABET) for _ in range(_CODE_LENGTH))
+    now = timezone.now()
+    with transaction.atomic():
+        SlackLinkCode.objects.filter(expires_at__lt=now).delete()
+        SlackLinkCode.objects.update_or_create(
+            slack_user_id=slack_user_id,
+            defaults={"code_hash": _code_digest(code), "expires_at": now + LINK_CODE_LIFETIME},
+        )
+    return f"{code[:5]}-{code[5:]}"
+
+
+def slack_link_confirm(*, user: Any, code: str) -> SlackLink:
+    """Link the Slack member a code was given to with `user`, who typed it: the code is the
+    proof that `user` controls that member. The code is used up. A member linked to another
+    account before moves to this one (the same person proved control again)."""
+    digest = _code_digest(code)
     with transaction.atomic(durable=True):
-        if not slack_user_id:
-            SlackLink.objects.filter(user=user).delete()
-            return None
-        if not slack_user_id.isalnum() or len(slack_user_id) > 32:
-            raise InvalidInput("a Slack member id looks like U012AB3CD", field="slack_user_id")
-        taken = SlackLink.objects.filter(slack_user_id=slack_user_id).exclude(user=user).exists()
-        if taken:
+        issued = (
+            SlackLinkCode.objects.select_for_update()
+            .filter(code_hash=digest, expires_at__gte=timezone.now())
+            .first()
+        )
+        if issued is None:
             raise InvalidInput(
-                "that Slack member is linked to another account", field="slack_user_id"
+                "that code is wrong or has expired: click Approve or Reject in Slack again "
+                "for a new one",
+                field="code",
             )
+        slack_user_id = issued.slack_user_id
+        issued.delete()
+        SlackLink.objects.filter(slack_user_id=slack_user_id).exclude(user=user).delete()
         link, _ = SlackLink.objects.update_or_create(
             user=user, defaults={"slack_user_id": slack_user_id}
         )
+        ledger_append(
+            run=None,
+            actor=Actor.for_user(user),
+            action="slack.linked",
+            payload={"user": user.get_username(), "slack_user_id": slack_user_id},
+        )
     return link
+
+
+def slack_link_remove(*, user_id: int, actor: Actor) -> bool:
+    """Unlink a user's Slack member: by the user, or by an admin (the view checks who may).
+    False when there was no link."""
+    with transaction.atomic(durable=True):
+        link = (
+            SlackLink.objects.select_for_update()
+            .select_related("user")
+            .filter(user_id=user_id)
+            .first()
+        )
+        if link is None:
+            return False
+        ledger_append(
+            run=None,
+            actor=actor,
+            action="slack.unlinked",
+            payload={"user": link.user.get_username(), "slack_user_id": link.slack_user_id},
+        )
+        link.delete()
+    return True
+
+
+def slack_link_get(*, link_id: int) -> SlackLink:
+    link = SlackLink.objects.select_related("user").filter(pk=link_id).first()
+    if link is None:
+        raise NotFound(f"no Slack link {link_id}")
+    return link
+
+
+# --------------------------------------------------------------------------------------------
+# the actions endpoint
 
 
 def _verified(body: bytes, headers: dict[str, str]) -> bool:
@@ -92,7 +188,45 @@ def _first_time(signature: str) -> bool:
 
 
 def _ephemeral(text: str) -> dict[str, Any]:
-    return {"response_type": "ephemeral", "replace_original": False, "text": text}
+    return {"response_type": "ephemeral", "replace_original": False, "text": slack_escape(text)}
+
+
+def _parse(body: bytes) -> SlackAction | None:
+    """The action in a signed request's body, or None when it is not one Slack would send."""
+    try:
+        payload = json.loads(parse_qs(body.decode("utf-8"))["payload"][0])
+    except (KeyError, IndexError, ValueError, RecursionError):
+        # ValueError covers bad UTF-8 and bad JSON; RecursionError, JSON nested too deep.
+        return None
+    if not isinstance(payload, dict):
+        return None
+    actions, user = payload.get("actions"), payload.get("user")
+    if not (isinstance(actions, list) and actions and isinstance(actions[0], dict)):
+        return None
+    if not isinstance(user, dict):
+        return None
+    action_id = actions[0].get("action_id", "")
+    value = actions[0].get("value", "")
+    slack_user = user.get("id")
+    response_url = payload.get("response_url", "")
+    parts = (action_id, value, slack_user, response_url)
+    if not all(isinstance(part, str) for part in parts):
+        return None
+    assert isinstance(slack_user, str)
+    if not SLACK_MEMBER_ID.fullmatch(slack_user) or len(value) > 200 or len(response_url) > 2000:
+        return None
+    return SlackAction(str(action_id), str(value), slack_user, str(response_url))
+
+
+def _link_offer(slack_user: str) -> str:
+    code = slack_link_code_issue(slack_user_id=slack_user)
+    page = settings.SAFESTOP_PUBLIC_URL.rstrip("/") + reverse("console:notification_subscriptions")
+    minutes = int(LINK_CODE_LIFETIME.total_seconds() // 60)
+    return (
+        "Your Slack account is not linked to safestop, so nothing was decided. To link it, sign "
+        f"in at {page} and enter the code {code} under Slack (valid {minutes} minutes, once). "
+        "Then click again."
+    )
 
 
 def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
@@ -101,30 +235,26 @@ def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
         return SlackAnswer(401)
     if not _first_time(lowered.get("x-slack-signature", "")):
         return SlackAnswer(401)
-    try:
-        payload = json.loads(parse_qs(body.decode())["payload"][0])
-        action = payload["actions"][0]
-        slack_user = str(payload["user"]["id"])
-        response_url = str(payload.get("response_url", ""))
-    except (KeyError, IndexError, ValueError, TypeError):
+    action = _parse(body)
+    if action is None:
         return SlackAnswer(400)
-    decision = {"approve": "approve", "reject": "reject"}.get(str(action.get("action_id")))
+    response_url = action.response_url
+    decision = {"approve": "approve", "reject": "reject"}.get(action.action_id)
     if decision is None:
         return SlackAnswer(200)  # the link button: Slack just opened the page
     try:
-        approval_id = services.parse_approval_id(str(action.get("value", "")))
+        approval_id = services.parse_approval_id(action.value)
     except DomainError:
         return SlackAnswer(200, response_url, _ephemeral("That approval does not exist."))
     approval = Approval.objects.filter(pk=approval_id).select_related("team").first()
-    link = SlackLink.objects.filter(slack_user_id=slack_user).select_related("user").first()
+    if approval is None:
+        return SlackAnswer(200, response_url, _ephemeral("That approval does not exist."))
+    link = SlackLink.objects.filter(slack_user_id=action.slack_user).select_related("user").first()
     user = link.user if link is not None and link.user.is_active else None
-    if approval is None or user is None:
-        why = (
-            "That approval does not exist."
-            if approval is None
-            else "Link your Slack account on your safestop page (My subscriptions) first."
-        )
-        return SlackAnswer(200, response_url, _ephemeral(why))
+    if user is None:
+        # Slack signed this request for this member, and only this member sees an ephemeral
+        # reply: the code in it proves control of the member id to whoever types it.
+        return SlackAnswer(200, response_url, _ephemeral(_link_offer(action.slack_user)))
     grants = Grants.for_roles(
         membership_roles(user_id=user.pk), every_team=is_admin_of_every_team(user)
     )
@@ -151,11 +281,11 @@ def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
 
 def _outcome(approval: Approval, who: str) -> dict[str, Any]:
     verb = "Approved" if approval.status == "approved" else "Rejected"
-    text = f"{verb} by {who}: {approval.subject} ({approval.public_id})"
+    text = slack_escape(f"{verb} by {who}: {approval.subject} ({approval.public_id})")
     return {
         "replace_original": True,
         "text": text,
-        "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": slack_escape(text)}}],
+        "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}],
     }
 
 

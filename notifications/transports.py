@@ -6,9 +6,10 @@ another attempt is worth making, the HTTP status if any, and the first bytes of 
 
 Unlike an outbox item, a notification may be sent twice (a retry after a lost answer): every
 attempt carries the same id (`webhook-id`, `Message-ID`) so a receiver can drop a repeat.
-Webhook and Slack URLs obey the outbox's allow-list and are never redirected
-(`runs.services.validate_outbox_destination`, checked again at every send); proxies from the
-environment are ignored. Nothing here logs a target or a secret: Slack and Apprise URLs carry
+Every kind that posts over HTTP obeys the outbox's allow-list, is never redirected and always
+verifies TLS (`runs.services.validate_outbox_destination`, checked at save and again at every
+send; Apprise URLs through `notifications.apprise_targets`); proxies from the environment are
+ignored. Nothing here logs a target or a secret: Slack and Apprise URLs carry
 their service's token.
 """
 
@@ -31,9 +32,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.template.loader import render_to_string
 from standardwebhooks.webhooks import Webhook
 
+from notifications.apprise_targets import ALLOW_LIST, apprise_guarded, apprise_refusal
 from runs.errors import InvalidInput
 from runs.services import validate_outbox_destination
-from runs.transports import webhook_timeout
+from runs.transports import header_value, webhook_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +82,9 @@ def validate_target(kind: str, target: str) -> None:
     elif kind == "email":
         validate_outbox_destination("email", target)
     elif kind == "apprise":
-        scheme = target.split("://", 1)[0].lower() if "://" in target else ""
-        allowed = settings.SAFESTOP_NOTIFY_APPRISE_SCHEMES
-        if scheme not in allowed:
-            raise InvalidInput(
-                f"an Apprise URL must start with one of {', '.join(s + '://' for s in allowed)}",
-                field="target",
-            )
+        refusal = apprise_refusal(target, schemes=settings.SAFESTOP_NOTIFY_APPRISE_SCHEMES)
+        if refusal is not None:
+            raise InvalidInput(refusal, field="target")
     else:
         raise InvalidInput("kind must be webhook, slack, email or apprise", field="kind")
 
@@ -222,7 +220,8 @@ def _slack(target: str, secret: str, outgoing: Outgoing) -> Answer:
     message = outgoing.message
     body = json.dumps(
         {
-            "text": f"{message.get('title', '')}: {message.get('link', '')}",  # notification text
+            # The notification's own text is mrkdwn too: the title carries the agent's words.
+            "text": slack_escape(f"{message.get('title', '')}: {message.get('link', '')}"),
             "blocks": slack_blocks(message, actions=slack_actions(outgoing)),
         }
     ).encode()
@@ -268,14 +267,14 @@ def email_message(target: str, outgoing: Outgoing) -> EmailMultiAlternatives:
     html = render_to_string("notifications/email.html", context)
     domain = settings.DEFAULT_FROM_EMAIL.rpartition("@")[2] or "safestop"
     mail = EmailMultiAlternatives(
-        subject=f"[safestop] {outgoing.message.get('title', outgoing.event)}"[:250],
+        subject=header_value(f"[safestop] {outgoing.message.get('title', outgoing.event)}"),
         body=text,
         from_email=settings.DEFAULT_FROM_EMAIL,
         to=[target],
         headers={
             # The same id on every attempt, so a mailbox can tell a retry from a new event.
             "Message-ID": f"<{outgoing.id}@{domain}>",
-            "X-Safestop-Event": outgoing.event,
+            "X-Safestop-Event": header_value(outgoing.event),
         },
     )
     mail.attach_alternative(html, "text/html")
@@ -287,9 +286,14 @@ def _email(target: str, secret: str, outgoing: Outgoing) -> Answer:
         validate_outbox_destination("email", target)
     except InvalidInput as refused:
         return Answer.refused(f"not sent: {refused.detail}")
+    try:
+        mail = email_message(target, outgoing)
+        mail.message()  # built here, so a message that can never be built is not retried
+    except ValueError as exc:  # BadHeaderError, a malformed address
+        return Answer.refused(f"not sent: the message cannot be built: {exc}"[:500])
     connection = get_connection(fail_silently=False)  # EMAIL_TIMEOUT bounds every SMTP call
     try:
-        connection.send_messages([email_message(target, outgoing)])
+        connection.send_messages([mail])
     except _SMTP_REFUSED as exc:
         return Answer.refused(f"refused by the mail server: {type(exc).__name__}: {exc}"[:500])
     except (smtplib.SMTPException, OSError) as exc:
@@ -302,20 +306,19 @@ def _email(target: str, secret: str, outgoing: Outgoing) -> Answer:
 
 
 def _apprise(target: str, secret: str, outgoing: Outgoing) -> Answer:
-    try:
-        validate_target("apprise", target)
-    except InvalidInput as refused:
-        return Answer.refused(f"not sent: {refused.detail}")
+    # Checked again at every send: the allow-list or the schemes may have shrunk since.
+    refusal = apprise_refusal(target, schemes=settings.SAFESTOP_NOTIFY_APPRISE_SCHEMES)
+    if refusal is not None:
+        return Answer.refused(f"not sent: {refusal}")
     import apprise
 
-    notifier = apprise.Apprise()
-    if not notifier.add(target):
-        return Answer.refused("Apprise does not understand this URL")
     message = outgoing.message
     body = f"{message.get('text', '')}\n\n{message.get('link_label', 'Open')}: {message.get('link', '')}"
-    with apprise.LogCapture(level=logging.WARNING) as captured:
+    with apprise_guarded(target) as guarded, apprise.LogCapture(level=logging.WARNING) as captured:
+        if guarded is None:
+            return Answer.refused("Apprise does not understand this URL")
         ok = bool(
-            notifier.notify(
+            guarded.notifier.notify(
                 title=str(message.get("title", ""))[:250],
                 body=body,
                 body_format=apprise.NotifyFormat.TEXT,
@@ -324,6 +327,9 @@ def _apprise(target: str, secret: str, outgoing: Outgoing) -> Answer:
         log = captured.getvalue()
     # Apprise's own log lines may quote the URL: its token never reaches the excerpt.
     excerpt = log.replace(target, mask_target("apprise", target))[:EXCERPT_BYTES]
+    if guarded.refused:
+        hosts = ", ".join(sorted(set(guarded.refused)))
+        return Answer.refused(f"not sent: Apprise tried to reach {hosts}, not on {ALLOW_LIST}")
     if ok:
         return Answer(True, False, None, excerpt or "accepted by Apprise")
     return Answer.later("Apprise could not deliver", excerpt=excerpt)

@@ -8,12 +8,16 @@ role per team (`viewer`, `reviewer`, `admin`); staff and superusers are admins o
 
 | capability | agent token | reviewer token | viewer | reviewer | admin / staff |
 |---|---|---|---|---|---|
-| read: runs, stop packets, handoffs, stop quality | ✓ | ✓ | ✓ | ✓ | ✓ |
+| read: runs, stop packets, handoffs, stop quality, one approval | ✓ | ✓ | ✓ | ✓ | ✓ |
+| approvals: the team's approvals list (the console's inbox, `GET /api/v1/approvals/`) | — | ✓ | ✓ | ✓ | ✓ |
 | work: create, lease, permits, results, events, outbox, drained | ✓ | ✓ | — | — | — |
 | stop | budget_exhausted, timeout, dependency_failure | ✓ | — | ✓ | ✓ (+ admin_kill) |
 | review: take over, resume, close, resolve, release/discard, hand off, steer | — | ✓ | — | ✓ | ✓ |
 | audit: read the ledger through the API | — | ✓ | — | ✓ | ✓ |
 | admin: the console's audit page, API tokens, denied attempts, admin_kill | — | — | — | — | ✓ |
+
+An agent token reads the approvals of its own calls one by one (it waits on them); the list of
+every approval of the team is for the people who watch it, viewers included, and reviewer tokens.
 
 The membership roles' capability sets are nested (viewer ⊂ reviewer ⊂ admin), so "holds at least
 the reviewer role" and "holds every capability of a reviewer" are the same question.
@@ -30,6 +34,7 @@ from runs.models import AGENT_STOP_REASONS, Membership, Role, StopReason, TokenR
 
 class Capability(enum.StrEnum):
     READ = "read"
+    APPROVALS = "approvals"
     WORK = "work"
     STOP = "stop"
     REVIEW = "review"
@@ -40,23 +45,30 @@ class Capability(enum.StrEnum):
 TOKEN_CAPABILITIES: Mapping[str, frozenset[Capability]] = {
     TokenRole.AGENT: frozenset({Capability.READ, Capability.WORK, Capability.STOP}),
     TokenRole.REVIEWER: frozenset(
-        {Capability.READ, Capability.WORK, Capability.STOP, Capability.REVIEW, Capability.AUDIT}
+        {
+            Capability.READ,
+            Capability.APPROVALS,
+            Capability.WORK,
+            Capability.STOP,
+            Capability.REVIEW,
+            Capability.AUDIT,
+        }
     ),
 }
+_VIEWER = frozenset({Capability.READ, Capability.APPROVALS})
+_REVIEWER = _VIEWER | {Capability.STOP, Capability.REVIEW, Capability.AUDIT}
 ROLE_CAPABILITIES: Mapping[str, frozenset[Capability]] = {
-    Role.VIEWER: frozenset({Capability.READ}),
-    Role.REVIEWER: frozenset(
-        {Capability.READ, Capability.STOP, Capability.REVIEW, Capability.AUDIT}
-    ),
-    Role.ADMIN: frozenset(
-        {Capability.READ, Capability.STOP, Capability.REVIEW, Capability.AUDIT, Capability.ADMIN}
-    ),
+    Role.VIEWER: _VIEWER,
+    Role.REVIEWER: _REVIEWER,
+    Role.ADMIN: _REVIEWER | {Capability.ADMIN},
 }
 # Staff and superusers: an admin of every team (and never a worker: work needs a token).
 EVERY_TEAM_CAPABILITIES = ROLE_CAPABILITIES[Role.ADMIN]
 NO_CAPABILITIES: frozenset[Capability] = frozenset()
 
 WHY_NOT: Mapping[Capability, str] = {
+    Capability.APPROVALS: "the approvals list is for the team's members and reviewer tokens; "
+    "an agent token reads its own approvals by id",
     Capability.WORK: "this is an agent endpoint: it needs an API token",
     Capability.STOP: "your role may not stop runs",
     Capability.REVIEW: "this needs a reviewer (a reviewer token, or the reviewer or admin role)",

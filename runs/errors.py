@@ -105,6 +105,14 @@ class ApprovalClosed(Conflict):
     code = "approval_closed"
 
 
+class ApprovalRateLimited(DomainError):
+    """The team asked for more approvals in the last minute than its people could ever read
+    (`SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE`); the call is not held, nothing was written."""
+
+    code = "approval_rate_limited"
+    http_status = 429
+
+
 class BulkTooLarge(DomainError):
     """A bulk stop over the limit (SAFESTOP_BULK_STOP_LIMIT) that was not confirmed."""
 

@@ -871,6 +871,8 @@ class Approval(models.Model):
             ),
             models.Index(fields=["run", "status"], name="approval_run_status_idx"),
             models.Index(fields=["decided_at"], name="approval_decided_idx"),
+            # The per-team request rate (`_check_team_approval_rate`): a team's newest requests.
+            models.Index(fields=["team", "-requested_at"], name="approval_team_requested_idx"),
         ]
         constraints = [
             models.CheckConstraint(

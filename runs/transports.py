@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import smtplib
 import ssl
 from dataclasses import dataclass
@@ -168,6 +169,19 @@ _SMTP_REFUSED = (
 )
 
 
+# Characters that end a header line somewhere (Django refuses CR and LF with BadHeaderError;
+# other parsers also split on these), and every other control character.
+_NOT_IN_HEADERS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+
+
+def header_value(text: str, *, limit: int = 250) -> str:
+    """`text` made safe for one mail header: line breaks and control characters become one
+    space. Every header value built from someone's words (an agent's subject, a run title, a
+    tool name) goes through here where it is made, so a newline can neither inject a header nor
+    make the message unsendable."""
+    return " ".join(_NOT_IN_HEADERS.sub(" ", text).split())[:limit]
+
+
 def email_send(
     *, destination: str, payload: Any, idempotency_key: str, run_id: str = ""
 ) -> SendResult:
@@ -182,7 +196,7 @@ def email_send(
     except InvalidInput as refused:
         return SendResult.failed(f"not sent: {refused.detail}")
     data = payload if isinstance(payload, dict) else {"body": payload}
-    subject = str(data.get("subject") or "safestop notification")[:250]
+    subject = header_value(str(data.get("subject") or "")) or "safestop notification"
     body = data.get("body")
     if not isinstance(body, str):
         body = json.dumps(data, cls=DjangoJSONEncoder, indent=2, sort_keys=True)

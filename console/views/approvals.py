@@ -46,6 +46,7 @@ from console.views.common import (
     wants_fragment,
 )
 from runs import services
+from runs.access import Capability
 from runs.errors import DomainError, InvalidInput, NotFound
 from runs.models import (
     Approval,
@@ -63,6 +64,8 @@ PAGE_TEMPLATE = "console/approval.html"
 RULES_TEMPLATE = "console/approvals_rules.html"
 RULE_TEMPLATE = "console/approval_rule.html"
 
+APPROVALS = Capability.APPROVALS
+
 # The inbox shows the soonest deadlines first and stops there: 10,000 waiting approvals must
 # render as fast as 10 (issue 12). Filters narrow it.
 INBOX_LIMIT = 100
@@ -77,11 +80,11 @@ RECENT_STEPS = 8
 
 
 def _team_scope(access: Access, teams: list[Team], slug: str) -> list[int] | None:
-    """The team ids the inbox reads: the filter's team if the user may see it, else all of
-    theirs (None: every team, for staff)."""
+    """The team ids the inbox reads: the filter's team if the user may list its approvals, else
+    all of those (None: every team, for staff). The API's list asks the same capability."""
     if slug:
-        return [team.pk for team in teams if team.slug == slug]
-    return access.team_ids
+        return [team.pk for team in teams if team.slug == slug and access.may(APPROVALS, team.pk)]
+    return access.ids_may(APPROVALS)
 
 
 def _agents(team_ids: list[int] | None) -> list[str]:
@@ -125,7 +128,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         "risks": ApprovalRisk.choices,
         "soon_before": timezone.now() + timedelta(seconds=SOON_SECONDS),
         # One COUNT for the navigation and the Waiting tab (and its out-of-band twin).
-        "approvals_waiting": approvals_waiting_count(team_ids=access.team_ids),
+        "approvals_waiting": approvals_waiting_count(team_ids=access.ids_may(APPROVALS)),
         "filtered": any(data.get(key) for key in ("team", "agent", "tool", "risk", "run")),
     }
     if wants_fragment(request) and request.htmx.target == "approvals-region":

@@ -135,6 +135,19 @@ class _Echo:
         return value
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (`=HYPERLINK(...)` in a
+# note an agent or a reviewer wrote would become a live link, or worse): such a cell is written
+# with a leading apostrophe, which spreadsheets show as text and never evaluate.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text. Every CSV export writes its cells through it."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 CSV_COLUMNS = [
     "seq",
     "at",
@@ -157,23 +170,22 @@ def _csv_rows(entries: Any) -> Iterator[str]:
     yield writer.writerow(CSV_COLUMNS)
     for entry in entries.iterator(chunk_size=2000):
         payload = entry.payload if isinstance(entry.payload, dict) else {}
-        yield writer.writerow(
-            [
-                entry.pk,
-                entry.at.isoformat(),
-                entry.team_slug,
-                entry.run_id or "",
-                entry.run_seq,
-                entry.actor_kind,
-                entry.actor,
-                entry.action,
-                entry.reason,
-                str(payload.get("note", "") or ""),
-                json.dumps(entry.payload, sort_keys=True),
-                entry.prev_hash,
-                entry.hash,
-            ]
-        )
+        row = [
+            entry.pk,
+            entry.at.isoformat(),
+            entry.team_slug,
+            entry.run_id or "",
+            entry.run_seq,
+            entry.actor_kind,
+            entry.actor,
+            entry.action,
+            entry.reason,
+            str(payload.get("note", "") or ""),
+            json.dumps(entry.payload, sort_keys=True),
+            entry.prev_hash,
+            entry.hash,
+        ]
+        yield writer.writerow([spreadsheet_safe(cell) for cell in row])
 
 
 @login_required

@@ -3,12 +3,51 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from typing import Any
 
 from axes.helpers import get_cool_off
+from axes.models import AccessFailureLog
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
+
+from runs.api.ratelimit import client_address
+
+# Lockouts further back than this no longer lengthen the next one.
+LOCKOUT_MEMORY = timedelta(hours=24)
+
+
+def login_cool_off(request: HttpRequest | None = None) -> timedelta:
+    """`AXES_COOLOFF_TIME`: how long one (username, address) pair stays locked. It doubles with
+    each lockout of the same pair within a day (since that user's last successful sign-in):
+    SAFESTOP_LOGIN_COOLOFF_SECONDS, twice that, four times, … up to
+    SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS. A person who mistyped waits minutes; a guesser who keeps
+    going waits hours, and only at their own address."""
+    base = timedelta(seconds=settings.SAFESTOP_LOGIN_COOLOFF_SECONDS)
+    ceiling = timedelta(seconds=settings.SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS)
+    username = request.POST.get("username", "") if request is not None else ""
+    if not username or request is None:
+        return base
+    address = getattr(request, "axes_ip_address", None) or client_address(request)
+    since = timezone.now() - LOCKOUT_MEMORY
+    last_login = (
+        get_user_model()
+        .objects.filter(username=username)
+        .values_list("last_login", flat=True)
+        .first()
+    )
+    if last_login is not None and last_login > since:
+        since = last_login
+    failures = AccessFailureLog.objects.filter(
+        username=username, ip_address=address, attempt_time__gte=since
+    ).count()
+    # Attempts made while locked count as failures too: hammering a locked pair lengthens it.
+    lockouts = max(1, failures // settings.AXES_FAILURE_LIMIT)
+    return min(base * 2 ** min(lockouts - 1, 30), ceiling)
 
 
 def login_locked_out(

@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.translation import gettext
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -28,8 +29,15 @@ from notifications.models import (
     Event,
     NotificationChannel,
 )
-from notifications.slack import slack_action_handle, slack_link_set, slack_reply
-from runs.errors import DomainError, InvalidInput
+from notifications.slack import (
+    slack_action_handle,
+    slack_link_confirm,
+    slack_link_get,
+    slack_link_remove,
+    slack_reply,
+)
+from runs.access import membership_roles
+from runs.errors import DomainError, InvalidInput, NotFound
 from runs.models import Team
 
 CHANNELS = "notifications/channels.html"
@@ -57,6 +65,16 @@ def _channel_for(request: HtmxHttpRequest, channel_id: int) -> NotificationChann
     return channel
 
 
+def _field_error(form: Any, error: DomainError) -> str:
+    """A refusal about one field (a target off the allow-list) is shown at that field; any
+    other is the form's message (returned)."""
+    field = error.extra.get("field") if isinstance(error, InvalidInput) else None
+    if isinstance(field, str) and field in form.fields:
+        form.add_error(field, error_text(error))
+        return ""
+    return error_text(error)
+
+
 def _common(**extra: Any) -> dict[str, Any]:
     return {
         "event_choices": Event.choices,
@@ -66,7 +84,13 @@ def _common(**extra: Any) -> dict[str, Any]:
 
 
 def _channels_context(teams: list[Team], form: ChannelForm, **extra: Any) -> dict[str, Any]:
-    return _common(teams=teams, form=form, channels=selectors.channels_of(teams=teams), **extra)
+    return _common(
+        teams=teams,
+        form=form,
+        channels=selectors.channels_of(teams=teams),
+        slack_links=selectors.slack_links_of(teams=teams),
+        **extra,
+    )
 
 
 @login_required
@@ -99,7 +123,7 @@ def channels(request: HtmxHttpRequest) -> HttpResponse:
         return page(
             request,
             CHANNELS,
-            _channels_context(teams, form, create_error=error_text(exc)),
+            _channels_context(teams, form, create_error=_field_error(form, exc)),
             status=400,
         )
     # The secret exists in this response only: rendered once, never redirected or stored
@@ -143,7 +167,7 @@ def channel_edit(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
                 enabled=data["enabled"],
             )
         except DomainError as exc:
-            error = error_text(exc)
+            error = _field_error(form, exc)
         else:
             return redirect_with(
                 request, reverse("console:notifications"), ok=f"Channel {data['name']!r} saved."
@@ -240,16 +264,48 @@ def subscriptions(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def slack_link(request: HtmxHttpRequest) -> HttpResponse:
-    """The user's own Slack member id: their clicks in Slack decide with their rights."""
+    """Link the Slack member a one-time code was given to (in an ephemeral Slack reply, which
+    only that member sees) with the signed-in user; or unlink the user's own member."""
     back = reverse("console:notification_subscriptions")
-    try:
-        link = slack_link_set(
-            user=request.user, slack_user_id=request.POST.get("slack_user_id", "")
+    if request.POST.get("unlink"):
+        removed = slack_link_remove(
+            user_id=request.user.pk,  # type: ignore[arg-type]
+            actor=actor_of(request),
         )
+        return redirect_with(
+            request, back, ok=gettext("Slack account unlinked.") if removed else ""
+        )
+    try:
+        link = slack_link_confirm(user=request.user, code=request.POST.get("code", ""))
     except DomainError as exc:
         return redirect_with(request, back, error=exc)
     return redirect_with(
-        request, back, ok="Slack account linked." if link else "Slack account unlinked."
+        request,
+        back,
+        ok=gettext("Slack member %(member)s linked to your account.")
+        % {"member": link.slack_user_id},
+    )
+
+
+@login_required
+@require_POST
+def slack_unlink(request: HtmxHttpRequest, link_id: int) -> HttpResponse:
+    """An admin unlinks a Slack member from a user of one of their teams (a lost laptop, a
+    person who left): that member's clicks decide nothing until it is linked again."""
+    access = request_access(request)
+    try:
+        link = slack_link_get(link_id=link_id)
+    except NotFound:
+        raise Http404("no such Slack link") from None
+    teams = membership_roles(user_id=link.user_id)
+    if not (access.all_teams or any(access.can_admin(team_id) for team_id in teams)):
+        raise PermissionDenied(gettext("only an admin of one of the user's teams may unlink"))
+    slack_link_remove(user_id=link.user_id, actor=actor_of(request))
+    return redirect_with(
+        request,
+        reverse("console:notifications"),
+        ok=gettext("Slack member %(member)s unlinked from %(user)s.")
+        % {"member": link.slack_user_id, "user": link.user.get_username()},
     )
 
 

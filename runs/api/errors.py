@@ -89,7 +89,11 @@ DATABASE_UNAVAILABLE = {
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     request = context.get("request")
     if isinstance(exc, DomainError):
-        return Response(exc.as_dict(), status=exc.http_status)
+        answer = Response(exc.as_dict(), status=exc.http_status)
+        retry_after = exc.extra.get("retry_after")
+        if isinstance(retry_after, int | float):
+            answer["Retry-After"] = str(max(1, math.ceil(retry_after)))
+        return answer
     if database_unavailable(exc):
         logger.warning("database unavailable: %s", (str(exc).strip().splitlines() or [""])[0])
         unavailable = Response(DATABASE_UNAVAILABLE, status=503)

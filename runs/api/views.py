@@ -778,8 +778,9 @@ class SteeringView(ApiView):
 class ApprovalsView(ApiView):
     @extend_schema(
         operation_id="approvals_list",
-        summary="The team's approvals (reviewers): by default the waiting ones, soonest deadline first",
-        description="Reviewer tokens, reviewers and admins. `status` filters (default `waiting`, "
+        summary="The team's approvals: by default the waiting ones, soonest deadline first",
+        description="The team's members (viewers, reviewers, admins) and reviewer tokens; "
+        "agent tokens read their approvals one by one. `status` filters (default `waiting`, "
         "sorted by deadline; `all` or a decided status: newest first); `run`, `agent`, `risk` are "
         "exact, `tool` matches part of the tool name (or an outbox item's transport and "
         "destination).",
@@ -787,11 +788,11 @@ class ApprovalsView(ApiView):
         responses={200: s.ApprovalPageOut, **_errors(*_ALWAYS, 400, 403, 404)},
     )
     def get(self, request: Request) -> Response:
-        self.caller.require(Capability.REVIEW)
+        self.caller.require(Capability.APPROVALS)
         query = self.parse(s.ApprovalListQuery, request.query_params)
         wanted = query["status"]
         approvals = run_selectors.approvals_list(
-            team_ids=self.caller.team_ids(Capability.REVIEW),
+            team_ids=self.caller.team_ids(Capability.APPROVALS),
             status="" if wanted == "all" else wanted,
             agent=query.get("agent", ""),
             tool=query.get("tool", ""),

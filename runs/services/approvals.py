@@ -22,6 +22,7 @@ from runs.argument_schemas import arguments_schema_check, edited_arguments_check
 from runs.errors import (
     AlreadyDecided,
     ApprovalClosed,
+    ApprovalRateLimited,
     ApprovalVoid,
     InvalidInput,
     NotFound,
@@ -180,6 +181,40 @@ def refuse_if_approval_closed(held: ExecutionRecord | OutboxItem, run: Run) -> N
 # request (called by permit_request and outbox_enqueue, under their run lock)
 
 
+APPROVAL_RATE_WINDOW = timedelta(minutes=1)
+
+
+def _check_team_approval_rate(team_id: int, *, now: Any) -> None:
+    """Refuse a team's approval request past `SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE` in a
+    sliding minute: one agent flooding approvals would otherwise bury its team's reviewers and
+    queue thousands of notifications. One query reads the limit-th newest request of the team
+    (`approval_team_requested_idx`, at most `limit` index entries): if it is inside the window,
+    the limit is reached, and the answer says when the oldest of them leaves it. Requests of
+    other runs of the team may commit in parallel, so the bound can be passed by the number of
+    concurrent requests — a rate, not a quota."""
+    limit = settings.SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE
+    if limit <= 0:
+        return
+    window_start = now - APPROVAL_RATE_WINDOW
+    counted = list(
+        Approval.objects.filter(team_id=team_id, requested_at__gt=window_start)
+        .order_by("-requested_at")
+        .values_list("requested_at", flat=True)[limit - 1 : limit]
+    )
+    if not counted:
+        return
+    oldest_counted = counted[0]
+    retry_after = (oldest_counted - window_start).total_seconds()
+    raise ApprovalRateLimited(
+        f"the team asked for {limit} approvals in the last minute, the most "
+        "SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE allows; nothing was held or written. Retry after "
+        f"{max(1, int(retry_after + 0.999))} s, or ask a team admin about the rules that hold "
+        "these calls",
+        retry_after=retry_after,
+        limit=limit,
+    )
+
+
 def approval_request_locked(
     run: Run,
     *,
@@ -192,6 +227,7 @@ def approval_request_locked(
     risk: str = "",
     arguments_schema: dict[str, Any] | None = None,
 ) -> Approval:
+    _check_team_approval_rate(run.team_id, now=now)
     rule = gate.rule
     timeout = rule.timeout_seconds if rule else settings.SAFESTOP_APPROVAL_TIMEOUT_SECONDS
     escalate_after = rule.escalate_after_seconds if rule else None
