@@ -364,6 +364,11 @@ class BulkStopForm(BulkSelectionForm):
     # stop instead of making another.
     idempotency_key = forms.CharField(max_length=200)
     confirm_large = forms.BooleanField(required=False)
+    # The preview the reviewer is looking at: the confirm stops exactly its runs (DESIGN §12).
+    preview_id = forms.CharField(required=False, max_length=32)
+    # Above TYPE_TO_CONFIRM runs the reviewer types how many, so a wide filter is read, not
+    # clicked through.
+    typed_count = forms.IntegerField(required=False, min_value=0)
 
     def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

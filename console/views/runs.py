@@ -10,7 +10,7 @@ from console.access import request_access, visible_teams
 from console.forms import RunFilterForm
 from console.selectors import RunFilters, RunsPage, runs_page
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
-from runs.models import Role, RunStatus
+from runs.models import STOPPABLE_STATUSES, Role, RunStatus
 from runs.selectors import approvals_waiting_by_run
 
 TEMPLATE = "console/runs.html"
@@ -46,8 +46,10 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
     state_counts = [
         (state, RunStatus(state).label, result.counts.get(state, 0)) for state in STATE_ORDER
     ]
+    stoppable_count, stoppable_label = _stoppable(result, filters.status)
     context = {
-        "matching_label": _matching_label(result, filters.status),
+        "matching_count": stoppable_count,
+        "matching_label": stoppable_label,
         "form": form,
         "filters": filters,
         "result": result,
@@ -65,8 +67,12 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
     return page(request, TEMPLATE, context)
 
 
-def _matching_label(result: RunsPage, status: str) -> str:
-    """What the filters select, as the page words it: "10000+" once a count reached its cap."""
-    if status:
-        return f"{result.counts.get(status, 0)}{'+' if status in result.capped else ''}"
-    return f"{result.total}{'+' if result.total_capped else ''}"
+def _stoppable(result: RunsPage, status: str) -> tuple[int, str]:
+    """How many of the runs the filters select a stop would change (pending, running, suspended
+    or interrupted), and that as the page words it: "1000+" once a count reached its cap.
+    Finished and already-stopping runs are not counted: the button promises what it will do."""
+    states = [status] if status else sorted(STOPPABLE_STATUSES)
+    states = [state for state in states if state in STOPPABLE_STATUSES]
+    count = sum(result.counts.get(state, 0) for state in states)
+    capped = any(state in result.capped for state in states)
+    return count, f"{count}{'+' if capped else ''}"
