@@ -29,6 +29,7 @@ from console.views.common import (
     Outcome,
     act,
     actor_of,
+    filter_errors,
     fragments,
     page,
     wants_fragment,
@@ -47,13 +48,18 @@ ACTIONS = ("assign", "accept", "complete", "return", "close")
 def handoffs(request: HtmxHttpRequest) -> HttpResponse:
     access = request_access(request)
     form = HandoffFilterForm(request.GET)
-    data = form.cleaned_data if form.is_valid() else {}
+    readable = form.is_valid()
+    data = form.cleaned_data if readable else {}
     assignee = ASSIGNEE_ME if data.get("mine") == "1" else (data.get("assignee") or "")
     oldest_first = data.get("sort") != "newest"
     cards, ended, teammates = handoff_inbox(
         access, user_id=request.user.pk, assignee=assignee, oldest_first=oldest_first
     )
+    if not readable:
+        # A filter that cannot be read shows no handoffs (and says why), never every handoff.
+        cards, ended = [], []
     context = {
+        "filter_errors": filter_errors(form),
         "cards": cards,
         "ended": ended,
         "mine": assignee == ASSIGNEE_ME,

@@ -9,7 +9,13 @@ from django.views.decorators.http import require_GET
 from console.access import request_access, visible_teams
 from console.forms import RunFilterForm
 from console.selectors import RunFilters, RunsPage, runs_page
-from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
+from console.views.common import (
+    HtmxHttpRequest,
+    filter_errors,
+    fragments,
+    page,
+    wants_fragment,
+)
 from runs.models import STOPPABLE_STATUSES, Role, RunStatus
 from runs.selectors import approvals_waiting_by_run
 
@@ -37,12 +43,21 @@ STATE_ORDER = [
 def runs_list(request: HtmxHttpRequest) -> HttpResponse:
     access = request_access(request)
     form = RunFilterForm(request.GET)
-    data = form.cleaned_data if form.is_valid() else {}
+    readable = form.is_valid()
+    data = form.cleaned_data if readable else form.data
     filters = RunFilters(
-        **{key: data.get(key) or "" for key in ("status", "agent", "team", "q", "after", "before")}
+        **{
+            key: str(data.get(key) or "")[:200]
+            for key in ("status", "agent", "team", "q", "after", "before")
+        }
     )
     teams = visible_teams(access)
-    result = runs_page(access, filters, teams=teams)
+    # A filter that cannot be read shows no runs (and says why), never every run.
+    result = (
+        runs_page(access, filters, teams=teams)
+        if readable
+        else RunsPage(rows=[], counts={}, total=0, has_newer=False, has_older=False, teams=teams)
+    )
     state_counts = [
         (state, RunStatus(state).label, result.counts.get(state, 0)) for state in STATE_ORDER
     ]
@@ -51,6 +66,7 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
         "matching_count": stoppable_count,
         "matching_label": stoppable_label,
         "form": form,
+        "filter_errors": filter_errors(form),
         "filters": filters,
         "result": result,
         "state_counts": state_counts,
