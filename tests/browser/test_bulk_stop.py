@@ -89,7 +89,7 @@ def test_tick_preview_confirm_and_watch_the_runs_settle(page: Page, live_stack, 
 
 
 def test_stop_all_matching_stops_what_was_previewed_and_says_requested_until_drained(
-    page: Page, live_stack, agent_api, bob, tmp_path
+    page: Page, live_stack, agent_api, bob, screenshot_dir
 ):
     """The preview's runs and no others: a run that starts matching while the dialog is open
     is counted, not stopped; each row says "Stop requested" until its worker drains."""
@@ -101,7 +101,7 @@ def test_stop_all_matching_stops_what_was_previewed_and_says_requested_until_dra
     matching.click()
     dialog = page.locator("dialog[data-bulk-dialog]")
     expect(dialog).to_contain_text("Stop 2 runs?", timeout=LIVE_TIMEOUT)
-    page.screenshot(path=str(screenshot_path("bulk-preview.png", tmp_path)))
+    page.screenshot(path=str(screenshot_dir / "bulk-preview.png"))
     newcomer, _ = _running_run(agent_api, "Fleet late")  # begins to match after the preview
     page.get_by_test_id("bulk-confirm").click()
 
@@ -127,16 +127,6 @@ def test_stop_all_matching_stops_what_was_previewed_and_says_requested_until_dra
     expect(page.locator(f'#bulk-results tr[data-run-id="{second}"]')).to_have_attribute(
         "data-state", "requested"
     )
-    page.screenshot(path=str(screenshot_path("bulk-result.png", tmp_path)), full_page=True)
+    page.screenshot(path=str(screenshot_dir / "bulk-result.png"), full_page=True)
     status = agent_api.get(f"/api/v1/runs/{newcomer}/").json()["status"]
     assert status == "running"
-
-
-def screenshot_path(name: str, tmp_path):
-    """Screenshots a person can look at: SAFESTOP_SCREENSHOTS names a folder to keep them in."""
-    import os
-    from pathlib import Path
-
-    folder = Path(os.environ.get("SAFESTOP_SCREENSHOTS") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / name
