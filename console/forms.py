@@ -52,6 +52,21 @@ class NoteForm(forms.Form):
     )
 
 
+class CloseNoteForm(forms.Form):
+    """Closing ends a run for good: the reason is required (it goes to the ledger)."""
+
+    note = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": "Say why the run is closed."},
+    )
+
+
+class HandoffAcceptForm(forms.Form):
+    # Set when the person confirmed taking a handoff assigned to someone else.
+    take_from_assignee = forms.BooleanField(required=False)
+
+
 class HandoffFilterForm(forms.Form):
     """The handoff inbox: whose (`me`, `none`, a username, or everyone's) and in which order."""
 

@@ -117,3 +117,9 @@ class PreviewExpired(Conflict):
     may no longer be what the reviewer would agree to; preview again."""
 
     code = "preview_expired"
+
+
+class AssignedToSomeoneElse(Conflict):
+    """Accepting a handoff assigned to another person without saying so: ask first."""
+
+    code = "handoff_assigned"
