@@ -54,6 +54,21 @@ class NoteForm(forms.Form):
     )
 
 
+class CloseNoteForm(forms.Form):
+    """Closing ends a run for good: the reason is required (it goes to the ledger)."""
+
+    note = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": "Say why the run is closed."},
+    )
+
+
+class HandoffAcceptForm(forms.Form):
+    # Set when the person confirmed taking a handoff assigned to someone else.
+    take_from_assignee = forms.BooleanField(required=False)
+
+
 class HandoffFilterForm(forms.Form):
     """The handoff inbox: whose (`me`, `none`, a username, or everyone's) and in which order."""
 
@@ -373,6 +388,11 @@ class BulkStopForm(BulkSelectionForm):
     # stop instead of making another.
     idempotency_key = forms.CharField(max_length=200)
     confirm_large = forms.BooleanField(required=False)
+    # The preview the reviewer is looking at: the confirm stops exactly its runs (DESIGN §12).
+    preview_id = forms.CharField(required=False, max_length=32)
+    # Above TYPE_TO_CONFIRM runs the reviewer types how many, so a wide filter is read, not
+    # clicked through.
+    typed_count = forms.IntegerField(required=False, min_value=0)
 
     def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -165,6 +165,8 @@ def interruption_packet(run: Run) -> dict[str, Any]:
         "artifacts": _artifacts_part(run),
         **calls,
         "late_writes_rejected": run.late_writes_rejected,
+        # An interruption bumps no epoch: what it voided carries the run's current one.
+        "approvals_void_at_interruption": _approvals_void(run, epoch=run.stop_epoch),
     }
 
 
@@ -285,8 +287,15 @@ def _artifacts_part(run: Run) -> list[dict[str, Any]]:
 
 
 def _approvals_void_at_stop(run: Run, stop_request: StopRequest) -> list[dict[str, Any]]:
+    return _approvals_void(run, epoch=stop_request.epoch_before)
+
+
+def _approvals_void(run: Run, *, epoch: int) -> list[dict[str, Any]]:
+    """The approvals a stop or an interruption voided at `epoch`: calls and items that were
+    waiting for a reviewer and will never run. A reviewer reading the packet must see them,
+    or a held payment silently disappears from the story of the run."""
     approvals = Approval.objects.filter(
-        run=run, epoch=stop_request.epoch_before, status=ApprovalStatus.VOID
+        run=run, epoch=epoch, status=ApprovalStatus.VOID
     ).select_related("execution_record", "outbox_item")
     return [
         {
@@ -301,8 +310,11 @@ def _approvals_void_at_stop(run: Run, stop_request: StopRequest) -> list[dict[st
             "risk": approval.risk,
             "rule": approval.rule_name or None,
             "arguments": approval.arguments,
+            "agent": approval.agent,
             "requested_at": _iso(approval.requested_at),
+            "escalated_at": _iso(approval.escalated_at),
             "voided_at": _iso(approval.decided_at),
+            "voided_by": approval.decided_by or None,
             "executed": False,
         }
         for approval in approvals.order_by("requested_at", "id")

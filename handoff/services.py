@@ -37,7 +37,13 @@ from runs.access import (
     membership_roles,
 )
 from runs.actors import Actor
-from runs.errors import Forbidden, IllegalTransition, InvalidInput, NotFound
+from runs.errors import (
+    AssignedToSomeoneElse,
+    Forbidden,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+)
 from runs.hooks import HandoffOpened
 from runs.ledger import ledger_append
 from runs.models import Run, RunStatus, StopRequest
@@ -132,15 +138,23 @@ def handoff_open_for_takeover(
         packet = StopPacket.objects.filter(run=run, stop_epoch=run.stop_epoch).first()
     requester = stop_request.requested_by if stop_request.actor_kind == "user" else ""
     assignee = get_user_model().objects.filter(username=requester).first() if requester else None
+    # The person who took the run over is taking it: their handoff starts accepted (an open
+    # handoff would sit in the team's inbox as if nobody had it).
+    accepted = assignee is not None and _may_take_handoffs(assignee, run.team_id)
     handoff = Handoff.objects.create(
         run=run,
         stop_packet=packet,
         assignee=assignee,
         created_by=actor.name,
         note=note or stop_request.note,
+        status=HandoffStatus.ACCEPTED if accepted else HandoffStatus.OPEN,
+        accepted_at=timezone.now() if accepted else None,
     )
+    # The run's `handed_off` ledger entry says it was accepted (HandoffOpened.accepted).
     return HandoffOpened(
-        handoff_id=handoff.pk, assignee=assignee.get_username() if assignee else None
+        handoff_id=handoff.pk,
+        assignee=assignee.get_username() if assignee else None,
+        accepted=accepted,
     )
 
 
@@ -167,14 +181,26 @@ def _require_open(handoff: Handoff, run: Run) -> None:
         raise IllegalTransition.for_run(run, "the run is not handed off")
 
 
-def handoff_accept(*, handoff_id: int, user: AbstractBaseUser, actor: Actor) -> Handoff:
-    """A human takes ownership; accepting twice is a no-op, someone else's is refused."""
+def handoff_accept(
+    *, handoff_id: int, user: AbstractBaseUser, actor: Actor, take_from_assignee: bool = False
+) -> Handoff:
+    """A human takes ownership; accepting twice is a no-op, someone else's is refused.
+
+    A handoff assigned to someone else is theirs to start: taking it needs
+    `take_from_assignee` (the console asks first), so a click meant for another card never
+    quietly takes a colleague's work."""
     with _locked_handoff(handoff_id) as (handoff, run):
         _require_open(handoff, run)
         if handoff.status == HandoffStatus.ACCEPTED:
             if handoff.assignee_id != user.pk:
                 raise Forbidden(f"already accepted by {handoff.assignee}")
             return handoff
+        if handoff.assignee_id not in (None, user.pk) and not take_from_assignee:
+            raise AssignedToSomeoneElse.for_run(
+                run,
+                f"assigned to {handoff.assignee}: confirm to take it from them",
+                assignee=str(handoff.assignee),
+            )
         handoff.status = HandoffStatus.ACCEPTED
         handoff.assignee = user  # type: ignore[assignment]
         handoff.accepted_at = timezone.now()
@@ -279,7 +305,10 @@ def handoff_return(
 
 
 def handoff_close(*, handoff_id: int, actor: Actor, note: str = "") -> Handoff:
-    """Close without resuming: handed_off → cancelled."""
+    """Close without resuming: handed_off → cancelled. The reason is required: closing ends the
+    run for good, and the ledger must say why to whoever reads it later."""
+    if not note.strip():
+        raise InvalidInput("say why the run is closed", field="note")
     with _locked_handoff(handoff_id) as (handoff, run):
         _require_open(handoff, run)
         _end_handoff(handoff, HandoffStatus.CLOSED, note)

@@ -25,6 +25,7 @@ from runs.models import (
     ApprovalRule,
     Artifact,
     BulkStop,
+    BulkStopPreview,
     BulkStopResult,
     Checkpoint,
     EventReceipt,
@@ -440,6 +441,13 @@ class BulkStopAdmin(ReadOnlyAdmin):
     search_fields = ["bulk_id", "requested_by", "note", "idempotency_key"]
     date_hierarchy = "created_at"
     inlines = [BulkStopResultInline]
+
+
+@admin.register(BulkStopPreview)
+class BulkStopPreviewAdmin(ReadOnlyAdmin):
+    list_display = ["preview_id", "actor_kind", "actor_id", "created_at"]
+    search_fields = ["preview_id", "actor_id"]
+    date_hierarchy = "created_at"
 
 
 @admin.register(BulkStopResult)

@@ -118,3 +118,16 @@ class BulkTooLarge(DomainError):
 
     code = "bulk_too_large"
     http_status = 400
+
+
+class PreviewExpired(Conflict):
+    """A bulk stop confirmed on a preview older than SAFESTOP_BULK_PREVIEW_SECONDS: what it showed
+    may no longer be what the reviewer would agree to; preview again."""
+
+    code = "preview_expired"
+
+
+class AssignedToSomeoneElse(Conflict):
+    """Accepting a handoff assigned to another person without saying so: ask first."""
+
+    code = "handoff_assigned"

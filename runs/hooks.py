@@ -39,6 +39,8 @@ class HandoffOpened:
 
     handoff_id: int
     assignee: str | None
+    # The assignee took the run over themselves: the handoff starts accepted.
+    accepted: bool = False
 
 
 StopSettled = Callable[[Run, StopRequest], Any]

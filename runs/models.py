@@ -896,6 +896,32 @@ def new_bulk_id() -> str:
     return "bulk_" + secrets.token_hex(6)
 
 
+def new_preview_id() -> str:
+    return "bprev_" + secrets.token_hex(8)
+
+
+class BulkStopPreview(models.Model):
+    """What a bulk stop's dry run showed one caller (DESIGN §12): the runs a stop would change.
+
+    The confirm names it and stops exactly these runs. A filter is a question asked at a moment:
+    runs that begin to match it between the preview and the confirm were never shown to the
+    reviewer, so they are counted (`new_since_preview`), not stopped.
+    """
+
+    preview_id = models.CharField(
+        max_length=32, unique=True, default=new_preview_id, editable=False
+    )
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    actor_id = models.CharField(max_length=64, blank=True)
+    filter = models.JSONField(default=dict, blank=True)
+    # The ids of the runs a stop would change when the preview was made (stoppable, allowed).
+    run_ids = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.preview_id}: {len(self.run_ids)} runs"
+
+
 class BulkStopOutcome(models.TextChoices):
     # Written with the BulkStop, before any run is stopped: a row still pending after the
     # bulk finished names a run the process never reached (it died midway).
@@ -928,6 +954,10 @@ class BulkStop(models.Model):
     idempotency_key = models.CharField(max_length=200, blank=True)
     requested = models.PositiveIntegerField(default=0)
     counts = models.JSONField(default=dict, blank=True)
+    # The preview the reviewer confirmed (blank: a script's confirm, which took the filter's set
+    # at that moment), and how many runs began to match the filter since and were left alone.
+    preview_id = models.CharField(max_length=32, blank=True)
+    new_since_preview = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

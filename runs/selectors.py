@@ -277,3 +277,9 @@ def approval_figures(
         "void": counts[ApprovalStatus.VOID],
         "waiting": counts[ApprovalStatus.WAITING],
     }
+
+
+def bulk_run_statuses(results: Any) -> dict[str, str]:
+    """Each bulk-stop result's run and its status now, in one query (for `bulk_result_state`)."""
+    run_ids = [result.run_id for result in results]
+    return dict(Run.objects.filter(pk__in=run_ids).values_list("pk", "status"))

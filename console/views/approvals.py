@@ -39,6 +39,7 @@ from console.views.common import (
     HtmxHttpRequest,
     actor_of,
     error_text,
+    filter_errors,
     form_errors,
     fragments,
     page,
@@ -100,7 +101,8 @@ def _agents(team_ids: list[int] | None) -> list[str]:
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
     access = request_access(request)
     form = ApprovalFilterForm(request.GET)
-    data = form.cleaned_data if form.is_valid() else {}
+    readable = form.is_valid()
+    data = form.cleaned_data if readable else {}
     tab = data.get("status") or ApprovalStatus.WAITING
     teams = visible_teams(access)
     team_ids = _team_scope(access, teams, data.get("team") or "")
@@ -114,9 +116,13 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     )
     # The inbox shows no arguments: never read them (an agent's may be megabytes each).
     approvals = approvals_summarised(approvals, chars=0)
-    rows = list(approvals[: INBOX_LIMIT + 1])
+    # A filter that cannot be read shows no approvals (and says why), never every approval.
+    rows = list(approvals[: INBOX_LIMIT + 1]) if readable else []
+    if not readable:
+        data = {key: str(form.data.get(key, ""))[:200] for key in form.fields}
     context = {
         "form": form,
+        "filter_errors": filter_errors(form),
         "filters": {key: data.get(key) or "" for key in ("team", "agent", "tool", "risk", "run")},
         "tab": tab,
         "tabs": APPROVAL_TABS,

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from console.access import Access, request_access, visible_teams
 from console.forms import AuditFilterForm
 from console.selectors import AuditFilters, audit_page
-from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
+from console.views.common import HtmxHttpRequest, filter_errors, fragments, page, wants_fragment
 from notifications.tasks import verify_ledger_soon
 from runs.ledger_checks import (
     verification_break,
@@ -48,8 +48,11 @@ def _admin_scope(request: HtmxHttpRequest) -> tuple[Access, list[str] | None, li
     return access, [team.slug for team in teams], teams
 
 
-def _filters(form: AuditFilterForm) -> AuditFilters:
-    data = form.cleaned_data if form.is_valid() else {}
+def _filters(form: AuditFilterForm) -> AuditFilters | None:
+    """The filters as typed, or None when one cannot be read (then nothing is shown)."""
+    if not form.is_valid():
+        return None
+    data = form.cleaned_data
     return AuditFilters(
         actor=data.get("actor") or "",
         action=data.get("action") or "",
@@ -62,17 +65,23 @@ def _filters(form: AuditFilterForm) -> AuditFilters:
     )
 
 
+def _typed(form: AuditFilterForm) -> dict[str, Any]:
+    """What the person typed, to show back in the fields (the form could not be read)."""
+    return {name: form.data.get(name, "") for name in form.fields}
+
+
 @login_required
 @require_GET
 def audit(request: HtmxHttpRequest) -> HttpResponse:
     _access, slugs, teams = _admin_scope(request)
     form = AuditFilterForm(request.GET)
     filters = _filters(form)
-    rows, has_more = audit_page(slugs, filters)
+    rows, has_more = audit_page(slugs, filters) if filters is not None else ([], False)
     actions, reasons = ledger_filter_choices(team_slugs=slugs)
     context = {
         "form": form,
-        "filters": filters,
+        "filter_errors": filter_errors(form),
+        "filters": filters or _typed(form),
         "rows": rows,
         "has_more": has_more,
         "older_after": rows[-1].pk if rows and has_more else None,
@@ -190,9 +199,18 @@ def _csv_rows(entries: Any) -> Iterator[str]:
 
 @login_required
 @require_GET
-def audit_csv(request: HtmxHttpRequest) -> StreamingHttpResponse:
+def audit_csv(request: HtmxHttpRequest) -> HttpResponse | StreamingHttpResponse:
     _access, slugs, _teams = _admin_scope(request)
-    filters = _filters(AuditFilterForm(request.GET))
+    form = AuditFilterForm(request.GET)
+    filters = _filters(form)
+    if filters is None:
+        # Never the whole ledger for a filter that could not be read: say which, and export nothing.
+        lines = [f"{error.label or error.field}: {error.message}" for error in filter_errors(form)]
+        return HttpResponse(
+            "These filters could not be read; nothing was exported:\n" + "\n".join(lines) + "\n",
+            status=400,
+            content_type="text/plain; charset=utf-8",
+        )
     # The export is the whole filtered ledger, not one page: `after` is not applied.
     entries = ledger_entries(team_slugs=slugs, filters=filters)
     response = StreamingHttpResponse(_csv_rows(entries), content_type="text/csv; charset=utf-8")

@@ -19,6 +19,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -36,9 +38,18 @@ from console.views.common import (
 from runs import services
 from runs.access import stop_refusals
 from runs.errors import BulkTooLarge, DomainError
-from runs.models import BulkStop, BulkStopOutcome, Run, StopReason
+from runs.models import BulkStop, BulkStopOutcome, Run, RunStatus, StopReason
 
 TEMPLATE = "console/bulk_stop.html"
+# Above this many runs the reviewer types the number to confirm (DESIGN §12).
+TYPE_TO_CONFIRM = 25
+# What a result says now (`services.bulk_result_state`), as the page words it.
+STATE_LABELS = {
+    "requested": gettext_lazy("Stop requested"),
+    RunStatus.STOPPED_CLEANLY: gettext_lazy("Stopped cleanly"),
+    RunStatus.STOPPED_DIRTY: gettext_lazy("Stopped dirty — needs resolution"),
+    RunStatus.HANDED_OFF: gettext_lazy("Handed off"),
+}
 SELECTION_FIELDS = ("scope", "ids", "status", "agent", "team", "q")
 
 
@@ -72,6 +83,7 @@ def _preview_answer(
                 team_ids=access.team_ids,
                 filter=selection.bulk_filter(),
                 refusals=_refusals(access, StopReason.USER_STOP),
+                actor=actor_of(request),
             )
         except DomainError as refused:
             error = error_text(refused)
@@ -99,6 +111,7 @@ def _preview_answer(
         or StopReason.USER_STOP,
         "note": stop_form.data.get("note", "") if stop_form is not None else "",
         "limit": limit,
+        "type_to_confirm": preview is not None and preview.will_stop > TYPE_TO_CONFIRM,
         "needs_confirm": (preview is not None and preview.needs_confirm)
         or (stop_form is not None and "bulk_too_large" in error_code),
         # A refused confirm shows its form again, with what was typed.
@@ -125,9 +138,22 @@ def bulk_stop_confirm(request: HtmxHttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _preview_answer(request, access, selection, stop_form=form, error=form_errors(form))
     data = form.cleaned_data
+    actor = actor_of(request)
     try:
+        if data["preview_id"]:
+            shown = services.bulk_preview_get(actor=actor, preview_id=data["preview_id"])
+            if len(shown.run_ids) > TYPE_TO_CONFIRM and data["typed_count"] != len(shown.run_ids):
+                return _preview_answer(
+                    request,
+                    access,
+                    selection,
+                    stop_form=form,
+                    error=_("Type %(count)s, the number of runs to stop, to confirm.")
+                    % {"count": len(shown.run_ids)},
+                )
         answer = services.bulk_stop(
-            actor=actor_of(request),
+            preview_id=data["preview_id"],
+            actor=actor,
             team_ids=access.team_ids,
             filter=form.bulk_filter(),
             reason=data["reason"],
@@ -180,17 +206,18 @@ def bulk_stop_page(request: HtmxHttpRequest, bulk_id: str) -> HttpResponse:
     ]
     if not rows and not mine:
         raise Http404("no such bulk stop")
+    labels = {**dict(BulkStopOutcome.choices), **dict(RunStatus.choices), **STATE_LABELS}
+    stated = []
     counts: dict[str, int] = {}
-    for result, _run in rows:
-        counts[result.outcome] = counts.get(result.outcome, 0) + 1
+    for result, run in rows:
+        state = services.bulk_result_state(result.outcome, run.status if run else None)
+        stated.append((result, run, state, labels.get(state, state)))
+        counts[state] = counts.get(state, 0) + 1
     context = {
         "bulk": bulk,
-        "rows": rows,
-        "counts": [
-            (outcome, label, counts[outcome])
-            for outcome, label in BulkStopOutcome.choices
-            if counts.get(outcome)
-        ],
+        "rows": stated,
+        "counts": [(state, labels.get(state, state), n) for state, n in counts.items()],
+        "still_stopping": counts.get("requested", 0),
         "hidden": len(results) - len(rows),
     }
     if wants_fragment(request) and request.htmx.target == "bulk-results":

@@ -135,3 +135,31 @@ def act(
     if not request.htmx:
         return redirect_with(request, back, ok=outcome.ok, error=outcome.error or None)
     return fragment(outcome)
+
+
+@dataclass(frozen=True)
+class FilterError:
+    """One filter a person typed that could not be read: its field, label and what is wrong."""
+
+    field: str
+    label: str
+    message: str
+
+
+def filter_errors(form: forms.Form) -> list[FilterError]:
+    """The errors of a bound filter form, one per field, in the form's order.
+
+    A filter that fails to parse narrows the page to nothing and says why: falling back to
+    "no filter" would widen a question the person asked (an export of one actor's entries
+    would export the whole ledger)."""
+    if not form.is_bound or form.is_valid():
+        return []
+    found: list[FilterError] = []
+    for name, errors in form.errors.items():
+        label = (
+            str(form.fields[name].label or name.replace("_", " ").capitalize())
+            if name in form.fields
+            else ""
+        )
+        found.extend(FilterError(name, label, str(error)) for error in errors)
+    return found

@@ -13,7 +13,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, require, run_for
-from console.forms import HandoffAssignForm, HandoffFilterForm, NoteForm, ResumeForm
+from console.forms import (
+    CloseNoteForm,
+    HandoffAcceptForm,
+    HandoffAssignForm,
+    HandoffFilterForm,
+    NoteForm,
+    ResumeForm,
+)
 from console.selectors import (
     ASSIGNEE_ME,
     ASSIGNEE_NONE,
@@ -29,6 +36,7 @@ from console.views.common import (
     Outcome,
     act,
     actor_of,
+    filter_errors,
     fragments,
     page,
     wants_fragment,
@@ -47,13 +55,18 @@ ACTIONS = ("assign", "accept", "complete", "return", "close")
 def handoffs(request: HtmxHttpRequest) -> HttpResponse:
     access = request_access(request)
     form = HandoffFilterForm(request.GET)
-    data = form.cleaned_data if form.is_valid() else {}
+    readable = form.is_valid()
+    data = form.cleaned_data if readable else {}
     assignee = ASSIGNEE_ME if data.get("mine") == "1" else (data.get("assignee") or "")
     oldest_first = data.get("sort") != "newest"
     cards, ended, teammates = handoff_inbox(
         access, user_id=request.user.pk, assignee=assignee, oldest_first=oldest_first
     )
+    if not readable:
+        # A filter that cannot be read shows no handoffs (and says why), never every handoff.
+        cards, ended = [], []
     context = {
+        "filter_errors": filter_errors(form),
         "cards": cards,
         "ended": ended,
         "mine": assignee == ASSIGNEE_ME,
@@ -115,10 +128,15 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
             return f"Assigned to {user.get_username()}: they accept it when they start."
 
     elif action == "accept":
-        form = None
+        form = HandoffAcceptForm(request.POST)
 
-        def service(_data: dict[str, Any]) -> str:
-            handoff_services.handoff_accept(handoff_id=handoff_id, user=request.user, actor=actor)  # type: ignore[arg-type]
+        def service(data: dict[str, Any]) -> str:
+            handoff_services.handoff_accept(
+                handoff_id=handoff_id,
+                user=request.user,  # type: ignore[arg-type]
+                actor=actor,
+                take_from_assignee=data["take_from_assignee"],
+            )
             return "Accepted: this run is yours."
 
     elif action == "return":
@@ -142,7 +160,7 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
             return "Completed by hand: the run is completed."
 
     else:
-        form = NoteForm(request.POST)
+        form = CloseNoteForm(request.POST)
 
         def service(data: dict[str, Any]) -> str:
             handoff_services.handoff_close(handoff_id=handoff_id, actor=actor, note=data["note"])

@@ -19,7 +19,14 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, visible_teams
-from console.views.common import HtmxHttpRequest, actor_of, error_text, page, redirect_with
+from console.views.common import (
+    FilterError,
+    HtmxHttpRequest,
+    actor_of,
+    error_text,
+    page,
+    redirect_with,
+)
 from notifications import selectors
 from notifications import services as notify
 from notifications.forms import ChannelEditForm, ChannelForm, SubscriptionForm
@@ -204,13 +211,21 @@ def channel_test(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
 def deliveries(request: HtmxHttpRequest) -> HttpResponse:
     teams = _admin_teams(request)
     status = request.GET.get("status", "")
-    if status not in DeliveryStatus.values:
-        status = ""
-    rows = selectors.deliveries_of(teams=teams, status=status)
+    errors: list[FilterError] = []
+    if status and status not in DeliveryStatus.values:
+        # An unreadable filter shows nothing and says why; it never widens to every delivery.
+        errors = [
+            FilterError(
+                "status",
+                gettext("Status"),
+                gettext("%(value)s is not a delivery status.") % {"value": status[:40]},
+            )
+        ]
+    rows = [] if errors else selectors.deliveries_of(teams=teams, status=status)
     return page(
         request,
         DELIVERIES,
-        _common(rows=rows, status=status, statuses=DeliveryStatus.values),
+        _common(rows=rows, status=status, statuses=DeliveryStatus.values, filter_errors=errors),
     )
 
 

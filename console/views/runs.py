@@ -9,8 +9,14 @@ from django.views.decorators.http import require_GET
 from console.access import request_access, visible_teams
 from console.forms import RunFilterForm
 from console.selectors import RunFilters, RunsPage, runs_page
-from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
-from runs.models import Role, RunStatus
+from console.views.common import (
+    HtmxHttpRequest,
+    filter_errors,
+    fragments,
+    page,
+    wants_fragment,
+)
+from runs.models import STOPPABLE_STATUSES, Role, RunStatus
 from runs.selectors import approvals_waiting_by_run
 
 TEMPLATE = "console/runs.html"
@@ -37,18 +43,30 @@ STATE_ORDER = [
 def runs_list(request: HtmxHttpRequest) -> HttpResponse:
     access = request_access(request)
     form = RunFilterForm(request.GET)
-    data = form.cleaned_data if form.is_valid() else {}
+    readable = form.is_valid()
+    data = form.cleaned_data if readable else form.data
     filters = RunFilters(
-        **{key: data.get(key) or "" for key in ("status", "agent", "team", "q", "after", "before")}
+        **{
+            key: str(data.get(key) or "")[:200]
+            for key in ("status", "agent", "team", "q", "after", "before")
+        }
     )
     teams = visible_teams(access)
-    result = runs_page(access, filters, teams=teams)
+    # A filter that cannot be read shows no runs (and says why), never every run.
+    result = (
+        runs_page(access, filters, teams=teams)
+        if readable
+        else RunsPage(rows=[], counts={}, total=0, has_newer=False, has_older=False, teams=teams)
+    )
     state_counts = [
         (state, RunStatus(state).label, result.counts.get(state, 0)) for state in STATE_ORDER
     ]
+    stoppable_count, stoppable_label = _stoppable(result, filters.status)
     context = {
-        "matching_label": _matching_label(result, filters.status),
+        "matching_count": stoppable_count,
+        "matching_label": stoppable_label,
         "form": form,
+        "filter_errors": filter_errors(form),
         "filters": filters,
         "result": result,
         "state_counts": state_counts,
@@ -65,8 +83,12 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
     return page(request, TEMPLATE, context)
 
 
-def _matching_label(result: RunsPage, status: str) -> str:
-    """What the filters select, as the page words it: "10000+" once a count reached its cap."""
-    if status:
-        return f"{result.counts.get(status, 0)}{'+' if status in result.capped else ''}"
-    return f"{result.total}{'+' if result.total_capped else ''}"
+def _stoppable(result: RunsPage, status: str) -> tuple[int, str]:
+    """How many of the runs the filters select a stop would change (pending, running, suspended
+    or interrupted), and that as the page words it: "1000+" once a count reached its cap.
+    Finished and already-stopping runs are not counted: the button promises what it will do."""
+    states = [status] if status else sorted(STOPPABLE_STATUSES)
+    states = [state for state in states if state in STOPPABLE_STATUSES]
+    count = sum(result.counts.get(state, 0) for state in states)
+    capped = any(state in result.capped for state in states)
+    return count, f"{count}{'+' if capped else ''}"

@@ -727,6 +727,16 @@ class BulkStopIn(serializers.Serializer):
         default=False,
         help_text="needed to stop more than the limit (10,000 runs) at once",
     )
+    preview_id = StrictCharField(
+        max_length=32,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="the dry run's `preview_id`: stop exactly the runs that preview listed (the "
+        "filter fields are then taken from the preview); runs that began to match since are "
+        "counted in `new_since_preview`, not stopped. Without it the filter's set at this moment "
+        "is stopped.",
+    )
 
 
 class BulkPreviewOut(serializers.Serializer):
@@ -742,15 +752,33 @@ class BulkPreviewOut(serializers.Serializer):
     not_found = serializers.ListField(child=StrictCharField())
     limit = StrictIntegerField()
     needs_confirm = StrictBooleanField()
+    preview_id = StrictCharField(
+        help_text="name it in the confirm (`preview_id`) to stop exactly the runs in `ids`"
+    )
+    ids = serializers.SerializerMethodField(
+        help_text="the runs a confirm naming `preview_id` stops (the first `limit` of them)"
+    )
+
+    def get_ids(self, preview: Any) -> list[str]:
+        return list(preview.run_ids[: preview.limit])
 
 
 class BulkStopResultOut(serializers.Serializer):
     run_id = StrictCharField()
     outcome = serializers.ChoiceField(choices=BulkStopOutcome.choices)
+    state = serializers.SerializerMethodField(
+        help_text="what the result says now: for a stop this bulk stop requested, `requested` "
+        "until the run reaches its end (then `stopped_cleanly`, `stopped_dirty` — needs "
+        "resolution — or `handed_off`); otherwise the outcome"
+    )
     status = StrictCharField(help_text="the run's status after this stop (blank: not found)")
     stop_epoch = StrictIntegerField(allow_null=True)
     stop_request_id = StrictIntegerField(allow_null=True)
     detail = StrictCharField()
+
+    def get_state(self, result: Any) -> str:
+        statuses = self.context.get("run_statuses", {})
+        return services.bulk_result_state(result.outcome, statuses.get(result.run_id))
 
 
 class BulkStopOut(serializers.Serializer):
@@ -762,6 +790,8 @@ class BulkStopOut(serializers.Serializer):
         "filter",
         "requested",
         "counts",
+        "preview_id",
+        "new_since_preview",
         "created_at",
         "finished_at",
     )
@@ -773,6 +803,12 @@ class BulkStopOut(serializers.Serializer):
     filter = AnyJSONField()  # type: ignore[assignment]
     requested = StrictIntegerField(help_text="runs with a result below")
     counts = serializers.DictField(child=StrictIntegerField(), help_text="per outcome")
+    preview_id = StrictCharField(
+        help_text="the preview this stop acted on; blank: the filter's set at the confirm"
+    )
+    new_since_preview = StrictIntegerField(
+        help_text="runs that began to match the filter after the preview: not stopped"
+    )
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     results = BulkStopResultOut(many=True)

@@ -645,10 +645,11 @@ class BulkStopView(ApiView):
         )
         if data["dry_run"]:
             preview = services.bulk_stop_preview(
-                team_ids=team_ids, filter=bulk_filter, refusals=refusals
+                team_ids=team_ids, filter=bulk_filter, refusals=refusals, actor=self.caller.actor
             )
             return Response(s.BulkPreviewOut(preview).data)
         answer = services.bulk_stop(
+            preview_id=data["preview_id"],
             actor=self.caller.actor,
             team_ids=team_ids,
             filter=bulk_filter,
@@ -663,7 +664,8 @@ class BulkStopView(ApiView):
             {
                 **{name: getattr(bulk, name) for name in s.BulkStopOut.BULK_FIELDS},
                 "results": answer.results,
-            }
+            },
+            context={"run_statuses": run_selectors.bulk_run_statuses(answer.results)},
         ).data
         return Response(
             body, status=status.HTTP_201_CREATED if answer.created else status.HTTP_200_OK

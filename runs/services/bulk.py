@@ -25,13 +25,14 @@ from django.utils import timezone
 
 from runs.access import SYSTEM_STOP_REASONS
 from runs.actors import Actor
-from runs.errors import BulkTooLarge, DomainError, InvalidInput
+from runs.errors import BulkTooLarge, DomainError, InvalidInput, NotFound, PreviewExpired
 from runs.models import (
     STOPPABLE_STATUSES,
     STOPPING_STATUSES,
     TERMINAL_STATUSES,
     BulkStop,
     BulkStopOutcome,
+    BulkStopPreview,
     BulkStopResult,
     ExecutionRecord,
     Run,
@@ -60,6 +61,18 @@ DEFAULT_BULK_STOP_WORKERS = 16
 _RESULT_BATCH = 50
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,32}$"  # the API schema documents it
 _RUN_ID = re.compile(RUN_ID_PATTERN)
+
+
+# A confirm must follow its preview within this many seconds (SAFESTOP_BULK_PREVIEW_SECONDS):
+# after that the reviewer previews again rather than act on a picture of the fleet gone stale.
+DEFAULT_BULK_PREVIEW_SECONDS = 600
+# A preview remembers at most this many runs; a wider filter is refused at the preview (narrow it,
+# or stop in parts): a preview that could not say which runs it shows cannot be confirmed.
+MAX_PREVIEW_RUNS = 100_000
+
+
+def bulk_preview_seconds() -> int:
+    return int(getattr(settings, "SAFESTOP_BULK_PREVIEW_SECONDS", DEFAULT_BULK_PREVIEW_SECONDS))
 
 
 def bulk_stop_limit() -> int:
@@ -110,7 +123,10 @@ class BulkFilter:
 
 @dataclass
 class BulkPreview:
-    """What a bulk stop with this filter would do now (it may differ a moment later)."""
+    """What a bulk stop with this filter would do now (it may differ a moment later).
+
+    With a `preview_id` (the preview was recorded for its caller), `run_ids` are the runs a
+    confirm naming it will stop, and no others."""
 
     matching: int
     by_status: dict[str, int]
@@ -122,6 +138,8 @@ class BulkPreview:
     not_found: list[str]
     limit: int
     refusals: list[str] = field(default_factory=list)
+    preview_id: str = ""
+    run_ids: list[str] = field(default_factory=list)
 
     @property
     def needs_confirm(self) -> bool:
@@ -198,14 +216,56 @@ def bulk_stop_preview(
     team_ids: list[int] | None,
     filter: BulkFilter,
     refusals: Mapping[int, str] | None = None,
+    actor: Actor | None = None,
 ) -> BulkPreview:
     """How many runs the filter selects, by state, and how many a bulk stop would stop.
 
     `team_ids`: the teams whose runs the caller may see (None: every team); runs of other teams
     are never counted, and an id of theirs is "not found" like one that does not exist.
     `refusals`: team id → why the caller may not stop that team's runs for this reason.
-    Two queries (three with ids), whatever the number of runs.
+    Two queries (three with ids), whatever the number of runs. With an `actor`, the preview is
+    recorded (one more query, and one INSERT): its `preview_id` and the ids of the runs it would
+    stop, which a confirm naming it stops and no others.
     """
+    preview = _preview_counts(team_ids=team_ids, filter=filter, refusals=refusals)
+    if actor is None:
+        return preview
+    run_ids = _stoppable_ids(filter, team_ids=team_ids, refusals=refusals or {})
+    record = BulkStopPreview.objects.create(
+        actor_kind=actor.kind, actor_id=actor.id, filter=filter.as_dict(), run_ids=run_ids
+    )
+    preview.preview_id = record.preview_id
+    preview.run_ids = run_ids
+    # The ids are the truth the confirm acts on; counts read a moment earlier may differ by a run
+    # that changed state in between, so the number the reviewer is asked about is the ids'.
+    preview.will_stop = len(run_ids)
+    return preview
+
+
+def _stoppable_ids(
+    filter: BulkFilter, *, team_ids: list[int] | None, refusals: Mapping[int, str]
+) -> list[str]:
+    runs = _matching(filter, team_ids=team_ids).filter(status__in=STOPPABLE_STATUSES)
+    if refusals:
+        runs = runs.exclude(team_id__in=list(refusals))
+    ids = list(
+        runs.order_by("created_at", "pk").values_list("pk", flat=True)[: MAX_PREVIEW_RUNS + 1]
+    )
+    if len(ids) > MAX_PREVIEW_RUNS:
+        raise InvalidInput(
+            f"this filter selects more than {MAX_PREVIEW_RUNS:,} runs to stop; narrow it, "
+            "or stop them in parts",
+            field="filter",
+        )
+    return ids
+
+
+def _preview_counts(
+    *,
+    team_ids: list[int] | None,
+    filter: BulkFilter,
+    refusals: Mapping[int, str] | None,
+) -> BulkPreview:
     _validate(filter, team_ids=team_ids)
     refusals = refusals or {}
     rows = list(
@@ -253,6 +313,26 @@ def _existing(actor: Actor, idempotency_key: str) -> BulkStopAnswer | None:
     return BulkStopAnswer(bulk, False, list(bulk.results.order_by("id")))
 
 
+def bulk_preview_get(*, actor: Actor, preview_id: str) -> BulkStopPreview:
+    """The caller's own recorded preview, still fresh enough to confirm.
+
+    Another caller's preview is "not found" like one that never existed: a preview is what one
+    reviewer saw, not a handle anyone may act on."""
+    preview = BulkStopPreview.objects.filter(
+        preview_id=preview_id, actor_kind=actor.kind, actor_id=actor.id
+    ).first()
+    if preview is None:
+        raise NotFound("no such preview of yours; preview again", field="preview_id")
+    age = (timezone.now() - preview.created_at).total_seconds()
+    if age > bulk_preview_seconds():
+        raise PreviewExpired(
+            f"this preview is {int(age)} s old (a confirm must follow within "
+            f"{bulk_preview_seconds()} s); preview again",
+            preview_id=preview_id,
+        )
+    return preview
+
+
 def bulk_stop(
     *,
     actor: Actor,
@@ -263,13 +343,17 @@ def bulk_stop(
     idempotency_key: str = "",
     confirm_large: bool = False,
     refusals: Mapping[int, str] | None = None,
+    preview_id: str = "",
 ) -> BulkStopAnswer:
-    """Stop every run the filter selects, one `run_stop` each; one result per run.
+    """Stop the runs a preview showed (or, without `preview_id`, every run the filter selects
+    now), one `run_stop` each; one result per run.
 
     1. A retry (same caller, same `idempotency_key`) answers the first bulk stop and its results.
-    2. Select the runs (of `team_ids`; None: every team) that are not finished, and every run
-       named in `ids` whatever its state; more than SAFESTOP_BULK_STOP_LIMIT runs to stop is
-       refused unless `confirm_large`.
+    2. With `preview_id`: the caller's preview (`bulk_preview_get`) gives the filter and the very
+       runs to stop; runs that began to match the filter since are counted in
+       `new_since_preview` and left alone. Without: the runs (of `team_ids`; None: every team)
+       the filter selects that are not finished, and every run named in `ids` whatever its
+       state. More than SAFESTOP_BULK_STOP_LIMIT runs to stop is refused unless `confirm_large`.
     3. Write the BulkStop and a result per run in one short transaction: runs already
        stopping, stopped or finished, runs of a team in `refusals` and unknown ids get their
        answer at once; the rest are `pending`.
@@ -281,15 +365,34 @@ def bulk_stop(
     earlier = _existing(actor, idempotency_key)
     if earlier is not None:
         return earlier
-    _validate(filter, team_ids=team_ids)
     refusals = refusals or {}
-    named = set(filter.ids)
-    selected = list(
-        _matching(filter, team_ids=team_ids)
-        .filter(~Q(status__in=TERMINAL_STATUSES) | Q(pk__in=named))
-        .order_by("created_at", "pk")
-        .values_list("pk", "team_id", "status", "stop_epoch")
-    )
+    new_since_preview = 0
+    if preview_id:
+        preview = bulk_preview_get(actor=actor, preview_id=preview_id)
+        filter = bulk_filter_from_dict(preview.filter)
+        _validate(filter, team_ids=team_ids)
+        shown = set(preview.run_ids)
+        # Only the previewed runs, and only those the caller may still see.
+        selected = list(
+            _matching(BulkFilter(ids=tuple(preview.run_ids)), team_ids=team_ids)
+            .order_by("created_at", "pk")
+            .values_list("pk", "team_id", "status", "stop_epoch")
+        )
+        new_since_preview = sum(
+            1
+            for run_id in _stoppable_ids(filter, team_ids=team_ids, refusals=refusals)
+            if run_id not in shown
+        )
+        named = shown
+    else:
+        _validate(filter, team_ids=team_ids)
+        named = set(filter.ids)
+        selected = list(
+            _matching(filter, team_ids=team_ids)
+            .filter(~Q(status__in=TERMINAL_STATUSES) | Q(pk__in=named))
+            .order_by("created_at", "pk")
+            .values_list("pk", "team_id", "status", "stop_epoch")
+        )
     results: list[BulkStopResult] = []
     for run_id, team_id, status, epoch in selected:
         outcome = _outcome_of_status(status)
@@ -306,7 +409,7 @@ def bulk_stop(
         BulkStopResult(
             run_id=run_id, outcome=BulkStopOutcome.NOT_FOUND, detail="no such run among yours"
         )
-        for run_id in dict.fromkeys(filter.ids)
+        for run_id in dict.fromkeys(filter.ids if not preview_id else ())
         if run_id not in found
     )
     to_stop = [result for result in results if result.outcome == BulkStopOutcome.PENDING]
@@ -329,6 +432,8 @@ def bulk_stop(
                 filter=filter.as_dict(),
                 idempotency_key=idempotency_key,
                 requested=len(results),
+                preview_id=preview_id,
+                new_since_preview=new_since_preview,
             )
             for result in results:
                 result.bulk = bulk
@@ -479,3 +584,32 @@ def _count(results: Sequence[BulkStopResult]) -> dict[str, int]:
     for result in results:
         counts[result.outcome] = counts.get(result.outcome, 0) + 1
     return counts
+
+
+def bulk_filter_from_dict(named: Mapping[str, Any]) -> BulkFilter:
+    """The filter a preview recorded (`BulkFilter.as_dict`), back as a filter."""
+    return BulkFilter(
+        agent=str(named.get("agent", "")),
+        team=str(named.get("team", "")),
+        status=str(named.get("status", "")),
+        tool=str(named.get("tool", "")),
+        ids=tuple(named.get("ids", ())),
+        search=str(named.get("search", "")),
+        every_run=bool(named.get("all", False))
+        or not any(named.get(key) for key in ("agent", "team", "status", "tool", "ids", "search")),
+    )
+
+
+def bulk_result_state(outcome: str, run_status: str | None) -> str:
+    """What a result says now: a stop that was requested is `requested` until its run reaches
+    an end state, then that state (a dirty stop is `stopped_dirty`: it needs resolution).
+
+    The stop service only records the request; the run drains afterwards, and "stopped" while
+    the worker is still draining would claim an outcome nobody knows yet."""
+    if outcome != BulkStopOutcome.STOPPED or run_status is None:
+        return outcome
+    if run_status in STOPPING_STATUSES:
+        return "requested"
+    # stopped_cleanly, stopped_dirty, handed_off — or, later, whatever a person did next
+    # (resumed, closed): the run's own state is the honest answer.
+    return run_status

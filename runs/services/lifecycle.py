@@ -456,7 +456,11 @@ def _hand_off_locked(
         actor=actor,
         action="run.handed_off",
         reason=StopReason.MANUAL_TAKEOVER,
-        payload={"handoff_id": opened.handoff_id, "assignee": opened.assignee},
+        payload={
+            "handoff_id": opened.handoff_id,
+            "assignee": opened.assignee,
+            "accepted": opened.accepted,
+        },
     )
 
 

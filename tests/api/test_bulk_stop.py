@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from runs.models import BulkStop, LedgerEntry, RunStatus, StopRequest
+from runs.tokens import api_token_create
 from tests.runs.factories import make_run, make_running, reload
+from tests.support.accounts import IssuedToken
 
 pytestmark = pytest.mark.django_db
 
@@ -173,3 +175,36 @@ def test_the_bulk_stop_is_in_the_schema(client):
         request["properties"]
     )
     assert {"200", "201", "400", "403"} <= set(operation["responses"])
+
+
+def test_a_confirm_naming_the_preview_stops_exactly_its_runs(api, team, reviewer_token):
+    shown = [make_running(team)[0] for _ in range(2)]
+    preview = api.post(BULK, {"status": "running", "dry_run": True}, reviewer_token).json()
+    assert preview["preview_id"].startswith("bprev_")
+    assert sorted(preview["ids"]) == sorted(run.pk for run in shown)
+    newcomer, _ = make_running(team)
+    response = api.post(
+        BULK, {"preview_id": preview["preview_id"], "idempotency_key": "p1"}, reviewer_token
+    )
+    assert response.status_code == 201
+    answer = response.json()
+    assert answer["preview_id"] == preview["preview_id"]
+    assert answer["new_since_preview"] == 1
+    assert sorted(result["run_id"] for result in answer["results"]) == sorted(r.pk for r in shown)
+    # Stopped means requested until each run has drained: its worker is still running.
+    assert {result["state"] for result in answer["results"]} == {"requested"}
+    assert reload(newcomer).status == RunStatus.RUNNING
+
+
+def test_a_preview_of_someone_else_is_404_and_a_stale_one_409(api, team, reviewer_token, settings):
+    make_running(team)
+    preview = api.post(BULK, {"team": "acme", "dry_run": True}, reviewer_token).json()
+    _other, other_raw = api_token_create(team_slug=team.slug, name="another-bot", role="reviewer")
+    response = api.post(BULK, {"preview_id": preview["preview_id"]}, IssuedToken(_other, other_raw))
+    assert response.status_code == 404
+    assert response.json()["error"] == "not_found"
+    settings.SAFESTOP_BULK_PREVIEW_SECONDS = 0
+    response = api.post(BULK, {"preview_id": preview["preview_id"]}, reviewer_token)
+    assert response.status_code == 409
+    assert response.json()["error"] == "preview_expired"
+    assert not StopRequest.objects.exists()

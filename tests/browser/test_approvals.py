@@ -17,7 +17,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from runs import services
-from runs.models import Approval, ApprovalStatus, ExecutionState, Team
+from runs.actors import Actor
+from runs.models import Approval, ApprovalStatus, ExecutionState, Lease, Team
 from tests.support.browser import in_thread
 from tests.support.scenarios import AGENT, new_run, start
 
@@ -159,3 +160,37 @@ def test_a_reviewer_approves_with_an_edit_while_a_viewer_sees_it_leave_the_inbox
     record.refresh_from_db()
     assert record.execution_state == ExecutionState.PERMITTED
     assert record.arguments == {"amount": 100, "order": "1042"}
+
+
+def test_the_printable_packet_lists_the_approval_the_stop_voided_and_links_to_it(
+    page: Page, live_stack, bob, team
+):
+    """A held payment voided by a stop is in the stop packet a reviewer prints; its link opens
+    the approval, which says it was voided and never ran."""
+    errors = collect_errors(page)
+    approval = in_thread(held_payment, team)
+    in_thread(
+        services.run_stop,
+        run_id=approval.run_id,
+        reason="user_stop",
+        actor=Actor.for_user(bob),
+    )
+    lease = in_thread(lambda: Lease.objects.get(run_id=approval.run_id))
+    in_thread(
+        services.run_drained,
+        run_id=approval.run_id,
+        lease_token=lease.token,
+        epoch=lease.epoch,
+        actor=AGENT,
+    )
+    login(page, live_stack.url, "bob")
+    page.goto(f"{live_stack.url}/runs/{approval.run_id}/packet/")
+    voided = page.get_by_test_id("void-approvals")
+    expect(voided).to_contain_text("Approvals voided by the stop", timeout=LIVE_TIMEOUT)
+    row = voided.locator(f'tr[data-approval-id="{approval.public_id}"]')
+    expect(row).to_contain_text("payments.refund")
+    expect(row).to_contain_text("never ran")
+    row.get_by_role("link", name=approval.public_id).click()
+    expect(page).to_have_url(re.compile(rf"/approvals/{approval.public_id}/$"))
+    expect(page.locator("main")).to_contain_text("void", ignore_case=True)
+    assert not errors, errors

@@ -86,3 +86,47 @@ def test_tick_preview_confirm_and_watch_the_runs_settle(page: Page, live_stack, 
     )
     assert page.evaluate("window.__noReload === true")
     assert not errors, errors
+
+
+def test_stop_all_matching_stops_what_was_previewed_and_says_requested_until_drained(
+    page: Page, live_stack, agent_api, bob, screenshot_dir
+):
+    """The preview's runs and no others: a run that starts matching while the dialog is open
+    is counted, not stopped; each row says "Stop requested" until its worker drains."""
+    (first, first_lease), (second, _) = (_running_run(agent_api, f"Fleet {n}") for n in range(2))
+    _login(page, live_stack.url, "bob")
+    page.goto(f"{live_stack.url}/?agent=bulk-bot&status=running")
+    matching = page.get_by_test_id("bulk-stop-matching")
+    expect(matching).to_have_text("Stop all 2 matching…", timeout=LIVE_TIMEOUT)
+    matching.click()
+    dialog = page.locator("dialog[data-bulk-dialog]")
+    expect(dialog).to_contain_text("Stop 2 runs?", timeout=LIVE_TIMEOUT)
+    page.screenshot(path=str(screenshot_dir / "bulk-preview.png"))
+    newcomer, _ = _running_run(agent_api, "Fleet late")  # begins to match after the preview
+    page.get_by_test_id("bulk-confirm").click()
+
+    expect(page).to_have_url(re.compile(r"/stops/bulk/bulk_[0-9a-f]+/$"), timeout=LIVE_TIMEOUT)
+    expect(page.locator("#bulk-results tr[data-run-id]")).to_have_count(2)
+    expect(page.locator(f'#bulk-results tr[data-run-id="{newcomer}"]')).to_have_count(0)
+    expect(page.get_by_test_id("bulk-new-since-preview")).to_contain_text(
+        "1 run began to match the filter after the preview"
+    )
+    first_row = page.locator(f'#bulk-results tr[data-run-id="{first}"]')
+    expect(first_row).to_have_attribute("data-state", "requested")
+    expect(first_row).to_contain_text("Stop requested")
+    expect(page.locator("[data-live-indicator]").first).to_have_attribute(
+        "data-state", "live", timeout=LIVE_TIMEOUT
+    )
+    drained = agent_api.post(
+        f"/api/v1/runs/{first}/drained/",
+        json={"lease_id": first_lease["lease_id"], "epoch": first_lease["epoch"]},
+    )
+    assert drained.status_code == 200, drained.text
+    expect(first_row).to_have_attribute("data-state", "stopped_cleanly", timeout=LIVE_TIMEOUT)
+    expect(first_row).to_contain_text("Stopped cleanly")
+    expect(page.locator(f'#bulk-results tr[data-run-id="{second}"]')).to_have_attribute(
+        "data-state", "requested"
+    )
+    page.screenshot(path=str(screenshot_dir / "bulk-result.png"), full_page=True)
+    status = agent_api.get(f"/api/v1/runs/{newcomer}/").json()["status"]
+    assert status == "running"

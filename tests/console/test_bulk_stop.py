@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -173,3 +175,96 @@ def test_without_javascript_the_preview_is_a_page_of_its_own(as_reviewer, team):
     assert response.status_code == 200
     assert "<html" in html and "<dialog" in html and " open" in html
     assert 'action="/stops/bulk/"' in html  # the confirm form posts without htmx too
+
+
+def _preview_id(html: str) -> str:
+    match = re.search(r'name="preview_id" value="(bprev_[0-9a-f]+)"', html)
+    assert match, "the confirm form carries the preview it confirms"
+    return match.group(1)
+
+
+def test_confirm_stops_the_previewed_runs_not_runs_that_began_matching_since(as_reviewer, team):
+    shown = [make_running(team)[0] for _ in range(2)]
+    html = as_reviewer.post(
+        PREVIEW, {"scope": "matching", "status": "running"}, **HTMX
+    ).content.decode()
+    newcomer, _ = make_running(team)
+    confirmed = as_reviewer.post(
+        CONFIRM,
+        {
+            "scope": "matching",
+            "status": "running",
+            "reason": "user_stop",
+            "idempotency_key": "k-preview",
+            "preview_id": _preview_id(html),
+        },
+        **HTMX,
+    )
+    assert confirmed["HX-Redirect"]
+    bulk = BulkStop.objects.get()
+    assert bulk.counts == {"stopped": 2} and bulk.new_since_preview == 1
+    assert reload(newcomer).status == RunStatus.RUNNING
+    assert {reload(run).status for run in shown} == {RunStatus.CANCEL_REQUESTED}
+    page = as_reviewer.get(f"/stops/bulk/{bulk.bulk_id}/").content.decode()
+    assert 'data-testid="bulk-new-since-preview"' in page
+    assert "1 run began to match the filter after the preview" in page
+    # Both runs still drain: the page says the stop was requested, not that they stopped.
+    assert page.count('data-state="requested"') == 2
+    assert "Stop requested <b>2</b>" in page
+
+
+def test_a_dirty_stop_shows_on_the_result_page(as_reviewer, team, system):
+    from runs import services
+
+    run, lease = make_running(team)
+    services.permit_request(
+        run_id=run.pk,
+        epoch=lease.epoch,
+        tool_call_id="c1",
+        tool="send_email",
+        side_effect="write",
+        arguments={},
+        actor=system,
+    )
+    as_reviewer.post(
+        CONFIRM,
+        {"scope": "selected", "ids": [run.pk], "reason": "user_stop", "idempotency_key": "d"},
+    )
+    services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=system)
+    assert reload(run).status == RunStatus.STOPPED_DIRTY
+    page = as_reviewer.get(f"/stops/bulk/{BulkStop.objects.get().bulk_id}/").content.decode()
+    assert 'data-state="stopped_dirty"' in page
+    assert "Stopped dirty — needs resolution" in page
+
+
+def test_above_25_runs_the_reviewer_types_the_number(as_reviewer, team):
+    runs = [make_run(team) for _ in range(26)]
+    ids = [run.pk for run in runs]
+    html = as_reviewer.post(PREVIEW, {"scope": "selected", "ids": ids}, **HTMX).content.decode()
+    assert 'data-testid="bulk-typed-count"' in html
+    body = {
+        "scope": "selected",
+        "ids": ids,
+        "reason": "user_stop",
+        "idempotency_key": "typed",
+        "preview_id": _preview_id(html),
+    }
+    refused = as_reviewer.post(CONFIRM, {**body, "typed_count": "25"}, **HTMX)
+    assert "Type 26, the number of runs to stop, to confirm." in refused.content.decode()
+    assert not BulkStop.objects.exists()
+    confirmed = as_reviewer.post(CONFIRM, {**body, "typed_count": "26"}, **HTMX)
+    assert confirmed["HX-Redirect"]
+    assert BulkStop.objects.get().counts == {"stopped": 26}
+
+
+def test_the_stop_all_button_counts_only_runs_a_stop_would_change(as_reviewer, team, system):
+    from runs import services
+
+    make_running(team)
+    make_run(team)
+    stopped, _ = make_running(team)
+    services.run_stop(run_id=stopped.pk, reason="user_stop", actor=system)
+    page = as_reviewer.get("/").content.decode()
+    assert "Stop all 2 matching" in page  # running + pending; not the one already stopping
+    finished_only = as_reviewer.get("/?status=cancel_requested").content.decode()
+    assert re.search(r'data-testid="bulk-stop-matching"[^>]*disabled', finished_only)

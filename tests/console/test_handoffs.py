@@ -85,7 +85,7 @@ def test_steering_decided_from_the_inbox(as_reviewer, handoff):
 
 
 def test_a_refused_action_is_a_message(as_reviewer, handoff):
-    as_reviewer.post(f"/handoffs/{handoff.pk}/close/", {})
+    as_reviewer.post(f"/handoffs/{handoff.pk}/close/", {"note": "nothing left to do"})
     again = as_reviewer.post(f"/handoffs/{handoff.pk}/complete/", {}, **htmx())
     assert again.status_code == 200 and "the handoff is closed" in again.content.decode()
     assert as_reviewer.post(f"/handoffs/{handoff.pk}/explode/").status_code == 404
@@ -178,7 +178,9 @@ def test_inbox_sorts_by_age_waiting_longest_first(as_reviewer, team, bob):
     assert [card.handoff.pk for card in newest] == [new.pk, old.pk]
 
 
-def test_an_unaccepted_handoff_shows_its_age(as_reviewer, as_admin, handoff):
+def test_an_unaccepted_handoff_shows_its_age(as_reviewer, as_admin, team):
+    # Taken over by the watchdog, not a person: nobody has accepted it yet.
+    handoff = handed_off(team, by=Actor.system("watchdog")).handoffs.get()
     _aged(handoff, 90)
     body = as_reviewer.get("/handoffs/").content.decode()
     assert "Waiting to be accepted · handed off" in body and "1 h ago" in body
@@ -221,3 +223,42 @@ def test_inbox_queries_do_not_grow_with_handoffs(as_reviewer, team, bob):
     with CaptureQueriesContext(connection) as six:
         assert len(as_reviewer.get("/handoffs/").context["cards"]) == 6
     assert len(six) == len(one)
+
+
+def test_close_without_a_reason_is_refused_at_the_field(as_reviewer, handoff):
+    refused = as_reviewer.post(f"/handoffs/{handoff.pk}/close/", {"note": "  "}, **htmx())
+    assert refused.status_code == 200
+    assert "Say why the run is closed." in refused.content.decode()
+    handoff.refresh_from_db()
+    assert handoff.status != "closed"
+    assert _run(handoff).status == RunStatus.HANDED_OFF
+    page = as_reviewer.get("/handoffs/").content.decode()
+    assert f'id="close-note-{handoff.pk}" name="note" rows="2" required' in page
+
+
+def test_a_takeover_by_a_reviewer_starts_accepted_by_them(handoff, bob):
+    assert handoff.status == "accepted"
+    assert handoff.assignee_id == bob.pk and handoff.accepted_at is not None
+    entry = handoff.run.ledger_entries.get(action="run.handed_off")
+    assert entry.payload["accepted"] is True and entry.payload["assignee"] == "bob"
+
+
+def test_accepting_a_handoff_assigned_to_someone_else_asks_first(as_admin, team, alice, bob):
+    run = handed_off(team, by=Actor.system("watchdog"))
+    handoff = run.handoffs.get()
+    assert handoff.status == "open" and handoff.assignee is None
+    from handoff import services as handoff_services
+
+    handoff_services.handoff_assign(
+        handoff_id=handoff.pk, assignee=bob, actor=Actor.for_user(alice)
+    )
+    page = as_admin.get("/handoffs/").content.decode()
+    assert 'data-testid="accept-someone-elses"' in page and "Take it from bob" in page
+    refused = as_admin.post(f"/handoffs/{handoff.pk}/accept/", **htmx())
+    assert "assigned to bob: confirm to take it from them" in refused.content.decode()
+    handoff.refresh_from_db()
+    assert (handoff.status, handoff.assignee_id) == ("open", bob.pk)
+    taken = as_admin.post(f"/handoffs/{handoff.pk}/accept/", {"take_from_assignee": "on"}, **htmx())
+    assert "Accepted" in taken.content.decode()
+    handoff.refresh_from_db()
+    assert (handoff.status, handoff.assignee_id) == ("accepted", alice.pk)

@@ -153,7 +153,8 @@ def test_the_scenario_is_what_the_figures_claim(scenario):
         StopRequest.objects.filter(run__team__slug="acme").count() == 3
     )  # pending, running, takeover
     assert RejectedWrite.objects.count() == 1
-    assert Handoff.objects.get(run=scenario["taken"]).status == "open"
+    # Taken over by a person: their handoff starts accepted by them.
+    assert Handoff.objects.get(run=scenario["taken"]).status == "accepted"
     assert Run.objects.get(pk=scenario["taken"].pk).status == RunStatus.HANDED_OFF
     assert queue_depths(team_ids=None)["outbox_pending"] == 2
 

@@ -50,8 +50,10 @@ def test_accept_racing_assign_ends_as_the_last_ledger_entry_says(team, alice, bo
             handoff_assign(handoff_id=handoff.pk, assignee=None, actor=Actor.for_user(alice))
             results = _race(
                 pool,
+                # Bob confirmed taking it (the console asks first when it is assigned to
+                # someone else): the race is between his accept and the assignment.
                 lambda h=handoff: handoff_accept(
-                    handoff_id=h.pk, user=bob, actor=Actor.for_user(bob)
+                    handoff_id=h.pk, user=bob, actor=Actor.for_user(bob), take_from_assignee=True
                 ),
                 lambda h=handoff: handoff_assign(
                     handoff_id=h.pk, assignee=alice, actor=Actor.for_user(alice)

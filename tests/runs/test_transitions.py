@@ -294,7 +294,8 @@ def test_resolving_the_last_unknown_cleans_the_run_and_a_takeover_hands_it_off(t
     run = reload(run)
     assert run.status == RunStatus.HANDED_OFF
     handoff = Handoff.objects.get(run=run)
-    assert handoff.assignee == bob and handoff.status == HandoffStatus.OPEN
+    # Bob took the run over himself: the handoff starts accepted by him.
+    assert handoff.assignee == bob and handoff.status == HandoffStatus.ACCEPTED
 
 
 def test_a_second_resolution_with_another_decision_is_refused(team):
@@ -378,7 +379,7 @@ def test_handoff_complete_return_and_close(team, bob):
     handoff_services.handoff_accept(handoff_id=handoffs[0].pk, user=bob, actor=actor)
     handoff_services.handoff_complete(handoff_id=handoffs[0].pk, actor=actor, note="done by hand")
     handoff_services.handoff_return(handoff_id=handoffs[1].pk, actor=actor)
-    handoff_services.handoff_close(handoff_id=handoffs[2].pk, actor=actor)
+    handoff_services.handoff_close(handoff_id=handoffs[2].pk, actor=actor, note="not needed")
     assert [reload(run).status for run in runs] == [
         RunStatus.COMPLETED,
         RunStatus.PENDING,
