@@ -49,7 +49,9 @@ KEYED_HASH = 2
 
 
 def _body(fields: dict[str, Any]) -> bytes:
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder).encode()
+    # Every value is plain JSON already (the payload went through `_canonical`, or came out of
+    # a JSON column): the C encoder alone, no DjangoJSONEncoder to build per entry.
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
 def entry_hash(

@@ -7,9 +7,10 @@ switches user triggers off for this session only, and is switched back at once.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,62 @@ def behind_the_triggers(sql: str, params: list[Any]) -> None:
             cursor.execute(sql, params)
         finally:
             cursor.execute("SET session_replication_role = DEFAULT")
+
+
+def rechain(
+    run_id: str | None,
+    digest: Callable[[dict[str, Any]], str],
+    *,
+    hash_version: int,
+    key_id: str = "",
+    edit: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Rewrite a run's whole chain behind the triggers, as someone who can write the database
+    but holds no ledger key would: `edit` changes an entry's columns, `digest` makes each hash
+    from an entry's columns (with its new prev_hash), every link is made to agree again."""
+    from runs.ledger import GENESIS_HASH, _timestamp
+    from runs.models import LedgerEntry
+
+    prev = GENESIS_HASH
+    for entry in LedgerEntry.objects.filter(run_id=run_id).order_by("run_seq"):
+        columns = {
+            "run_id": entry.run_id,
+            "run_seq": entry.run_seq,
+            "at": _timestamp(entry.at),
+            "actor_kind": entry.actor_kind,
+            "actor_id": entry.actor_id,
+            "actor": entry.actor,
+            "team_slug": entry.team_slug,
+            "action": entry.action,
+            "reason": entry.reason,
+            "payload": entry.payload,
+            "prev_hash": prev,
+        }
+        if edit is not None:
+            edit(columns)
+        new_hash = digest(columns)
+        behind_the_triggers(
+            "UPDATE runs_ledgerentry SET team_slug = %s, reason = %s, payload = %s, "
+            "prev_hash = %s, hash = %s, hash_version = %s, key_id = %s WHERE id = %s",
+            [
+                columns["team_slug"],
+                columns["reason"],
+                json.dumps(columns["payload"]),
+                prev,
+                new_hash,
+                hash_version,
+                key_id,
+                entry.pk,
+            ],
+        )
+        prev = new_hash
+
+
+def legacy_digest(columns: dict[str, Any]) -> str:
+    """The plain hash entries had before the chain was keyed (no key, no team)."""
+    from runs.ledger import legacy_entry_hash
+
+    return legacy_entry_hash(**{k: v for k, v in columns.items() if k != "team_slug"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
