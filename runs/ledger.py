@@ -49,8 +49,6 @@ KEYED_HASH = 2
 
 
 def _body(fields: dict[str, Any]) -> bytes:
-    # Every value is plain JSON already (the payload went through `_canonical`, or came out of
-    # a JSON column): the C encoder alone, no DjangoJSONEncoder to build per entry.
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -69,25 +67,32 @@ def entry_hash(
     payload: Any,
     prev_hash: str,
 ) -> str:
-    """The keyed hash (`KEYED_HASH`) of an entry with these columns, signed with `key`."""
+    """The keyed hash (`KEYED_HASH`) of an entry with these columns, signed with `key`.
+
+    The columns go in as one JSON array in this fixed order: no key names to write or sort, which
+    makes it cheaper than the plain hash's object was, on every append and every entry walked.
+    Every value is plain JSON already (the payload went through `_canonical`, or came out of a
+    JSON column), so the C encoder needs no DjangoJSONEncoder."""
     return key.sign(
-        _body(
-            {
-                "hash_version": KEYED_HASH,
-                "key_id": key.id,
-                "run_id": run_id,
-                "run_seq": run_seq,
-                "at": at,
-                "actor_kind": actor_kind,
-                "actor_id": actor_id,
-                "actor": actor,
-                "team_slug": team_slug,
-                "action": action,
-                "reason": reason,
-                "payload": payload,
-                "prev_hash": prev_hash,
-            }
-        )
+        json.dumps(
+            [
+                KEYED_HASH,
+                key.id,
+                run_id,
+                run_seq,
+                at,
+                actor_kind,
+                actor_id,
+                actor,
+                team_slug,
+                action,
+                reason,
+                payload,
+                prev_hash,
+            ],
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
     )
 
 
@@ -458,18 +463,6 @@ class _Walk:
             )
         if entry.prev_hash != expected_prev:
             return "prev_hash does not match the previous entry's hash"
-        fields = {
-            "run_id": entry.run_id,
-            "run_seq": entry.run_seq,
-            "at": _timestamp(entry.at),
-            "actor_kind": entry.actor_kind,
-            "actor_id": entry.actor_id,
-            "actor": entry.actor,
-            "action": entry.action,
-            "reason": entry.reason,
-            "payload": entry.payload,
-            "prev_hash": entry.prev_hash,
-        }
         if entry.hash_version == KEYED_HASH:
             key = self._key(entry.key_id)
             if key is None:
@@ -477,7 +470,20 @@ class _Walk:
                     f"signed with key {entry.key_id!r}, which SAFESTOP_LEDGER_KEY does not list "
                     "(keep retired keys after the current one)"
                 )
-            recomputed = entry_hash(key=key, team_slug=entry.team_slug, **fields)
+            recomputed = entry_hash(
+                key=key,
+                run_id=entry.run_id,
+                run_seq=entry.run_seq,
+                at=_timestamp(entry.at),
+                actor_kind=entry.actor_kind,
+                actor_id=entry.actor_id,
+                actor=entry.actor,
+                team_slug=entry.team_slug,
+                action=entry.action,
+                reason=entry.reason,
+                payload=entry.payload,
+                prev_hash=entry.prev_hash,
+            )
         elif entry.hash_version == LEGACY_HASH:
             # Unkeyed entries are only the ones written before the chain was keyed: never after
             # a keyed one, and never past what an anchor pinned. Otherwise anyone who can write
@@ -486,7 +492,18 @@ class _Walk:
                 return "an unkeyed entry after keyed ones (its hash format was changed)"
             if self.any_anchor and (pin is None or entry.run_seq > pin.run_seq):
                 return "an unkeyed entry no anchor covers (its hash format was changed)"
-            recomputed = legacy_entry_hash(**fields)
+            recomputed = legacy_entry_hash(
+                run_id=entry.run_id,
+                run_seq=entry.run_seq,
+                at=_timestamp(entry.at),
+                actor_kind=entry.actor_kind,
+                actor_id=entry.actor_id,
+                actor=entry.actor,
+                action=entry.action,
+                reason=entry.reason,
+                payload=entry.payload,
+                prev_hash=entry.prev_hash,
+            )
         else:
             return f"unknown hash version {entry.hash_version}"
         if recomputed != entry.hash:
