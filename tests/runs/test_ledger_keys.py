@@ -38,3 +38,26 @@ def test_a_key_setting_that_cannot_work_is_refused(settings, value, says):
     settings.SAFESTOP_LEDGER_KEY = value
     with pytest.raises(ImproperlyConfigured, match=says):
         ledger_keys()
+
+
+def test_the_docs_name_what_exists(settings):
+    """docs/ARCHITECTURE.md and docs/OPERATIONS.md name these: they must stay true."""
+    from pathlib import Path
+
+    from runs import ledger, ledger_anchors, ledger_checks
+
+    root = Path(__file__).resolve().parents[2]
+    architecture = (root / "docs" / "ARCHITECTURE.md").read_text()
+    operations = (root / "docs" / "OPERATIONS.md").read_text()
+    for module, name in (
+        (ledger, "entry_hash"),
+        (ledger, "ledger_verify"),
+        (ledger_anchors, "anchors_load"),
+        (ledger_anchors, "anchor_write"),
+        (ledger_checks, "verification_run"),
+    ):
+        assert f"`{name}`" in architecture and callable(getattr(module, name))
+    assert (root / "runs/migrations/0011_ledger_keyed_hash_and_anchors.py").exists()
+    for setting in ("SAFESTOP_LEDGER_KEY", "SAFESTOP_LEDGER_ANCHOR_DIR"):
+        assert f"`{setting}`" in operations and hasattr(settings, setting)
+    assert "### The ledger against a database writer" in operations
