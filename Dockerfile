@@ -16,7 +16,8 @@ COPY . /app
 RUN pip install -e ./agent -e . \
  && SAFESTOP_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0 \
  && useradd --create-home --uid 10001 safestop \
- && chown -R safestop /app/staticfiles
+ && chown -R safestop /app/staticfiles \
+ && mkdir -p /var/lib/safestop/ledger-anchors && chown -R safestop /var/lib/safestop
 
 # Celery refuses to be comfortable as root, and nothing here needs it.
 USER safestop

@@ -90,4 +90,4 @@ soak: install services
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) bench/soak.py
 
 clean:
-	rm -rf $(VENV) safestop.sqlite3* staticfiles .pytest_cache
+	rm -rf $(VENV) safestop.sqlite3* var/ledger-anchors staticfiles .pytest_cache

@@ -85,7 +85,8 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
     from bench.fixtures import copy_rows
     from runs import services
     from runs.actors import Actor
-    from runs.ledger import GENESIS_HASH, _canonical, _timestamp, entry_hash
+    from runs.ledger import GENESIS_HASH, KEYED_HASH, _canonical, _timestamp, entry_hash
+    from runs.ledger_keys import signing_key
     from runs.models import (
         Artifact,
         Checkpoint,
@@ -230,6 +231,7 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
         last = LedgerEntry.objects.filter(run_id=run.pk).order_by("-run_seq").first()
         run_seq, prev = (last.run_seq, last.hash) if last else (0, GENESIS_HASH)
         entries = []
+        key = signing_key()
         for row in call_rows:
             for action, payload in (
                 (
@@ -247,6 +249,8 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
                 stamp = timezone.now()
                 payload = _canonical(payload)
                 digest = entry_hash(
+                    key=key,
+                    team_slug=team.slug,
                     run_id=run.pk,
                     run_seq=run_seq,
                     at=_timestamp(stamp),
@@ -272,6 +276,8 @@ def build_run(stack: Stack, steps: int, *, seed: int) -> tuple[str, int, dict[st
                         "payload": payload,
                         "prev_hash": prev,
                         "hash": digest,
+                        "hash_version": KEYED_HASH,
+                        "key_id": key.id,
                     }
                 )
                 prev = digest

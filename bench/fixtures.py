@@ -228,8 +228,10 @@ def ledger_chain_rows(
     """`per_run` valid, hash-chained ledger entries for each run (None: the global chain),
     shaped like a run's life: a permit and a result per tool call between create and finish.
     A generator: a million entries never sit in memory at once."""
-    from runs.ledger import GENESIS_HASH, _canonical, _timestamp, entry_hash
+    from runs.ledger import GENESIS_HASH, KEYED_HASH, _canonical, _timestamp, entry_hash
+    from runs.ledger_keys import signing_key
 
+    key = signing_key()
     rng = random.Random(seed)
     start = datetime.now().astimezone() - timedelta(days=30)
     for run_id in run_ids:
@@ -240,6 +242,8 @@ def ledger_chain_rows(
             action, payload = _ledger_step(run_seq, per_run, rng)
             payload = _canonical(payload)
             digest = entry_hash(
+                key=key,
+                team_slug=team_slug,
                 run_id=run_id,
                 run_seq=run_seq,
                 at=_timestamp(stamp),
@@ -264,6 +268,8 @@ def ledger_chain_rows(
                 "payload": payload,
                 "prev_hash": prev,
                 "hash": digest,
+                "hash_version": KEYED_HASH,
+                "key_id": key.id,
             }
             prev = digest
 

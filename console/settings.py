@@ -9,6 +9,7 @@ and Celery.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -437,6 +438,31 @@ SAFESTOP_NOTIFY_APPRISE_SCHEMES = env_list(
 SAFESTOP_SLACK_SIGNING_SECRET = os.environ.get("SAFESTOP_SLACK_SIGNING_SECRET", "")
 SAFESTOP_HANDOFF_REMIND_SECONDS = float(os.environ.get("SAFESTOP_HANDOFF_REMIND_SECONDS", 1800))
 SAFESTOP_LEDGER_VERIFY_SECONDS = float(os.environ.get("SAFESTOP_LEDGER_VERIFY_SECONDS", 3600))
+
+# The ledger's keys (runs/ledger_keys.py; docs/OPERATIONS.md, "The ledger against a database
+# writer"): every entry and every anchor is an HMAC with a key kept out of the database, so
+# someone who can write the database cannot recompute a chain. One or more `id:secret` separated
+# by whitespace or commas; the first signs, the others only verify (rotation). From the
+# environment, or from the file SAFESTOP_LEDGER_KEY_FILE names (a mounted secret).
+DEV_LEDGER_KEY = "dev:dev-only-insecure-ledger-key-change-me-in-production"
+_ledger_key_file = os.environ.get("SAFESTOP_LEDGER_KEY_FILE", "")
+SAFESTOP_LEDGER_KEY = os.environ.get("SAFESTOP_LEDGER_KEY", "") or (
+    Path(_ledger_key_file).read_text().strip() if _ledger_key_file else DEV_LEDGER_KEY
+)
+if PRODUCTION and SAFESTOP_LEDGER_KEY == DEV_LEDGER_KEY:
+    # A warning, not a refusal: the ledger still chains and verifies; but anyone who can write
+    # the database can also recompute its hashes with a key published here (check --deploy
+    # reports it too: runs/checks.py).
+    sys.stderr.write(
+        "safestop WARNING: SAFESTOP_ENV=production with the public development ledger key: set "
+        "SAFESTOP_LEDGER_KEY (or SAFESTOP_LEDGER_KEY_FILE) to `id:secret`, secret from\n"
+        "    python -c 'import secrets; print(secrets.token_urlsafe(32))'\n"
+    )
+# Where the walks write signed chain heads (runs/ledger_anchors.py): outside the database, on
+# storage its writers cannot reach. One directory per database; empty turns anchors off.
+SAFESTOP_LEDGER_ANCHOR_DIR = os.environ.get(
+    "SAFESTOP_LEDGER_ANCHOR_DIR", str(BASE_DIR / "var" / "ledger-anchors")
+)
 
 # Email: SMTP when SAFESTOP_EMAIL_HOST is set; otherwise mails are kept in the database and shown
 # on the console's "Outbox of notifications" page (the demo), never sent anywhere.

@@ -9,6 +9,9 @@ own requests and transactions, which only ever write a row.
 The handoff reminder runs once a minute and the ledger verification every
 `SAFESTOP_LEDGER_VERIFY_SECONDS` (it reads the whole ledger), counted from this process's start;
 the walk runs in a thread of its own, so a big ledger does not hold up the loop's next ticks.
+A clean walk also writes the next anchor of the chains' heads outside the database
+(`runs.ledger_checks.verification_run`), so the interval bounds what a database writer can cut
+from the end of a chain unnoticed.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ from runs.ledger_checks import (
     verification_run,
     verification_start_scheduled,
 )
+from runs.ledger_queries import ledger_entry_team
 from runs.models import LedgerEntry, Membership, Run, Team
 
 logger = logging.getLogger(__name__)
@@ -591,9 +592,7 @@ def ledger_check(verification_id: int | None = None) -> ChainBreak | None:
     if broken is None:
         return None
     logger.error("ledger chain broken at entry %s: %s", broken.entry_id, broken.problem)
-    slug = (
-        LedgerEntry.objects.filter(pk=broken.entry_id).values_list("team_slug", flat=True).first()
-    )
+    slug = ledger_entry_team(entry_id=broken.entry_id, run_id=broken.run_id)
     teams = Team.objects.filter(slug=slug) if slug else Team.objects.all()
     message = ledger_broken_message(
         entry_id=broken.entry_id,

@@ -10,6 +10,8 @@ class RunsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
+        from runs import checks  # noqa: F401  (registers the system checks)
+
         if settings.REDIS_URL:
             # With Celery, an enqueue kicks a dispatch task on commit. Wired here, not in the
             # services, so domain code never imports Celery.

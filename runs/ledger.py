@@ -4,6 +4,12 @@
 locked, so the per-run chain is written by one transaction at a time. Entries without a run
 (token creation, …) form their own chain; a unique constraint on their sequence refuses a fork
 and the append is retried.
+
+Triggers refuse UPDATE, DELETE and TRUNCATE; someone who can switch them off (a database
+superuser) is met by two more things. Each hash is an HMAC with a key the database does not hold
+(runs/ledger_keys.py), so a changed entry cannot be made to verify again; and the walks anchor
+the chains' heads outside the database (runs/ledger_anchors.py), so a chain cut short after an
+anchor is found too. docs/OPERATIONS.md says what such a writer can still hide.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -21,6 +27,8 @@ from django.utils import timezone
 
 from runs import hooks, sql
 from runs.actors import Actor
+from runs.ledger_anchors import AnchorHead, Pin, anchors_load
+from runs.ledger_keys import LedgerKey, key_by_id, signing_key
 from runs.models import LedgerEntry, Run
 
 GENESIS_HASH = "0" * 64
@@ -30,7 +38,65 @@ def _canonical(value: Any) -> Any:
     return json.loads(json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True))
 
 
+# How an entry's `hash` is made (`LedgerEntry.hash_version`).
+# A plain SHA-256 that leaves team_slug out: entries written before the chain was keyed. Anyone
+# who can write the database can recompute one, so they verify only where an anchor (written
+# outside the database) pins their chain at or past them, or while no anchor exists at all.
+LEGACY_HASH = 1
+# An HMAC-SHA256, with a ledger key the database does not hold, over every column but the
+# database id: what every entry is written with.
+KEYED_HASH = 2
+
+
+def _body(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+
 def entry_hash(
+    *,
+    key: LedgerKey,
+    run_id: str | None,
+    run_seq: int,
+    at: str,
+    actor_kind: str,
+    actor_id: str,
+    actor: str,
+    team_slug: str,
+    action: str,
+    reason: str,
+    payload: Any,
+    prev_hash: str,
+) -> str:
+    """The keyed hash (`KEYED_HASH`) of an entry with these columns, signed with `key`.
+
+    The columns go in as one JSON array in this fixed order: no key names to write or sort, which
+    makes it cheaper than the plain hash's object was, on every append and every entry walked.
+    Every value is plain JSON already (the payload went through `_canonical`, or came out of a
+    JSON column), so the C encoder needs no DjangoJSONEncoder."""
+    return key.sign(
+        json.dumps(
+            [
+                KEYED_HASH,
+                key.id,
+                run_id,
+                run_seq,
+                at,
+                actor_kind,
+                actor_id,
+                actor,
+                team_slug,
+                action,
+                reason,
+                payload,
+                prev_hash,
+            ],
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
+    )
+
+
+def legacy_entry_hash(
     *,
     run_id: str | None,
     run_seq: int,
@@ -43,7 +109,8 @@ def entry_hash(
     payload: Any,
     prev_hash: str,
 ) -> str:
-    body = json.dumps(
+    """The unkeyed hash (`LEGACY_HASH`) entries were written with before the chain was keyed."""
+    body = _body(
         {
             "run_id": run_id,
             "run_seq": run_seq,
@@ -55,12 +122,9 @@ def entry_hash(
             "reason": reason,
             "payload": payload,
             "prev_hash": prev_hash,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        cls=DjangoJSONEncoder,
+        }
     )
-    return hashlib.sha256(body.encode()).hexdigest()
+    return hashlib.sha256(body).hexdigest()
 
 
 def _timestamp(at: Any) -> str:
@@ -143,13 +207,16 @@ def _insert_entry(
     prev_hash = head.hash
     # Truncate to microseconds as stored, so the verifier recomputes the very same string.
     at = timezone.now()
+    key = signing_key()
     digest = entry_hash(
+        key=key,
         run_id=run.pk if run else None,
         run_seq=run_seq,
         at=_timestamp(at),
         actor_kind=actor.kind,
         actor_id=actor.id,
         actor=actor.name,
+        team_slug=team_slug,
         action=action,
         reason=reason,
         payload=payload,
@@ -168,6 +235,8 @@ def _insert_entry(
         payload=payload,
         prev_hash=prev_hash,
         hash=digest,
+        hash_version=KEYED_HASH,
+        key_id=key.id,
     )
     # Every transition appends: its INSERT is built once, not compiled by the ORM each time.
     if sql.prepared_statements():
@@ -211,11 +280,14 @@ _VERIFIED_COLUMNS = (
     "actor_kind",
     "actor_id",
     "actor",
+    "team_slug",
     "action",
     "reason",
     "payload",
     "prev_hash",
     "hash",
+    "hash_version",
+    "key_id",
 )
 VERIFY_CHUNK = 2000
 VERIFY_PROGRESS_EVERY = 100_000
@@ -229,11 +301,23 @@ class _Row(NamedTuple):
     actor_kind: str
     actor_id: str
     actor: str
+    team_slug: str
     action: str
     reason: str
     payload: Any
     prev_hash: str
     hash: str
+    hash_version: int
+    key_id: str
+
+
+@dataclass
+class AnchorReport:
+    """What a walk learnt about anchors, for the caller that writes the next one: how many
+    anchored heads it found again, and the heads of the chains that grew since (`moved`)."""
+
+    anchored: int = 0
+    moved: list[AnchorHead] = field(default_factory=list)
 
 
 def ledger_verify(
@@ -242,22 +326,37 @@ def ledger_verify(
     progress: Callable[[VerifyProgress], None] | None = None,
     progress_every: int = VERIFY_PROGRESS_EVERY,
     chunk_size: int = VERIFY_CHUNK,
+    report: AnchorReport | None = None,
 ) -> tuple[int, ChainBreak | None]:
     """Walk every chain (or one run's); return (entries checked, first break or None).
 
+    Each entry's hash is recomputed (keyed with the key it names), each chain is checked against
+    the anchors written outside the database (`runs.ledger_anchors`): an anchored head must still
+    be there with the same hash, so a chain cut short or deleted whole is a break too.
+
     Memory stays bounded whatever the ledger's size: rows stream in `chunk_size` batches and
-    only the previous entry's hash is kept. `progress` is called every `progress_every`
-    entries and once at the end, for a command's output or a task's log.
+    only the previous entry's hash is kept (and the anchored heads, one per chain). `progress`
+    is called every `progress_every` entries and once at the end, for a command's output or a
+    task's log. `report` collects what the next anchor needs.
     """
+    # The anchors are read before the walk's snapshot is taken: every head they pin was
+    # committed before it, so a head the walk cannot see was removed, not merely not yet seen.
+    anchors = anchors_load()
+    started = time.monotonic()
+    if anchors.problem:
+        return 0, ChainBreak(0, None, 0, anchors.problem)
+    pins = anchors.pins
+    if run_id is not None:
+        pins = {run_id: anchors.pins[run_id]} if run_id in anchors.pins else {}
     entries = LedgerEntry.objects.order_by("run_id", "run_seq")
     if run_id is not None:
         entries = entries.filter(run_id=run_id)
-    started = time.monotonic()
+    walk = _Walk(pins, any_anchor=anchors.files > 0, report=report or AnchorReport())
     # Inside a transaction, PostgreSQL's server-side cursor streams from the (run, run_seq)
     # index; in autocommit Django declares it WITH HOLD, which makes the server compute and
     # store the whole result before the first row comes back.
     with transaction.atomic():
-        checked, broken = _walk(
+        checked, broken = walk.run(
             entries.values_list(*_VERIFIED_COLUMNS).iterator(chunk_size=chunk_size),
             started=started,
             progress=progress,
@@ -268,51 +367,150 @@ def ledger_verify(
     return checked, broken
 
 
-def _walk(
-    rows: Iterable[tuple[Any, ...]],
-    *,
-    started: float,
-    progress: Callable[[VerifyProgress], None] | None,
-    progress_every: int,
-) -> tuple[int, ChainBreak | None]:
-    checked = 0
-    current_run: object = object()
-    expected_prev = GENESIS_HASH
-    expected_seq = 1
-    for values in rows:
-        entry = _Row._make(values)
-        if entry.run_id != current_run:
-            current_run = entry.run_id
-            expected_prev, expected_seq = GENESIS_HASH, 1
-        checked += 1
-        problem = _entry_problem(entry, expected_prev, expected_seq)
-        if problem:
-            return checked, ChainBreak(entry.pk, entry.run_id, entry.run_seq, problem)
-        expected_prev, expected_seq = entry.hash, entry.run_seq + 1
-        if progress is not None and checked % progress_every == 0:
-            progress(VerifyProgress(checked, time.monotonic() - started))
-    return checked, None
+_NO_CHAIN = object()
 
 
-def _entry_problem(entry: _Row, expected_prev: str, expected_seq: int) -> str:
-    if entry.run_seq != expected_seq:
-        return (
-            f"sequence gap: expected {expected_seq}, found {entry.run_seq} (an entry was removed)"
-        )
-    if entry.prev_hash != expected_prev:
-        return "prev_hash does not match the previous entry's hash"
-    recomputed = entry_hash(
-        run_id=entry.run_id,
-        run_seq=entry.run_seq,
-        at=_timestamp(entry.at),
-        actor_kind=entry.actor_kind,
-        actor_id=entry.actor_id,
-        actor=entry.actor,
-        action=entry.action,
-        reason=entry.reason,
-        payload=entry.payload,
-        prev_hash=entry.prev_hash,
-    )
-    if recomputed != entry.hash:
-        return "content does not match its hash (the row was changed)"
-    return ""
+class _Walk:
+    """One pass over the rows in (run, run_seq) order, chain after chain."""
+
+    def __init__(self, pins: dict[str | None, Pin], *, any_anchor: bool, report: AnchorReport):
+        self.pins = pins
+        # Before the first anchor exists, an unkeyed entry cannot be told from a downgraded one:
+        # the first clean walk anchors every chain, unkeyed ones included.
+        self.any_anchor = any_anchor
+        self.report = report
+        self.keys: dict[str, LedgerKey | None] = {}
+
+    def run(
+        self,
+        rows: Iterable[tuple[Any, ...]],
+        *,
+        started: float,
+        progress: Callable[[VerifyProgress], None] | None,
+        progress_every: int,
+    ) -> tuple[int, ChainBreak | None]:
+        checked = 0
+        current_run: object = _NO_CHAIN
+        last: _Row | None = None
+        pin: Pin | None = None
+        seen: set[str | None] = set()
+        expected_prev = GENESIS_HASH
+        expected_seq = 1
+        keyed = False
+        for values in rows:
+            entry = _Row._make(values)
+            if entry.run_id != current_run:
+                if last is not None:
+                    broken = self._chain_end(last, pin)
+                    if broken:
+                        return checked, broken
+                current_run = entry.run_id
+                seen.add(entry.run_id)
+                pin = self.pins.get(entry.run_id)
+                expected_prev, expected_seq, keyed = GENESIS_HASH, 1, False
+            checked += 1
+            problem = self._entry_problem(entry, expected_prev, expected_seq, pin, keyed)
+            if problem:
+                return checked, ChainBreak(entry.pk, entry.run_id, entry.run_seq, problem)
+            keyed = keyed or entry.hash_version == KEYED_HASH
+            expected_prev, expected_seq, last = entry.hash, entry.run_seq + 1, entry
+            if progress is not None and checked % progress_every == 0:
+                progress(VerifyProgress(checked, time.monotonic() - started))
+        if last is not None:
+            broken = self._chain_end(last, pin)
+            if broken:
+                return checked, broken
+        for run_id, gone in self.pins.items():
+            if run_id not in seen:
+                return checked, ChainBreak(
+                    gone.entry_id,
+                    run_id,
+                    gone.run_seq,
+                    f"the chain has no entries left, but anchor {gone.anchor} "
+                    f"({gone.written_at}) recorded it up to seq {gone.run_seq} "
+                    "(the chain was deleted)",
+                )
+        return checked, None
+
+    def _chain_end(self, last: _Row, pin: Pin | None) -> ChainBreak | None:
+        if pin is not None:
+            if last.run_seq < pin.run_seq:
+                return ChainBreak(
+                    pin.entry_id,
+                    last.run_id,
+                    pin.run_seq,
+                    f"the chain ends at seq {last.run_seq}, but anchor {pin.anchor} "
+                    f"({pin.written_at}) recorded it up to seq {pin.run_seq} "
+                    "(entries were removed from its end)",
+                )
+            self.report.anchored += 1
+        if pin is None or (last.run_seq, last.hash) != (pin.run_seq, pin.hash):
+            self.report.moved.append(AnchorHead(last.run_id, last.run_seq, last.hash, last.pk))
+        return None
+
+    def _key(self, key_id: str) -> LedgerKey | None:
+        if key_id not in self.keys:
+            self.keys[key_id] = key_by_id(key_id)
+        return self.keys[key_id]
+
+    def _entry_problem(
+        self, entry: _Row, expected_prev: str, expected_seq: int, pin: Pin | None, keyed: bool
+    ) -> str:
+        if entry.run_seq != expected_seq:
+            return (
+                f"sequence gap: expected {expected_seq}, found {entry.run_seq} "
+                "(an entry was removed)"
+            )
+        if entry.prev_hash != expected_prev:
+            return "prev_hash does not match the previous entry's hash"
+        if entry.hash_version == KEYED_HASH:
+            key = self._key(entry.key_id)
+            if key is None:
+                return (
+                    f"signed with key {entry.key_id!r}, which SAFESTOP_LEDGER_KEY does not list "
+                    "(keep retired keys after the current one)"
+                )
+            recomputed = entry_hash(
+                key=key,
+                run_id=entry.run_id,
+                run_seq=entry.run_seq,
+                at=_timestamp(entry.at),
+                actor_kind=entry.actor_kind,
+                actor_id=entry.actor_id,
+                actor=entry.actor,
+                team_slug=entry.team_slug,
+                action=entry.action,
+                reason=entry.reason,
+                payload=entry.payload,
+                prev_hash=entry.prev_hash,
+            )
+        elif entry.hash_version == LEGACY_HASH:
+            # Unkeyed entries are only the ones written before the chain was keyed: never after
+            # a keyed one, and never past what an anchor pinned. Otherwise anyone who can write
+            # the database could mark an entry unkeyed and recompute its plain hash.
+            if keyed or entry.key_id:
+                return "an unkeyed entry after keyed ones (its hash format was changed)"
+            if self.any_anchor and (pin is None or entry.run_seq > pin.run_seq):
+                return "an unkeyed entry no anchor covers (its hash format was changed)"
+            recomputed = legacy_entry_hash(
+                run_id=entry.run_id,
+                run_seq=entry.run_seq,
+                at=_timestamp(entry.at),
+                actor_kind=entry.actor_kind,
+                actor_id=entry.actor_id,
+                actor=entry.actor,
+                action=entry.action,
+                reason=entry.reason,
+                payload=entry.payload,
+                prev_hash=entry.prev_hash,
+            )
+        else:
+            return f"unknown hash version {entry.hash_version}"
+        if recomputed != entry.hash:
+            return "content does not match its hash (the row was changed)"
+        if pin is not None and entry.run_seq == pin.run_seq and entry.hash != pin.hash:
+            return (
+                f"the hash differs from the one anchor {pin.anchor} ({pin.written_at}) "
+                "recorded (the chain was rewritten)"
+            )
+        return ""

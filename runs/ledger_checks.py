@@ -5,22 +5,28 @@ A walk reads the whole ledger: 22–25 s for 1,000,000 entries (docs/BENCHMARKS.
 request walks it. The audit page shows the latest recorded walk and asks for a new one; a Celery
 worker (or, in the embedded default, a thread of the serving process) claims it, walks and
 records the outcome (`notifications.services.ledger_check`, which also announces a break). The
-scheduled walk (beat, or the background loop) is recorded the same way, as `scheduled`.
+scheduled walk (beat, or the background loop) is recorded the same way, as `scheduled`. A clean
+walk ends by anchoring the chains' heads outside the database (runs/ledger_anchors.py), which the
+next walks check.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 
 from django.utils import timezone
 
-from runs.ledger import ChainBreak, VerifyProgress, ledger_verify
+from runs.ledger import AnchorReport, ChainBreak, VerifyProgress, ledger_verify
+from runs.ledger_anchors import anchor_dir, anchor_write
 from runs.models import LedgerVerification
 
 SCHEDULED = "scheduled"
 # A walk not finished this long after it was asked for died with its worker: a new one may start.
 STALE_AFTER = timedelta(hours=1)
+
+logger = logging.getLogger(__name__)
 
 
 def verification_latest() -> LedgerVerification | None:
@@ -79,14 +85,18 @@ def verification_run(
 ) -> ChainBreak | None:
     """Walk every chain and record what was found on `verification` (already claimed). A walk
     that fails is recorded as failed, with why, and the exception goes on."""
+    report = AnchorReport()
     try:
-        checked, broken = ledger_verify(progress=progress)
+        checked, broken = ledger_verify(progress=progress, report=report)
     except Exception as failure:
         verification.error = f"{type(failure).__name__}: {failure}"[:2000]
         verification.finished_at = timezone.now()
         verification.save(update_fields=["error", "finished_at"])
         raise
     verification.checked = checked
+    verification.anchored_heads = report.anchored
+    if broken is None:
+        _anchor(verification, report, checked=checked)
     verification.finished_at = timezone.now()
     if broken is not None:
         verification.broken_entry_id = broken.entry_id
@@ -101,9 +111,25 @@ def verification_run(
             "broken_run_id",
             "broken_run_seq",
             "problem",
+            "anchored_heads",
+            "anchor_written",
+            "anchor_error",
         ]
     )
     return broken
+
+
+def _anchor(verification: LedgerVerification, report: AnchorReport, *, checked: int) -> None:
+    """Sign the heads of the chains that grew since the last anchor, outside the database. Only
+    after a clean walk: an anchor vouches for what it names. A walk that found nothing new
+    writes nothing; one that cannot write says why, and its verdict stands."""
+    if anchor_dir() is None or not report.moved:
+        return
+    try:
+        verification.anchor_written = anchor_write(report.moved, checked=checked)
+    except OSError as failure:
+        logger.error("ledger anchor not written: %s", failure)
+        verification.anchor_error = f"{type(failure).__name__}: {failure}"[:2000]
 
 
 def verification_break(verification: LedgerVerification) -> ChainBreak | None:

@@ -21,7 +21,7 @@ from datetime import datetime
 
 from django.db.models import QuerySet
 
-from runs.models import LedgerEntry
+from runs.models import LedgerEntry, Run
 
 # The filter menus list at most this many distinct actions and reasons.
 CHOICES_LIMIT = 200
@@ -84,6 +84,10 @@ def ledger_filter_choices(*, team_slugs: list[str] | None) -> tuple[list[str], l
     return actions, reasons
 
 
-def ledger_entry_team(*, entry_id: int) -> str | None:
-    """The team slug of one entry (None if there is no such entry)."""
-    return LedgerEntry.objects.filter(pk=entry_id).values_list("team_slug", flat=True).first()
+def ledger_entry_team(*, entry_id: int, run_id: str | None = None) -> str | None:
+    """The team slug of one entry; for an entry no longer there (a chain cut short, found
+    through an anchor), its run's team. None when neither is known."""
+    slug = LedgerEntry.objects.filter(pk=entry_id).values_list("team_slug", flat=True).first()
+    if slug is None and run_id:
+        slug = Run.objects.filter(pk=run_id).values_list("team__slug", flat=True).first()
+    return slug

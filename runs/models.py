@@ -689,6 +689,11 @@ class LedgerEntry(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)
+    # How `hash` was made (runs/ledger.py): 1, a plain SHA-256 that leaves out team_slug (entries
+    # written before the chain was keyed; only anchored ones verify); 2, an HMAC-SHA256 over every
+    # column but the database id, with the ledger key `key_id` names (runs/ledger_keys.py).
+    hash_version = models.PositiveSmallIntegerField()
+    key_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ["id"]
@@ -730,6 +735,11 @@ class LedgerVerification(models.Model):
     problem = models.TextField(blank=True)
     # Why the walk could not finish (the database went away, ...): not a break, not a pass.
     error = models.TextField(blank=True)
+    # Chain heads an earlier walk anchored outside the database and this one found again
+    # (runs/ledger_anchors.py); the anchor this walk wrote, or why it could not write one.
+    anchored_heads = models.PositiveIntegerField(default=0)
+    anchor_written = models.CharField(max_length=200, blank=True)
+    anchor_error = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-requested_at", "-id"]

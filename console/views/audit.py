@@ -124,7 +124,7 @@ def verification_context(slugs: list[str] | None) -> dict[str, Any]:
     broken = verification_break(last) if last is not None else None
     in_scope = True
     if broken is not None and slugs is not None:
-        in_scope = ledger_entry_team(entry_id=broken.entry_id) in slugs
+        in_scope = ledger_entry_team(entry_id=broken.entry_id, run_id=broken.run_id) in slugs
     took = None
     if last is not None and last.started_at is not None and last.finished_at is not None:
         took = (last.finished_at - last.started_at).total_seconds()

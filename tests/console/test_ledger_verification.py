@@ -152,3 +152,37 @@ def test_only_admins_see_or_ask_for_a_verification(as_reviewer, as_viewer):
         assert client.get("/audit/verify/").status_code == 403
         assert client.post("/audit/verify/").status_code == 403
     assert LedgerVerification.objects.count() == 0
+
+
+def test_the_line_says_what_the_anchors_showed_and_a_cut_tail_fails_it(as_admin, team):
+    run = stopped_cleanly(team)
+    notify.ledger_check()  # the scheduled walk anchors every chain head it verified
+    body = as_admin.get("/audit/").content.decode()
+    assert "0 chain heads found as anchored outside the database" in body
+    assert "new anchor written" in body
+
+    notify.ledger_check()
+    body = as_admin.get("/audit/").content.decode()
+    assert "1 chain head found as anchored outside the database" in body
+    assert "new anchor written" not in body  # nothing moved since
+
+    last = LedgerEntry.objects.filter(run=run).order_by("-run_seq").first()
+    behind_the_triggers("DELETE FROM runs_ledgerentry WHERE id = %s", [last.pk])
+    assert notify.ledger_check() is not None
+    body = as_admin.get("/audit/").content.decode()
+    assert "Ledger verification FAILED" in body and "removed from its end" in body
+
+
+def test_an_anchor_that_cannot_be_written_is_said_beside_a_passed_walk(
+    as_admin, team, settings, tmp_path
+):
+    stopped_cleanly(team)
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    settings.SAFESTOP_LEDGER_ANCHOR_DIR = str(blocked)
+    notify.ledger_check()
+    [walk] = LedgerVerification.objects.all()
+    assert walk.broken_entry_id is None and walk.anchor_written == ""
+    assert "FileExistsError" in walk.anchor_error
+    body = as_admin.get("/audit/").content.decode()
+    assert "every hash chain intact" in body and "The anchor could not be written" in body

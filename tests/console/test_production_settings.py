@@ -20,6 +20,7 @@ PRODUCTION = {
     "SAFESTOP_HTTPS": "1",
     "SAFESTOP_ALLOWED_HOSTS": "safestop.example.com",
     "SAFESTOP_CSRF_TRUSTED_ORIGINS": "https://safestop.example.com",
+    "SAFESTOP_LEDGER_KEY": "prod1:" + "L" * 12 + "w9-Ye2" + "x" * 16,
 }
 
 
@@ -72,6 +73,22 @@ def test_check_deploy_is_clean_in_the_documented_production_configuration() -> N
     result = _run(["manage.py", "check", "--deploy", "--fail-level", "WARNING"], **PRODUCTION)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+def test_check_deploy_warns_about_the_public_ledger_key_and_reads_a_key_file(tmp_path) -> None:
+    without = {k: v for k, v in PRODUCTION.items() if k != "SAFESTOP_LEDGER_KEY"}
+    result = _run(["manage.py", "check", "--deploy", "--fail-level", "WARNING"], **without)
+    assert result.returncode != 0
+    assert "safestop.W001" in result.stderr + result.stdout
+    assert "public development ledger key" in result.stderr  # said at start, too
+    key_file = tmp_path / "ledger.key"
+    key_file.write_text(PRODUCTION["SAFESTOP_LEDGER_KEY"] + "\n")
+    result = _run(
+        ["manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        **without,
+        SAFESTOP_LEDGER_KEY_FILE=str(key_file),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_https_sets_secure_cookies_hsts_and_the_redirect() -> None:
