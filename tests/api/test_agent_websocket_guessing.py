@@ -1,4 +1,4 @@
-"""Guessing tokens on the agent websocket is throttled like over HTTP (issue 14, point 5): a wrong
+"""Guessing tokens on the agent websocket is throttled like over HTTP (or the socket would be the way around the limit): a wrong
 token spends the address's budget, and a spent budget closes every handshake from the address
 with 4429, the right token too, until the window ends; counted in /metrics."""
 

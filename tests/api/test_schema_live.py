@@ -1,4 +1,4 @@
-"""The schema tells the truth (issue 14, point 8): schemathesis, with every check it has, in
+"""The schema tells the truth (clients are generated from it): schemathesis, with every check it has, in
 positive and negative modes, against a live server (daphne, over HTTP), once with an agent
 token and once with a reviewer token, finds no 5xx and no answer the schema does not describe —
 no rejected schema-valid request, no accepted schema-violating one.

@@ -1,4 +1,4 @@
-"""An interrupted run with an unconfirmed write, from a reviewer's seat (issue 15, point 5): the
+"""An interrupted run with an unconfirmed write, from a reviewer's seat: the
 run page says why Resume waits, the interruption packet resolves the write, and the open run
 page offers Resume live, without a reload.
 

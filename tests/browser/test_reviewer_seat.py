@@ -1,4 +1,4 @@
-"""The console from an on-call reviewer's seat (issue 15): filters that survive live updates,
+"""The console from an on-call reviewer's seat: filters that survive live updates,
 an export of what the table shows, a failed Stop said plainly, and small page fixes.
 
 As in test_console.py, every change a browser must see live goes through the live server.

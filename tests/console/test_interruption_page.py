@@ -1,4 +1,4 @@
-"""An interrupted run with an unconfirmed write reaches a person (issue 15, point 5): the runs
+"""An interrupted run with an unconfirmed write reaches a person: the runs
 page marks it, the run page says why Resume waits and offers it once resolved, `/packet/` is its
 interruption packet with a control per unknown, and a missing packet's 404 says what is true."""
 

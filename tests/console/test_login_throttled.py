@@ -1,4 +1,4 @@
-"""Failed sign-ins are throttled per user and per address (issue 14, point 5, django-axes): the
+"""Failed sign-ins are throttled per user and per address (django-axes), so a password cannot be guessed: the
 login page says so, answers 429 with Retry-After, and /metrics counts the failures."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dispatcher's scan reads the queue, not the outbox (issue 17: it runs every tick, on the
+"""The dispatcher's scan reads the queue, not the outbox (it runs every tick, on the
 database every stop waits for).
 
 `outbox_claim_next` once asked for "pending items of running runs OR released items" in one

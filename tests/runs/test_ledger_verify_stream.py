@@ -1,5 +1,5 @@
 """The ledger verification walks every chain in chunks, reports progress and still finds the
-first changed entry wherever it sits (issue 17, point 3)."""
+first changed entry wherever it sits, in bounded memory (a ledger of millions of entries)."""
 
 from __future__ import annotations
 
