@@ -372,6 +372,7 @@ def runs_page_rows(
                 samples,
                 target_key="p95",
                 target_ms=100,
+                figure=f"runs page over {total_runs:,} runs (staff, reviewer, filters, search, htmx)",
                 note=f"{queries} queries, {size / 1024:.0f} KiB, load {os.getloadavg()[0]:.1f}",
             )
         )

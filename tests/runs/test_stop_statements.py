@@ -1,4 +1,4 @@
-"""The stop's write path stays lean and does all it did (docs/BENCHMARKS.md, "Bulk stop").
+"""The stop's write path stays lean and does all it did (docs/BENCHMARKS.md).
 
 A stop of a running run is the run lock, one statement for the stop's writes and reads, and the
 ledger entry: a change that brings back per-statement ORM work fails the statement count here,
