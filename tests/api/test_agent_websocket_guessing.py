@@ -18,9 +18,9 @@ from websockets.sync.client import connect
 
 from console.asgi import application
 from runs.api import consumers, ratelimit
-from tests.runs.factories import make_running
 from tests.support.api import with_time_left_in_the_window
 from tests.support.livestack import start_live_stack
+from tests.support.scenarios import make_running
 
 LIMIT = 4
 GUESSER, NEIGHBOUR = "127.0.0.1", "127.0.0.2"  # both loopback: the server sees two addresses

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runs.models import BulkStop, LedgerEntry, RunStatus, StopRequest
-from tests.runs.factories import make_run, make_running, reload
+from tests.support.scenarios import make_run, make_running, reload
 
 pytestmark = pytest.mark.django_db
 

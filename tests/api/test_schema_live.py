@@ -26,9 +26,9 @@ import pytest
 from runs import services
 from runs.actors import Actor
 from runs.models import Team
-from tests.runs.factories import make_run, make_running
 from tests.support.api import stop
 from tests.support.livestack import LiveStack, start_live_stack
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from runs.models import Run, RunStatus
-from tests.browser.test_console import (
+from tests.support.browser import (
     assert_not_reloaded,
     collect_errors,
     create_run,

@@ -19,7 +19,7 @@ from django.utils import timezone
 from runs import services
 from runs.actors import Actor
 from runs.models import OutboxItem, OutboxStatus
-from tests.runs.factories import make_running
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,8 +17,7 @@ from runs.actors import Actor
 from runs.errors import IllegalTransition
 from runs.models import OutboxStatus, Run, RunStatus
 from runs.selectors import interruptions_recovered, needs_resolution_q
-from tests.runs.factories import reload
-from tests.support.scenarios import interrupted, running
+from tests.support.scenarios import interrupted, reload, running
 
 pytestmark = pytest.mark.django_db
 

@@ -8,8 +8,8 @@ from django.core.management import call_command
 
 from runs.ledger import VerifyProgress, ledger_verify
 from runs.models import LedgerEntry
-from tests.runs.factories import make_running
 from tests.support.ledger import behind_the_triggers
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 

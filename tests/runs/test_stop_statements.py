@@ -29,7 +29,7 @@ from runs.models import (
     SteeringStatus,
     StopRequest,
 )
-from tests.runs.factories import make_running, reload
+from tests.support.scenarios import make_running, reload
 
 pytestmark = pytest.mark.django_db
 
