@@ -149,23 +149,31 @@ def _dotted_exists(name: str) -> bool:
     return name in _string_literals()
 
 
+def _defines(tree: ast.Module, attributes: list[str]) -> bool:
+    """The module defines attributes[0] at its top level (and, for a class, the rest inside)."""
+    body: list[ast.stmt] = tree.body
+    for attribute in attributes:
+        found = next((node for node in body if getattr(node, "name", None) == attribute), None)
+        if found is None:
+            return False
+        body = found.body if isinstance(found, ast.ClassDef) else []
+    return True
+
+
 def _path_exists(name: str, base: str | None) -> bool:
-    """A file or folder, or `file.attr` (a module file that defines attr)."""
-    stem, attribute = name, ""
-    last = name.rstrip("/").rsplit("/", 1)[-1]
+    """A file or folder, or `file.attr[.attr]` (a module file that defines them)."""
+    stem, attributes = name, []
+    folder, _, last = name.rstrip("/").rpartition("/")
     if not name.endswith("/") and not name.endswith(FILE_SUFFIXES) and "." in last:
-        stem, attribute = name.rsplit(".", 1)
-        stem += ".py"
+        module, *attributes = last.split(".")
+        stem = f"{folder}/{module}.py" if folder else f"{module}.py"
     candidates = [ROOT / stem]
     if base is not None:
         candidates += [ROOT / base / stem, *(ROOT / base).rglob(stem.rstrip("/"))]
     for candidate in candidates:
         if not candidate.exists() or (name.endswith("/") and not candidate.is_dir()):
             continue
-        if not attribute:
-            return True
-        tree = ast.parse(candidate.read_text())
-        if any(getattr(node, "name", None) == attribute for node in tree.body):
+        if not attributes or _defines(ast.parse(candidate.read_text()), attributes):
             return True
     return False
 
@@ -214,6 +222,7 @@ def test_every_name_architecture_md_gives_exists(line: int, name: str, base: str
     [
         "runs/services/_lock_nothing.py",
         "views/common.no_such_view",
+        "demo/scenarios.Context.no_such_method",
         "runs.services.no_such_service",
         "_stop_sql.no_such_step",
         "DomainError.no_such_constructor",
