@@ -82,7 +82,7 @@ migrations-check: install
 bench: install services nginx
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) bench/run_all.py
 
-# The stop/dispatch leakage race for a long time (issue 14; CI runs its short version in
+# The stop/dispatch leakage race for a long time (CI runs its short version in
 # tests/dispatch/test_leakage_race.py): 10,000 stops against 8 dispatcher processes on a database
 # of its own, bounded by SOAK_SECONDS; prints leaks, duplicates and throughput and fails on any
 # leak or duplicate. SOAK_CELERY=1 adds a real Celery worker and samples its RSS (bench/soak.py).

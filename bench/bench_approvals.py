@@ -463,6 +463,7 @@ def bench_inbox(stack: Any) -> list[Row]:
                 samples,
                 target_key="p95",
                 target_ms=150,
+                figure=f"approvals inbox and API at {total_waiting:,} waiting",
                 note=f"{queries} queries ({small_queries} with 10 waiting: {constant}) taking "
                 f"{sql_ms:.1f} ms of one request, {size / 1024:.0f} KiB",
             )

@@ -486,13 +486,13 @@ def run(stack: Stack) -> list[Row]:
     return rows
 
 
-# Issue 17, point 1: single events at >= 50 % of the HTTP floor, batches at >= 25 % of raw.
+# Targets: single events at >= 50 % of the HTTP floor, batches at >= 25 % of raw psycopg.
 SINGLE_TO_FLOOR_TARGET = 0.50
 BATCH_TO_RAW_TARGET = 0.25
 
 
 def _ratios(stack: Stack) -> list[Row]:
-    """Both ratios of issue 17 in interleaved rounds (API, then its reference, then again):
+    """Both ratios in interleaved rounds (API, then its reference, then again):
     on a shared machine the load moves within a minute, and a ratio of two figures taken a
     minute apart measures the load as much as the code. Each round is 4 clients on the one
     daphne process; the row gives the median round's ratio and every round's in the note."""

@@ -1,4 +1,4 @@
-"""Ledger verification of 1,000,000 entries (issue 17, point 3): time, progress, peak memory.
+"""Ledger verification of 1,000,000 entries: time, progress, peak memory.
 
 1. COPYs a valid hash-chained ledger (bench/fixtures.py `ledger_chain_rows`): runs of 50
    entries each, plus a global chain of 100, first `--small` entries, then up to `--entries`;

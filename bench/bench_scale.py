@@ -1,4 +1,4 @@
-"""Scale-out: 1, 2 and 4 daphne processes behind nginx, the way production runs (issue 17, 2 and 5).
+"""Scale-out: 1, 2 and 4 daphne processes behind nginx, the way production runs.
 
 Each daphne is started with the production command (docker-compose.yml's `web`:
 `daphne --proxy-headers console.asgi:application`) on a loopback port, all on the bench's

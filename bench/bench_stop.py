@@ -3,7 +3,7 @@
 1. `run_stop` server time — a running run with a live lease, 1,000 pending outbox items and
    three tool calls in flight; the call is timed in this process around the very service the
    API and the console call (it includes the commit and the on-commit publish to Redis). The
-   same with 10,000 pending items (issue 17, point 3: the freeze is one UPDATE of every item).
+   same with 10,000 pending items (the freeze is one UPDATE of every item).
    The 1,000-item setup is also stopped through `POST /api/v1/runs/{id}/cancel/` for the HTTP
    round trip.
 2. stop commit → signal received — a `safestop_agent` worker in another process holds the lease
@@ -314,7 +314,7 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
             "stop commit → signal at a connected safestop_agent worker",
             commit_to_signal,
             target_key="p99",
-            target_ms=10,  # issue 17, point 4 (it was 50)
+            target_ms=10,  # a stop must reach a connected worker within a heartbeat's jitter
             note="Redis → daphne → agent websocket (heartbeat every 40 s, so the push is what is timed)",
         ),
         latency_row("stop", "stop commit → worker drained (cooperating worker)", commit_to_drained),
@@ -324,7 +324,7 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
             "POST /cancel/ → stopped_cleanly (worker's drained answer)",
             request_to_drained,
             target_key="p95",
-            target_ms=100,  # issue 17, point 4 (it was 300)
+            target_ms=100,  # a person pressing Stop sees it stopped at once
             note=note,
         ),
         latency_row("stop", "  server-side: requested_at → stopped_at", server_request_to_stopped),

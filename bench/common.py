@@ -61,6 +61,11 @@ class Row:
     judged: float | None = None
     met: bool | None = None
     note: str = ""
+    # The line of the targets table this row counts in (default: its metric). Variants of one
+    # figure (the runs page as staff, as a reviewer, filtered, ...) share one line.
+    figure: str = ""
+    # What makes this figure (set by bench/run_all.py for its sections).
+    command: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +77,8 @@ class Row:
             "judged": self.judged,
             "met": self.met,
             "note": self.note,
+            "figure": self.figure,
+            "command": self.command,
         }
 
 
@@ -83,12 +90,13 @@ def latency_row(
     target_key: str | None = None,
     target_ms: float | None = None,
     note: str = "",
+    figure: str = "",
 ) -> Row:
     figures = summary(samples_ms)
     judged = figures.get(target_key) if target_key else None
     met = None if judged is None or target_ms is None else judged <= target_ms
     target = f"{target_key} ≤ {target_ms:g} ms" if target_key and target_ms is not None else ""
-    return Row(section, metric, figures, "ms", target, judged, met, note)
+    return Row(section, metric, figures, "ms", target, judged, met, note, figure=figure)
 
 
 def rate_row(
@@ -144,6 +152,41 @@ def format_table(rows: Iterable[Row]) -> str:
             f"| {_fmt(f.get('p99'))} | {_fmt(f.get('max'))} | {rate} | {row.target} | {met} |"
         )
     return "\n".join(lines)
+
+
+def _judged_text(rows: list[Row]) -> str:
+    """The judged figure of one line: `p99 7.39 ms`, `47.5 %`, or a range over its variants."""
+    first = rows[0]
+    key = first.target.split()[0] if first.target[:1] == "p" else ""
+    values = [row.judged for row in rows if row.judged is not None]
+    if not values:
+        return "—"
+    low, high = min(values), max(values)
+    shown = _fmt(low) if low == high else f"{_fmt(low)}–{_fmt(high)}"
+    unit = {"": "", "×": "×"}.get(first.unit, f" {first.unit}")
+    variants = f" ({len(rows)} variants)" if len(rows) > 1 else ""
+    return f"{key} {shown}{unit}{variants}".strip()
+
+
+def format_targets(rows: Iterable[Row]) -> str:
+    """Every figure that has a target, one line each, in docs/BENCHMARKS.md's shape: the
+    figure, what it measured now, the target, met or not, and the command that makes it."""
+    lines: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        if row.target and row.met is not None:
+            lines.setdefault((row.section, row.figure or row.metric.strip()), []).append(row)
+    table = [
+        "| figure | now | target | met | command |",
+        "|---|---|---|:---:|---|",
+    ]
+    for (_section, figure), group in lines.items():
+        met = "yes" if all(row.met for row in group) else "**no**"
+        command = group[0].command
+        table.append(
+            f"| {figure} | {_judged_text(group)} | {group[0].target} | {met} | "
+            f"{f'`{command}`' if command else ''} |"
+        )
+    return "\n".join(table)
 
 
 # --------------------------------------------------------------------------------------------

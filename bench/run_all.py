@@ -11,8 +11,10 @@
    channels-redis carries frames between processes; a Celery worker (with beat) where the
    production background work belongs in the picture (the end-to-end stop and the fan-out);
 3. runs the benchmarks — each bounded in count and in time, loopback traffic only;
-4. prints the table, writes `bench/results/latest.json`, stops what it started (by pid) and
-   drops the database (unless --keep-db).
+4. prints the table of every figure, then the figures that have a target against it (the table
+   of docs/BENCHMARKS.md, with the command that makes each), writes
+   `bench/results/latest.json`, stops what it started (by pid) and drops the database (unless
+   --keep-db).
 
 Figures only: nothing here passes or fails a build.
 """
@@ -38,6 +40,7 @@ from bench.common import (  # noqa: E402
     Row,
     drop_database,
     format_table,
+    format_targets,
     free_port,
     machine,
     recreate_database,
@@ -48,6 +51,8 @@ from bench.common import (  # noqa: E402
 )
 
 SECTIONS = ("stop", "ingest", "pages", "approvals", "bulk", "fanout", "ledger", "scale")
+# A row's section → the `--only` that measures it (the fan-out also reports daphne's memory).
+ONLY_FOR_SECTION = {"memory": "fanout"}
 
 
 def _environment(args: argparse.Namespace) -> tuple[str, str, str, dict[str, str]]:
@@ -288,7 +293,13 @@ def main() -> None:
             drop_database(admin_url, db_name)
 
     total = time.monotonic() - began
+    for row in rows:
+        row.command = row.command or (
+            f"bench/run_all.py --only {ONLY_FOR_SECTION.get(row.section, row.section)}"
+            + (" --quick" if args.quick else "")
+        )
     table = format_table(rows)
+    targets = format_targets(rows)
     info = machine()
     print("\n" + table)
     print(
@@ -306,6 +317,8 @@ def main() -> None:
     for row in rows:
         if row.note:
             print(f"  - {row.section} / {row.metric.strip()}: {row.note}")
+    print("\nFigures against their targets (docs/BENCHMARKS.md keeps the latest of this table):\n")
+    print(targets)
     # A subset (`--only`, bench/bench_approvals.py) does not overwrite the whole run's figures.
     name = "quick" if args.quick else "latest"
     if set(only) != set(SECTIONS):
@@ -325,6 +338,7 @@ def main() -> None:
                 },
                 "rows": [row.as_dict() for row in rows],
                 "table": table,
+                "targets": targets,
             },
             indent=2,
             default=str,

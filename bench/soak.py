@@ -19,7 +19,7 @@ With `SOAK_CELERY=1` a real Celery worker (solo pool, the production dispatcher'
 third contender for every item: at each round's start the soak queues one task per item, like
 the dispatch kick does in production. It runs without beat, because beat's `dispatch_pending`
 would send the prepared runs' items before their round begins. The worker's VmRSS/VmHWM is
-sampled from /proc every `SOAK_RSS_EVERY` seconds and summarised at the end (issue 17, point 5).
+sampled from /proc every `SOAK_RSS_EVERY` seconds and summarised at the end.
 
 It ends when `SOAK_STOPS` stops (default 10,000) are done or `SOAK_SECONDS` (default 1800) have
 passed, waits for the Celery queue to drain, then prints the tally: leaks (an item received
@@ -71,7 +71,7 @@ PROGRESS_EVERY = float(setting("SOAK_PROGRESS_EVERY", "60"))
 # The worker may lag the dispatcher processes (one solo process against eight): past this many
 # queued tasks a round waits, so the queue (and the final drain) stays bounded.
 CELERY_BACKLOG = int(setting("SOAK_CELERY_BACKLOG", str(4 * RUNS_PER_ROUND * ITEMS)))
-# A line when this many stops are done, for runs told to go on longer (the hour of point 5).
+# A line when this many stops are done, for runs told to go on longer (an hour, for the worker's memory).
 MILESTONE = int(setting("SOAK_MILESTONE", "10000"))
 # With SOAK_CELERY: trace the worker's allocations (bench/soak_worker.py) and print what grew.
 TRACEMALLOC = setting("SOAK_TRACEMALLOC", "0") not in ("0", "", "no", "false")

@@ -6,7 +6,7 @@ Starts tracing before Celery, Django and the project are imported (so their allo
 traced too), then runs `celery -A console worker ...` in this process. A daemon thread writes a
 snapshot (`tracemalloc.Snapshot.dump`) every interval; the soak compares the first one taken
 after warm-up with the last and prints where the memory that stayed was allocated. Tracing
-costs memory and time of its own, so the RSS figures of issue 17 come from runs without it.
+costs memory and time of its own, so the RSS figures in docs/BENCHMARKS.md come from runs without it.
 """
 
 from __future__ import annotations

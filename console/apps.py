@@ -9,7 +9,8 @@ class ConsoleConfig(AppConfig):
 
     def ready(self) -> None:
         # Channels is wired to the domain's change notifications here, so domain code never
-        # imports Channels (STYLE: domain code imports neither Celery nor Channels).
+        # imports Channels: a transition must not wait on a socket or a broker, so services publish
+        # through `runs.notify` and the listeners send after commit (docs/ARCHITECTURE.md, Layers).
         from django.contrib.auth import get_user_model
         from django.contrib.auth.signals import user_logged_out
         from django.db.models.signals import post_delete, post_save

@@ -1201,7 +1201,9 @@ class NavCounts:
 
 
 def nav_counts(access: Access) -> NavCounts:
-    """One query, whatever the number of teams: four scalar COUNT subqueries on the user's row."""
+    """One query, whatever the number of teams: five scalar COUNT subqueries on the user's row
+    (waiting approvals seen, waiting approvals to decide, dirty runs, unresolved interrupted runs,
+    handoffs)."""
     if access.user_id is None:
         return NavCounts()
     acting = access.ids_with(Role.REVIEWER)

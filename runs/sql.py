@@ -1,7 +1,7 @@
 """Statements built once per process from the models' `_meta`, for the hottest write paths.
 
 Compiling the same ORM statement again on every call was most of a stop's CPU time, which is
-what bounds a bulk stop of 1,000 runs (docs/BENCHMARKS.md, "Bulk stop"). What is built here
+what bounds a bulk stop of 1,000 runs (docs/BENCHMARKS.md). What is built here
 names every concrete column with Django's own defaults and value preparation, so a column that a
 migration adds is written too. PostgreSQL only (`prepared_statements`): the callers keep their
 ORM path for SQLite, the embedded database of `make run`.

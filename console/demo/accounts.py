@@ -45,7 +45,7 @@ DEMO_USERS: tuple[DemoUser, ...] = (
 
 
 # The demo teams' approval rules (DESIGN §10): the simulator's payment, deploy and customer
-# email agents (`console.demo.simulator.APPROVAL_SCENARIOS`) are held by these, so approvals
+# email agents (`console.demo.scenarios.APPROVAL_SCENARIOS`) are held by these, so approvals
 # arrive in the inbox within seconds of `serve`. (team slug, rule fields)
 DEMO_APPROVAL_RULES: tuple[tuple[str, dict[str, object]], ...] = (
     (

@@ -68,7 +68,7 @@ RULE_TEMPLATE = "console/approval_rule.html"
 APPROVALS = Capability.APPROVALS
 
 # The inbox shows the soonest deadlines first and stops there: 10,000 waiting approvals must
-# render as fast as 10 (issue 12). Filters narrow it.
+# render as fast as 10. Filters narrow it.
 INBOX_LIMIT = 100
 # An approval this close to its deadline is highlighted: it expires — as a rejection — soon.
 SOON_SECONDS = 120

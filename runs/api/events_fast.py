@@ -2,8 +2,8 @@
 
 A well-formed batch from a valid agent token is answered here without DRF's request wrapping,
 content negotiation, serializers and renderer, and without a token lookup: in the bench's
-profile those cost more than the batch's own database work (docs/BENCHMARKS.md, "Ingestion hot
-path"). Anything else — another credential, a malformed or unusual body, an unknown run,
+profile those cost more than the batch's own database work (docs/BENCHMARKS.md). Anything
+else — another credential, a malformed or unusual body, an unknown run,
 another team's run, a rate limit reached, a token revoked since it was cached — returns None
 and `EventsView` answers through DRF exactly as before: same status codes, same error bodies,
 same denial counters. The answers of the two paths are the same bytes for the same input.

@@ -1,4 +1,5 @@
-"""Serializer fields that accept exactly what the OpenAPI schema says (issue 14, point 8).
+"""Serializer fields that accept exactly what the OpenAPI schema says: clients generated from
+the schema must never be refused, and nothing the schema does not describe may be stored.
 
 DRF's fields coerce: a CharField takes the number 12 as "12", an IntegerField takes "12" and
 12.0, a BooleanField takes "yes", 1 and "on". The schema says `string`, `integer`, `boolean`,

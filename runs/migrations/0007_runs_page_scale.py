@@ -1,4 +1,4 @@
-"""The runs page over a million runs (issue 17, point 3; docs/BENCHMARKS.md).
+"""The runs page over a million runs (docs/BENCHMARKS.md).
 
 Two b-tree indexes the capped per-state counts read index-only (per team, per agent) and the
 agent list walks. On PostgreSQL, trigram indexes let a search of the titles (Django's

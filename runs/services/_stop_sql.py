@@ -3,8 +3,8 @@
 A stop of a running run wrote its StopRequest, froze the outbox, flagged calls in flight,
 marked steering, moved the run, then read the ledger head, the live lease and whether an
 approval waits: nine ORM statements, each compiled again on every stop. Compiling them was most
-of a stop's CPU time, which is what bounds a bulk stop of 1,000 runs (docs/BENCHMARKS.md,
-"Bulk stop"). Here they are one statement: data-modifying CTEs, which PostgreSQL runs exactly
+of a stop's CPU time, which is what bounds a bulk stop of 1,000 runs (docs/BENCHMARKS.md).
+Here they are one statement: data-modifying CTEs, which PostgreSQL runs exactly
 once each whether or not the outer query reads them, and reads of rows no CTE touches. It runs
 after the run row is locked, in the stop's transaction, so what it reads is what the lock holds
 still (READ COMMITTED takes a new snapshot per statement: after the lock was granted).

@@ -55,7 +55,7 @@ BULK_STOP_REASONS = [
 MAX_BULK_IDS = 10_000
 # Runs stopped at the same time (SAFESTOP_BULK_STOP_WORKERS), each on its own connection: a
 # stop is a dozen short queries, so one connection alone spends most of its time waiting on
-# round trips (docs/BENCHMARKS.md, "Bulk stop").
+# round trips (docs/BENCHMARKS.md).
 DEFAULT_BULK_STOP_WORKERS = 16
 # A worker writes its results back every this many runs (the result page fills in as it goes).
 _RESULT_BATCH = 50
@@ -544,7 +544,7 @@ def _stop_each(
 def _save_results_postgresql(results: list[BulkStopResult]) -> None:
     """A worker's last few results in one UPDATE … FROM (VALUES …): the Python of one ORM
     update per run (~0.4 ms) was a tenth of a bulk stop's CPU, and bulk_update's CASE per row
-    (~2 ms a row) more than that (docs/BENCHMARKS.md, "Bulk stop")."""
+    (~2 ms a row) more than that (docs/BENCHMARKS.md)."""
     if not results:
         return
     rows = ", ".join(["(%s::bigint, %s, %s, %s::integer, %s::bigint, %s)"] * len(results))

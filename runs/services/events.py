@@ -1,8 +1,8 @@
 """The worker's event batches: steps, artifacts, checkpoints, applied steering, and the run's
 own suspend / complete / fail. One transaction and one run lock per batch; every event answered.
 
-On PostgreSQL a batch costs three round trips whatever its size (docs/BENCHMARKS.md, "Ingestion
-hot path"): the run lock, the batch's receipts and its steps go in one pipeline; the rows it
+On PostgreSQL a batch costs three round trips whatever its size (docs/BENCHMARKS.md): the run
+lock, the batch's receipts and its steps go in one pipeline; the rows it
 writes (steps, receipts, artifacts, checkpoints, the run's change sequence) in a second, as
 hand-written multi-row statements; then the commit. Other databases (the embedded SQLite) take
 the ORM path with the same rules.

@@ -164,7 +164,7 @@ def _stop_locked(
     lease, drain and settle at once, in this same transaction.
 
     Steps 1–4 and the reads the rest needs are one statement (`_stop_sql`): a stop's CPU time
-    was mostly the ORM compiling nine statements (docs/BENCHMARKS.md, "Bulk stop")."""
+    was mostly the ORM compiling nine statements (docs/BENCHMARKS.md)."""
     epoch_before, status_before = run.stop_epoch, run.status
     if RunStatus.CANCEL_REQUESTED not in TRANSITIONS[status_before]:
         raise IllegalTransition.for_run(run, f"a {status_before} run cannot be stopped")

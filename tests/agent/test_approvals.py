@@ -33,6 +33,7 @@ from safestop_agent.approvals import (
     decision_from_approval,
     decision_from_frame,
 )
+from tests.support.waiting import wait_until
 
 # A test whose decision never comes would otherwise wait as long as a real call may.
 pytestmark = pytest.mark.timeout(60)
@@ -43,15 +44,6 @@ APPROVAL_PATH = "/api/v1/approvals/appr_1/"
 def leased(client: SafestopClient, **options: Any) -> AgentRun:
     options.setdefault("approval_poll_interval", 60.0)  # no polling unless a test asks for it
     return AgentRun(client, "run_1", "worker-1", push=False, **options)
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 def waiting_permit(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +21,7 @@ from websockets.sync.server import Server, ServerConnection, serve
 from safestop_agent import AgentRun, ApiError, Refused, SafestopClient
 from safestop_agent.signals import stop_signal_in
 from safestop_agent.wire import error_from_response
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -246,15 +246,6 @@ def start_push_server(drop_first_connections: int, frame: dict[str, Any]) -> Pus
     return holder[0]
 
 
-def wait_for(condition: Any, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 @pytest.mark.parametrize(
     "message",
     [
@@ -310,7 +301,7 @@ def test_a_pushed_stop_sets_the_token_after_a_reconnect(fake_api: FakeApi) -> No
             "origin": "",
         }
         assert fake_api.sent("lease/heartbeat/") == []
-        assert wait_for(lambda: push.received == [{"type": "ack", "stop_epoch": 4}])
+        assert wait_until(lambda: push.received == [{"type": "ack", "stop_epoch": 4}])
         assert listener is not None and not listener._thread.is_alive(), (
             "the listener stops on exit"
         )

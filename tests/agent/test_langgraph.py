@@ -26,6 +26,7 @@ from safestop_agent.integrations.langgraph import (
     safestop_tool,
     tool_call,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -317,7 +318,7 @@ def test_invoke_waits_for_a_pushed_decision_by_default(
     with leased(client) as run:
 
         def reviewer() -> None:
-            assert wait_for(lambda: server.asked)
+            assert wait_until(lambda: server.asked)
             server.decide("approved", arguments={"version": "1.4.2", "env": "staging"})
             run.handle_push_frame(
                 {
@@ -355,7 +356,7 @@ def test_a_stop_during_the_approval_wait_ends_the_graph_checkpointed(
     server = ApprovalServer(fake_api, {"deploy"})
     with leased(client) as run:
         threading.Thread(
-            target=lambda: wait_for(lambda: server.asked) and run.token.cancel("user_stop", 4),
+            target=lambda: wait_until(lambda: server.asked) and run.token.cancel("user_stop", 4),
             daemon=True,
         ).start()
         SafestopGraph(run, approval_graph([])).invoke({"log": []})
@@ -381,14 +382,3 @@ def test_the_graphs_own_interrupt_is_handed_back(client: SafestopClient, fake_ap
         assert paused.status == "interrupted" and paused.interrupts[0].value == "which colour?"
         outcome = adapter.invoke(Command(resume="blue"))
     assert outcome.values["log"] == ["got blue"]
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 5.0) -> bool:
-    event = threading.Event()
-    deadline = 0.0
-    while deadline < timeout:
-        if condition():
-            return True
-        event.wait(0.01)
-        deadline += 0.01
-    return False

@@ -26,6 +26,7 @@ from safestop_agent.integrations.openai_agents import (
     stream_events,
 )
 from tests.support.scripted_model import ScriptedModel, call, say
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-never-used")
@@ -120,7 +121,7 @@ def test_an_approved_call_runs_with_the_reviewers_arguments(
     with leased(client) as run:
 
         def reviewer() -> None:
-            assert wait_for(lambda: server.asked)
+            assert wait_until(lambda: server.asked)
             server.decide("approved", arguments={"order": "A-1", "amount": 90})
             run.handle_push_frame(
                 {
@@ -156,7 +157,7 @@ def test_a_rejection_goes_back_to_the_model_as_the_tool_output(
     with leased(client) as run:
 
         def reviewer() -> None:
-            assert wait_for(lambda: server.asked)
+            assert wait_until(lambda: server.asked)
             server.decide("rejected", message="Over the 100 EUR limit.")
             run.handle_push_frame(
                 {
@@ -252,19 +253,10 @@ def test_a_stop_during_an_approval_wait_never_runs_the_tool(
     model = ScriptedModel([[call("refund", '{"order": "A-1", "amount": 1}', "call_r")]])
     with leased(client) as run:
         threading.Thread(
-            target=lambda: wait_for(lambda: server.asked) and run.token.cancel("user_stop", 4),
+            target=lambda: wait_until(lambda: server.asked) and run.token.cancel("user_stop", 4),
             daemon=True,
         ).start()
         with pytest.raises(Cancelled):
             run_agent_sync(run, support_agent(model), "Refund A-1")
     assert DONE == []
     assert results(fake_api) == [("call_r.e3", "not_started")]
-
-
-def wait_for(condition: Any, timeout: float = 5.0) -> bool:
-    event = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return True
-        event.wait(0.01)
-    return False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -11,19 +10,11 @@ import pytest
 from agent_fakes import FakeApi, refusal
 
 from safestop_agent import AgentRun, Cancelled, SafestopClient
+from tests.support.waiting import wait_until
 
 
 def leased(client: SafestopClient, *, ttl_seconds: float = 30) -> AgentRun:
     return AgentRun(client, "run_1", "worker-1", ttl_seconds=ttl_seconds, push=False)
-
-
-def wait_until(condition: Any, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def results_for(api: FakeApi, tool_call_id: str) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """The LangGraph and OpenAI Agents SDK adapters against a live server, for the three things
-that matter (issue 16):
+that matter to a runtime that embeds them:
 
 1. a stop reaches the running work within the push latency, and nothing new starts after it;
 2. a write in flight at the stop is reported `unknown`, never `failed`;

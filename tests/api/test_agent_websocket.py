@@ -14,8 +14,8 @@ from channels.testing import WebsocketCommunicator
 from console.asgi import application
 from runs.api.models import Denial
 from runs.models import Run, StopRequest
-from tests.runs.factories import make_run, make_running
 from tests.support.api import stop
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""Guessing tokens on the agent websocket is throttled like over HTTP (issue 14, point 5): a wrong
+"""Guessing tokens on the agent websocket is throttled like over HTTP (or the socket would be the way around the limit): a wrong
 token spends the address's budget, and a spent budget closes every handshake from the address
 with 4429, the right token too, until the window ends; counted in /metrics."""
 
@@ -18,9 +18,9 @@ from websockets.sync.client import connect
 
 from console.asgi import application
 from runs.api import consumers, ratelimit
-from tests.runs.factories import make_running
 from tests.support.api import with_time_left_in_the_window
 from tests.support.livestack import start_live_stack
+from tests.support.scenarios import make_running
 
 LIMIT = 4
 GUESSER, NEIGHBOUR = "127.0.0.1", "127.0.0.2"  # both loopback: the server sees two addresses

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from runs import services
 from runs.actors import Actor
 from runs.models import Approval
-from tests.runs.factories import make_running
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 

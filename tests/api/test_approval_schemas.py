@@ -23,8 +23,8 @@ from runs._arguments_worker import check as worker_check
 from runs.actors import Actor
 from runs.models import Approval, ApprovalStatus, Run
 from runs.services import approvals as approval_services
-from tests.runs.factories import make_running, reload
 from tests.support.api import Api, url
+from tests.support.scenarios import make_running, reload
 
 pytestmark = pytest.mark.django_db
 

@@ -31,8 +31,8 @@ from runs.models import (
     StopRequest,
 )
 from runs.tokens import api_token_create
-from tests.runs.factories import make_running, reload
 from tests.support.api import Api, stop, url
+from tests.support.scenarios import make_running, reload
 
 pytestmark = pytest.mark.django_db
 

@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from runs.api.models import Denial
-from tests.runs.factories import make_run, make_running
 from tests.support.api import stop, url
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = pytest.mark.django_db
 

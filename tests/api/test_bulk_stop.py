@@ -6,8 +6,8 @@ import pytest
 
 from runs.models import BulkStop, LedgerEntry, RunStatus, StopRequest
 from runs.tokens import api_token_create
-from tests.runs.factories import make_run, make_running, reload
 from tests.support.accounts import IssuedToken
+from tests.support.scenarios import make_run, make_running, reload
 
 pytestmark = pytest.mark.django_db
 

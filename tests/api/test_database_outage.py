@@ -1,4 +1,4 @@
-"""Dropped database connections (issue 14, point 3): the pool replaces a connection the server
+"""Dropped database connections (a failover or a restarted PostgreSQL): the pool replaces a connection the server
 killed before handing it out, and a database that truly cannot be reached is a 503 with
 `Retry-After` — JSON under /api/ — never an HTML 500."""
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from runs.models import ExecutionRecord
-from tests.runs.factories import make_running
 from tests.support.api import url
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 
@@ -154,13 +154,39 @@ def test_strange_query_values_are_400_not_500(api, agent_token, reviewer_token):
     )
 
 
-@pytest.mark.parametrize("position", ["garbage", "2020-01-01 00:00:00+00:00", "\x00", "9" * 40])
-def test_a_forged_cursor_is_404_not_500(api, team, reviewer_token, position):
+def _cursor(position: str) -> str:
     import base64
     from urllib.parse import urlencode
 
-    cursor = base64.b64encode(urlencode({"p": position}).encode()).decode()
-    for path in ("/api/v1/runs/", "/api/v1/ledger/"):
-        response = api.get(path, reviewer_token, cursor=cursor)
-        assert response.status_code in (200, 404)
-        assert "error" in response.json() or "results" in response.json()
+    return base64.b64encode(urlencode({"p": position}).encode()).decode()
+
+
+# The runs list pages by creation time, the ledger by sequence number: a position that is not
+# one is forged (or corrupted), whatever a client meant by it.
+FORGED_CURSORS = [
+    ("/api/v1/runs/", "garbage"),
+    ("/api/v1/runs/", "\x00"),
+    ("/api/v1/runs/", "9" * 40),
+    ("/api/v1/ledger/", "garbage"),
+    ("/api/v1/ledger/", "\x00"),
+    ("/api/v1/ledger/", "2020-01-01 00:00:00+00:00"),
+]
+
+
+@pytest.mark.parametrize(("path", "position"), FORGED_CURSORS)
+def test_a_forged_cursor_is_404_not_500(api, team, reviewer_token, path, position):
+    response = api.get(path, reviewer_token, cursor=_cursor(position))
+    assert response.status_code == 404
+    assert response.json() == {"error": "not_found", "detail": "Invalid cursor"}
+
+
+@pytest.mark.parametrize(
+    ("path", "position"),
+    [("/api/v1/runs/", "2020-01-01 00:00:00+00:00"), ("/api/v1/ledger/", "9" * 40)],
+)
+def test_a_hand_made_cursor_of_the_right_kind_is_an_ordinary_page(
+    api, team, reviewer_token, path, position
+):
+    response = api.get(path, reviewer_token, cursor=_cursor(position))
+    assert response.status_code == 200
+    assert isinstance(response.json()["results"], list)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import Checkpoint, Step
-from tests.runs.factories import make_running
 from tests.support.api import stop, url
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 

@@ -15,8 +15,8 @@ from runs.api.views import EventsView
 from runs.models import ApiToken, EventReceipt, Step
 from runs.services import events as event_services
 from runs.tokens import api_token_revoke
-from tests.runs.factories import make_running
 from tests.support.api import url, with_time_left_in_the_window
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Guessing is throttled (issue 14, point 5): wrong bearer tokens per client address answer 429
+"""Guessing is throttled (a token is the only credential an agent has): wrong bearer tokens per client address answer 429
 with Retry-After, and are counted in /metrics; the stop path is never rate limited."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def test_an_interrupted_runs_packet_lists_its_unknowns(api, team, reviewer_token
     assert (body["kind"], body["run_status"], body["interruption_reason"]) == (
         "interruption",
         "interrupted",
-        "dependency_failure",
+        "lease_expired",
     )
     assert body["dirty_reasons"] == ["unconfirmed_side_effects", "outbox_in_flight"]
     assert [entry["side_effect_state"] for entry in body["unconfirmed_side_effects"]] == [

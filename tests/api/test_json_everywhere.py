@@ -1,5 +1,5 @@
-"""Every answer under /api/ is JSON with an error code (issue 14, point 6), refusals are one log
-line with the reason and the caller (point 10)."""
+"""Every answer under /api/ is JSON with an error code (an agent parses every answer),
+refusals are one log line with the reason and the caller (not a traceback)."""
 
 from __future__ import annotations
 

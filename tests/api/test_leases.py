@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runs.factories import make_run, make_running
 from tests.support.api import lease_body, stop, url
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from runs.models import StopRequest
-from tests.runs.factories import make_running
 from tests.support.api import stop
+from tests.support.scenarios import make_running
 
 
 def test_a_stop_posted_over_http_reaches_the_connected_worker(

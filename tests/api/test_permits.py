@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import ExecutionRecord
-from tests.runs.factories import make_run, make_running, reload
 from tests.support.api import stop, url
+from tests.support.scenarios import make_run, make_running, reload
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ import pytest
 
 from runs.api.models import Denial
 from runs.models import Step
-from tests.runs.factories import make_run
 from tests.support.api import url
+from tests.support.scenarios import make_run
 
 pytestmark = pytest.mark.django_db
 

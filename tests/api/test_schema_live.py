@@ -1,4 +1,4 @@
-"""The schema tells the truth (issue 14, point 8): schemathesis, with every check it has, in
+"""The schema tells the truth (clients are generated from it): schemathesis, with every check it has, in
 positive and negative modes, against a live server (daphne, over HTTP), once with an agent
 token and once with a reviewer token, finds no 5xx and no answer the schema does not describe —
 no rejected schema-valid request, no accepted schema-violating one.
@@ -26,9 +26,9 @@ import pytest
 from runs import services
 from runs.actors import Actor
 from runs.models import Team
-from tests.runs.factories import make_run, make_running
 from tests.support.api import stop
 from tests.support.livestack import LiveStack, start_live_stack
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -6,8 +6,8 @@ import pytest
 from django.test import Client
 
 from runs.models import LedgerEntry, StopRequest
-from tests.runs.factories import make_run, make_running, reload
 from tests.support.api import Api, lease_body, stop, url
+from tests.support.scenarios import make_run, make_running, reload
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""The API takes what its schema says and nothing else (issue 14, point 8): a number is not a
+"""The API takes what its schema says and nothing else (clients are generated from it): a number is not a
 string, a string is not a number or a boolean, a blank query value means "not given", a bad
 `limit` is refused. The live schemathesis run (test_schema_live.py) checks every operation;
 these are the classes it found, each pinned fast."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runs.factories import make_run, make_running
 from tests.support.api import url
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = pytest.mark.django_db
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from handoff.models import StopPacket
 from notifications.services import channel_create
 from runs import services
 from runs.actors import Actor
-from runs.models import Approval, Lease, Run, RunStatus, Team
+from runs.models import Approval, Run, RunStatus, Team
 from tests.support import scenarios
 from tests.support.browser import in_thread
 
@@ -93,10 +91,8 @@ def _waiting_approval(team: Team) -> Approval:
 
 
 def _interrupted(team: Team) -> Run:
-    run, lease = scenarios.running(team, title="Deploy that lost its worker", write_open=True)
-    Lease.objects.filter(pk=lease.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    services.lease_expire(lease_id=lease.pk)
-    run.refresh_from_db()
+    run, _lease = scenarios.running(team, title="Deploy that lost its worker", write_open=True)
+    run = scenarios.run_interrupt(run_id=run.pk)
     assert run.status == RunStatus.INTERRUPTED
     return run
 

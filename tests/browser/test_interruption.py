@@ -1,4 +1,4 @@
-"""An interrupted run with an unconfirmed write, from a reviewer's seat (issue 15, point 5): the
+"""An interrupted run with an unconfirmed write, from a reviewer's seat: the
 run page says why Resume waits, the interruption packet resolves the write, and the open run
 page offers Resume live, without a reload.
 
@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from runs.models import Run, RunStatus
-from tests.browser.test_console import (
+from tests.support.browser import (
     assert_not_reloaded,
     collect_errors,
     create_run,

@@ -1,4 +1,4 @@
-"""The console from an on-call reviewer's seat (issue 15): filters that survive live updates,
+"""The console from an on-call reviewer's seat: filters that survive live updates,
 an export of what the table shows, a failed Stop said plainly, and small page fixes.
 
 As in test_console.py, every change a browser must see live goes through the live server.
@@ -20,8 +20,7 @@ from playwright.sync_api import Page, expect
 from runs import services
 from runs.actors import Actor
 from runs.models import Run, RunStatus, StopRequest
-from tests.browser.test_console import collect_errors, create_run, login, wait_live
-from tests.support.browser import in_thread
+from tests.support.browser import collect_errors, create_run, in_thread, login, wait_live
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -11,7 +11,7 @@ from console.views.approvals import DIFF_MAX_LINES, arguments_diff
 from runs import services
 from runs.actors import Actor
 from runs.models import ApprovalStatus
-from tests.console.test_approvals_pages import url, waiting
+from tests.support.approvals import url, waiting
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,6 @@ navigation, and the rules page (admins write; everyone else reads)."""
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
@@ -21,66 +20,12 @@ from runs.models import (
     ApprovalStatus,
     ExecutionState,
     LedgerEntry,
-    Team,
 )
+from tests.support.approvals import SCHEMA, rule, url, waiting
 from tests.support.htmx import htmx
-from tests.support.scenarios import AGENT, new_run, start
+from tests.support.scenarios import new_run
 
 pytestmark = pytest.mark.django_db
-
-_calls = itertools.count(1)
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "amount": {"type": "number", "maximum": 500},
-        "order": {"type": "string"},
-    },
-    "required": ["amount", "order"],
-    "additionalProperties": False,
-}
-
-
-def waiting(
-    team: Team,
-    *,
-    tool: str = "payments.refund",
-    agent: str = "billing-bot",
-    risk: str = "high",
-    summary: str = "Refund order 1042",
-    arguments: dict[str, Any] | None = None,
-    schema: dict[str, Any] | None = None,
-    title: str = "Customer refunds",
-) -> Approval:
-    """A running run whose tool call asked for approval (as the agent would)."""
-    run = new_run(team, title=title, agent=agent)
-    lease = start(run)
-    record, _created = services.permit_request(
-        run_id=run.pk,
-        epoch=lease.epoch,
-        tool_call_id=f"call_{next(_calls)}",
-        tool=tool,
-        actor=AGENT,
-        side_effect="write",
-        arguments=arguments if arguments is not None else {"amount": 120, "order": "1042"},
-        needs_approval=True,
-        summary=summary,
-        risk=risk,
-        arguments_schema=schema,
-    )
-    record.refresh_from_db()
-    return Approval.objects.get(execution_record=record)
-
-
-def rule(team: Team, name: str, **fields: Any) -> ApprovalRule:
-    return services.approval_rule_create(
-        team_id=team.pk, actor=Actor.system("test"), name=name, **fields
-    )
-
-
-def url(approval: Approval, suffix: str = "") -> str:
-    return f"/approvals/{approval.public_id}/{suffix}"
-
 
 # ---------------------------------------------------------------- inbox
 

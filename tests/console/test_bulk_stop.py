@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs.models import BulkStop, RunStatus, StopRequest
-from tests.runs.factories import make_run, make_running, reload
+from tests.support.scenarios import make_run, make_running, reload
 
 pytestmark = pytest.mark.django_db
 

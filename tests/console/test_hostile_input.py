@@ -1,4 +1,4 @@
-"""Bad input on the console is a 4xx or a message, never a 500 (issue 14, point 1). One test per
+"""Bad input on the console is a 4xx or a message, never a 500. One test per
 class of input; tests/faults/test_fuzz_inputs.py drives every pattern with many more values."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An interrupted run with an unconfirmed write reaches a person (issue 15, point 5): the runs
+"""An interrupted run with an unconfirmed write reaches a person: the runs
 page marks it, the run page says why Resume waits and offers it once resolved, `/packet/` is its
 interruption packet with a control per unknown, and a missing packet's 404 says what is true."""
 
@@ -81,7 +81,7 @@ def test_packet_of_an_interrupted_run_is_its_interruption_packet(as_reviewer, te
     response = as_reviewer.get(f"/runs/{run.pk}/packet/")
     body = response.content.decode()
     assert response.status_code == 200
-    assert "Interruption packet" in body and "dependency failure" in body
+    assert "Interruption packet" in body and "lease expired" in body
     assert "<strong>2</strong> of 2 unknowns still open" in body
     assert f'name="target_id" value="{_write_id(run)}"' in body
     assert f'name="target_id" value="{item.public_id}"' in body

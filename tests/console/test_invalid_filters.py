@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runs.models import LedgerEntry
-from tests.runs.factories import make_run, make_running
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = pytest.mark.django_db
 

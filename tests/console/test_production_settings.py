@@ -1,4 +1,4 @@
-"""Production defaults (issue 14, points 7 and 9): settings are read from the environment at
+"""Production defaults: settings are read from the environment at
 start, so each case starts a fresh interpreter with its own environment."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A refused console request is one log line with the reason and the user, not a traceback
-(issue 14, point 10)."""
+(a traceback reads as a bug, and buries the refusals an operator looks for)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runs page over many runs (issue 17, point 3): per-state counts stop at a cap and say so,
+"""The runs page over many runs (a million is the size it is built for): per-state counts stop at a cap and say so,
 the agent list and the search stay exact, and every variant of the page makes as many queries
 with a handful of runs as with many."""
 

@@ -1,4 +1,4 @@
-"""Points 4 and 6 of issue 15: a stop is shown as it happened after it is resolved, and the
+"""A stop is shown as it happened after it is resolved, and the
 pages' labels agree with the run (the progress bar, the stop reasons, the note, late reports,
 steps that never started)."""
 

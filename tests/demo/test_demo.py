@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from console.demo.accounts import DEMO_USERS
 from console.demo.receiver import pick_port
-from console.demo.simulator import SCENARIOS, Simulator, SimulatorConfig, TeamCredentials
+from console.demo.simulator import SCENARIOS, Simulator, SimulatorConfig
 from runs.ledger import ledger_verify
 from runs.models import (
     ApiToken,
@@ -35,12 +35,11 @@ from runs.models import (
     Team,
 )
 from runs.selectors import side_effect_leakage
-from runs.tokens import api_token_create
+from tests.support.demo import LIVE, run_statuses, team_credentials
 from tests.support.stack import Stack, stack_start, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 User = get_user_model()
-LIVE = (RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED, RunStatus.DRAINING)
 
 
 @pytest.mark.django_db
@@ -78,28 +77,12 @@ def test_demo_setup_is_idempotent_and_creates_the_three_roles():
     assert "3 user(s) created" in first.getvalue() and "0 user(s) created" in second.getvalue()
 
 
-def _team_credentials() -> list[TeamCredentials]:
-    stamp = str(time.monotonic_ns())
-    return [
-        TeamCredentials(
-            slug,
-            api_token_create(team_slug=slug, name=f"sim-{stamp}", role="agent")[1],
-            api_token_create(team_slug=slug, name=f"sim-rev-{stamp}", role="reviewer")[1],
-        )
-        for slug in ("payments", "platform")
-    ]
-
-
-def _statuses(run_ids: list[str]) -> dict[str, str]:
-    return dict(Run.objects.filter(pk__in=run_ids).values_list("pk", "status"))
-
-
 @pytest.mark.django_db(transaction=True)
 def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, receiver):
     simulator = Simulator(
         SimulatorConfig(
             url=stack.url,
-            teams=_team_credentials(),
+            teams=team_credentials(),
             receiver_url=receiver.url(""),
             concurrency=len(SCENARIOS),
             pace=0.25,
@@ -114,7 +97,7 @@ def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, recei
     try:
         # busy within seconds: every worker has a run going
         wait_until(
-            lambda: sum(s in LIVE for s in _statuses(simulator.run_ids).values()) >= 4,
+            lambda: sum(s in LIVE for s in run_statuses(simulator.run_ids).values()) >= 4,
             timeout=5,
             what="four live runs",
         )
@@ -122,7 +105,7 @@ def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, recei
         simulator.run_for(9)
     finally:
         simulator.stop(timeout=15)
-    statuses = _statuses(simulator.run_ids)
+    statuses = run_statuses(simulator.run_ids)
     print(
         f"\nbusy after {busy_after:.1f}s; {len(statuses)} runs; outcomes {dict(simulator.outcomes)}"
     )
@@ -158,7 +141,7 @@ def test_simulator_drives_runs_to_several_states_and_sends_webhooks(stack, recei
     assert dispatched and dispatched <= set(simulator.run_ids)
     # after stop(): nothing of the simulator is left running
     wait_until(
-        lambda: not [s for s in _statuses(simulator.run_ids).values() if s in LIVE],
+        lambda: not [s for s in run_statuses(simulator.run_ids).values() if s in LIVE],
         timeout=10,
         what="the simulator's runs to settle",
     )

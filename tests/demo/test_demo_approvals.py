@@ -31,7 +31,7 @@ from runs.models import (
     RunStatus,
 )
 from runs.selectors import side_effect_leakage
-from tests.demo.test_demo import LIVE, _statuses, _team_credentials
+from tests.support.demo import LIVE, run_statuses, team_credentials
 from tests.support.stack import wait_until
 
 PACE = 0.25
@@ -88,7 +88,7 @@ def test_demo_approvals_arrive_in_the_first_minute_and_decisions_let_the_agents_
     simulator = Simulator(
         SimulatorConfig(
             url=stack.url,
-            teams=_team_credentials(),
+            teams=team_credentials(),
             receiver_url=receiver.url(""),
             concurrency=0,  # only the approval workers
             pace=PACE,
@@ -144,7 +144,7 @@ def test_demo_approvals_arrive_in_the_first_minute_and_decisions_let_the_agents_
         refund_run, deploy_run, email_run = refund.run_id, deploy.run_id, email.run_id
         wait_until(
             lambda: (
-                set(_statuses([refund_run, deploy_run, email_run]).values())
+                set(run_statuses([refund_run, deploy_run, email_run]).values())
                 == {RunStatus.COMPLETED}
             ),
             timeout=20,
@@ -201,7 +201,7 @@ def test_demo_approvals_arrive_in_the_first_minute_and_decisions_let_the_agents_
     assert simulator.errors == 0, dict(simulator.outcomes)
     # the stop on shutdown ended the waits at once: what still waited is void, never started
     wait_until(
-        lambda: not [s for s in _statuses(simulator.run_ids).values() if s in LIVE],
+        lambda: not [s for s in run_statuses(simulator.run_ids).values() if s in LIVE],
         timeout=10,
         what="the simulator's runs to settle",
     )

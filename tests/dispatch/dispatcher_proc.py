@@ -59,7 +59,7 @@ def main() -> None:
     from runs import dispatch, notify, services
     from runs.actors import Actor
     from runs.models import Team
-    from tests.runs.factories import make_running
+    from tests.support.scenarios import make_running
 
     # No browser is connected to this process: skip the in-memory channel publish (pure cost).
     notify.unsubscribe(realtime.publish)

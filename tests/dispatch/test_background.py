@@ -9,7 +9,7 @@ import pytest
 from runs import background, dispatch, services
 from runs.actors import Actor
 from runs.models import OutboxItem, OutboxStatus, RunStatus
-from tests.runs.factories import make_running, reload
+from tests.support.scenarios import make_running, reload
 
 AGENT = Actor.system("agent")
 

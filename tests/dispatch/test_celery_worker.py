@@ -19,10 +19,9 @@ from runs import services
 from runs.actors import Actor
 from runs.ledger_checks import verification_request
 from runs.models import LedgerEntry, LedgerVerification, OutboxItem, OutboxStatus, RunStatus
-from tests.runs.factories import make_running, reload
 from tests.support.children import ROOT, child_env
 from tests.support.isolation import suite_redis_url
-from tests.support.scenarios import stopped_cleanly
+from tests.support.scenarios import make_running, reload, stopped_cleanly
 
 # The session's own Redis database (tests/support/isolation.py), and a queue (and worker name)
 # unique to this test, so test sessions sharing the Redis server never consume each other's tasks.

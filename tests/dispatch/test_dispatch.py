@@ -12,7 +12,7 @@ from handoff.models import StopPacket
 from runs import dispatch, services, tasks
 from runs.actors import Actor
 from runs.models import LedgerEntry, OutboxItem, OutboxStatus, RunStatus
-from tests.runs.factories import make_running, reload
+from tests.support.scenarios import make_running, reload
 
 AGENT = Actor.system("agent")
 REVIEWER = Actor.system("reviewer-bob")

@@ -9,7 +9,7 @@ from runs import dispatch, services
 from runs.actors import Actor
 from runs.models import OutboxStatus
 from tests.dispatch.race import share, tally
-from tests.runs.factories import make_running
+from tests.support.scenarios import make_running
 
 AGENT = Actor.system("agent")
 

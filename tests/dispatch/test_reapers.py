@@ -19,7 +19,7 @@ from runs.models import (
     RunStatus,
     StopRequest,
 )
-from tests.runs.factories import make_running, reload
+from tests.support.scenarios import make_running, reload
 
 AGENT = Actor.system("agent")
 REVIEWER = Actor.system("reviewer-bob")

@@ -1,4 +1,4 @@
-"""The dispatcher's scan reads the queue, not the outbox (issue 17: it runs every tick, on the
+"""The dispatcher's scan reads the queue, not the outbox (it runs every tick, on the
 database every stop waits for).
 
 `outbox_claim_next` once asked for "pending items of running runs OR released items" in one
@@ -19,7 +19,7 @@ from django.utils import timezone
 from runs import services
 from runs.actors import Actor
 from runs.models import OutboxItem, OutboxStatus
-from tests.runs.factories import make_running
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

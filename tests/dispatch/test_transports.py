@@ -11,7 +11,7 @@ from runs import dispatch, services, transports
 from runs.actors import Actor
 from runs.errors import InvalidInput
 from runs.models import OutboxItem, OutboxStatus
-from tests.runs.factories import make_running
+from tests.support.scenarios import make_running
 
 AGENT = Actor.system("agent")
 

@@ -1,4 +1,5 @@
-"""Hostile input is a 4xx with a message, never a 5xx (issue 14, point 1).
+"""Hostile input is a 4xx with a message, never a 5xx: a 500 tells
+the caller nothing about what to fix and pages whoever is on call.
 
 Every URL pattern the project has when the test runs (walked from the resolver, so a view added
 tomorrow is covered without editing this file; the admin's own pages excepted), driven with:
@@ -13,7 +14,7 @@ tomorrow is covered without editing this file; the admin's own pages excepted), 
 - other methods, other content types, broken bodies and broken credentials.
 
 Any answer of 500 or more fails the test, listed with the request that caused it. Under
-`/api/` every answer must also be JSON with an `error` code (issue 14, point 6).
+`/api/` every answer must also be JSON with an `error` code (an agent parses every answer).
 """
 
 from __future__ import annotations

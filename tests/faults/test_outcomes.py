@@ -34,7 +34,7 @@ from runs.models import (
     SideEffectState,
 )
 from safestop_agent import AgentRun, ApiError, Cancelled
-from tests.runs.factories import make_running
+from tests.support.scenarios import make_running
 from tests.support.stack import (
     WorkerThread,
     actions,

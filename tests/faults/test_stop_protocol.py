@@ -42,8 +42,8 @@ from runs.models import (
     StopRequest,
 )
 from safestop_agent import AgentRun, Refused
-from tests.runs.factories import make_running
 from tests.support.run_factories import run_complete
+from tests.support.scenarios import make_running
 from tests.support.stack import WorkerThread, actions, leased, planned, racer, wait_status
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,8 +18,8 @@ from handoff.selectors import stop_quality
 from runs import services
 from runs.actors import Actor
 from runs.models import Approval, ApprovalStatus, StopReason
-from tests.metrics.test_metrics_endpoint import URL, parse, value
-from tests.runs.factories import SYSTEM, make_running
+from tests.support.metrics import URL, parse, value
+from tests.support.scenarios import SYSTEM, make_running
 
 pytestmark = pytest.mark.django_db
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -17,36 +16,10 @@ from runs.errors import StaleEpoch
 from runs.models import RejectedWrite, Run, RunStatus, StopReason, StopRequest
 from runs.selectors import queue_depths
 from runs.tokens import api_token_create, api_token_revoke
-from tests.runs.factories import SYSTEM, make_run, make_running
-from tests.support.run_factories import run_interrupt
+from tests.support.metrics import URL, parse, value
+from tests.support.scenarios import SYSTEM, make_run, make_running, run_interrupt
 
 pytestmark = pytest.mark.django_db
-
-URL = "/metrics"
-SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
-
-
-def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Prometheus text → {(name, labels): value}; fails on any line that is not well formed."""
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    typed: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            typed.add(line.split()[2])
-            continue
-        if line.startswith("#") or not line:
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a Prometheus sample line: {line!r}"
-        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match["labels"] or ""))
-        assert match["name"] in typed, f"{match['name']} has no # TYPE line"
-        samples[(match["name"], labels)] = float(match["value"])
-    return samples
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples[(name, frozenset(labels.items()))]
-
 
 # --------------------------------------------------------------------------------------------
 # who may scrape
@@ -124,7 +97,7 @@ def scenario(team, other_team, bob, settings):
     )
 
     interrupted, _ = make_running(team)
-    run_interrupt(run_id=interrupted.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
+    run_interrupt(run_id=interrupted.pk)
     services.run_resume(run_id=interrupted.pk, actor=reviewer)
 
     taken = make_run(team)

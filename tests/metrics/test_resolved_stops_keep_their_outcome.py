@@ -1,5 +1,5 @@
 """A dirty stop that a reviewer later resolved is still counted as a dirty stop: the figures
-describe how the stop ended, as the run and packet pages do (issue 15 point 4)."""
+describe how the stop ended, as the run and packet pages do."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from console import realtime
 from runs import services
 from runs.models import LedgerEntry, OutboxItem, OutboxStatus, StopReason
-from tests.runs.factories import SYSTEM, make_running
+from tests.support.scenarios import SYSTEM, make_running
 
 pytestmark = pytest.mark.django_db
 

@@ -12,9 +12,8 @@ from notifications import services as notify
 from notifications.models import Delivery
 from runs import services
 from runs.models import Approval, ExecutionRecord
-from tests.runs.factories import make_running
 from tests.support.api import url
-from tests.support.scenarios import AGENT
+from tests.support.scenarios import AGENT, make_running
 
 pytestmark = pytest.mark.django_db
 

@@ -133,11 +133,11 @@ def test_events_map_to_what_a_person_must_do(team, make_channel, receiver):
 
 
 def test_an_interruption_notifies_only_with_unconfirmed_writes(team, webhook):
-    from tests.support.run_factories import run_interrupt
+    from tests.support.scenarios import run_interrupt
 
     quiet = new_run(team)
     start(quiet)
-    run_interrupt(run_id=quiet.pk, reason="lease_expired", actor=Actor.system("test"))
+    run_interrupt(run_id=quiet.pk)
     assert not Delivery.objects.filter(run=quiet).exists()
 
     reading = new_run(team)
@@ -150,7 +150,7 @@ def test_an_interruption_notifies_only_with_unconfirmed_writes(team, webhook):
         side_effect="none",
         actor=AGENT,
     )
-    run_interrupt(run_id=reading.pk, reason="lease_expired", actor=Actor.system("test"))
+    run_interrupt(run_id=reading.pk)
     assert not Delivery.objects.filter(run=reading).exists()  # a lost read needs nobody
 
     busy = new_run(team)
@@ -163,7 +163,7 @@ def test_an_interruption_notifies_only_with_unconfirmed_writes(team, webhook):
         side_effect="write",
         actor=AGENT,
     )
-    run_interrupt(run_id=busy.pk, reason="lease_expired", actor=Actor.system("test"))
+    run_interrupt(run_id=busy.pk)
     [delivery] = Delivery.objects.filter(run=busy)
     assert delivery.event == "run.interrupted" and "deploy_1" in json.dumps(delivery.message)
 

@@ -15,7 +15,7 @@ from runs.models import (
     StopRequest,
 )
 from runs.services import BulkFilter
-from tests.runs.factories import SYSTEM, make_run, make_running, reload
+from tests.support.scenarios import SYSTEM, make_run, make_running, reload
 
 pytestmark = pytest.mark.django_db
 

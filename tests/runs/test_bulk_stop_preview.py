@@ -11,7 +11,7 @@ from runs.actors import Actor
 from runs.errors import NotFound, PreviewExpired
 from runs.models import BulkStopPreview, BulkStopResult, Run, RunStatus
 from runs.services import BulkFilter
-from tests.runs.factories import SYSTEM, make_run, make_running, reload
+from tests.support.scenarios import SYSTEM, make_run, make_running, reload
 
 pytestmark = pytest.mark.django_db
 

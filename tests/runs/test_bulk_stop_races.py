@@ -15,7 +15,7 @@ from runs import services
 from runs.actors import Actor
 from runs.models import ExecutionRecord, LedgerEntry, RunStatus, StopRequest
 from runs.services import BulkFilter, lifecycle
-from tests.runs.factories import make_running, reload
+from tests.support.scenarios import make_running, reload
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

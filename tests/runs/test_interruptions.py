@@ -17,8 +17,7 @@ from runs.actors import Actor
 from runs.errors import IllegalTransition
 from runs.models import OutboxStatus, Run, RunStatus
 from runs.selectors import interruptions_recovered, needs_resolution_q
-from tests.runs.factories import reload
-from tests.support.scenarios import interrupted, running
+from tests.support.scenarios import interrupted, reload, running
 
 pytestmark = pytest.mark.django_db
 
@@ -89,8 +88,8 @@ def test_the_interruption_packet_lists_each_unknown_and_keeps_it_once_resolved(t
     item = run.outbox_items.get(status=OutboxStatus.DISPATCHING)
     packet = interruption_packet(run)
     assert packet["kind"] == "interruption"
-    assert packet["interruption"]["reason"] == "dependency_failure"
-    assert packet["interruption_reason"] == "dependency_failure"
+    assert packet["interruption"]["reason"] == "lease_expired"
+    assert packet["interruption_reason"] == "lease_expired"
     assert packet["dirty_reasons"] == ["unconfirmed_side_effects", "outbox_in_flight"]
     (write,) = packet["unconfirmed_side_effects"]
     assert (write["tool_call_id"], write["execution_state"], write["side_effect_state"]) == (

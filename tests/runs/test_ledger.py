@@ -15,8 +15,8 @@ from runs import services
 from runs.actors import Actor
 from runs.ledger import ledger_verify
 from runs.models import LedgerEntry, StopReason
-from tests.runs.factories import make_running
 from tests.support.ledger import behind_the_triggers
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The ledger verification walks every chain in chunks, reports progress and still finds the
-first changed entry wherever it sits (issue 17, point 3)."""
+first changed entry wherever it sits, in bounded memory (a ledger of millions of entries)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from django.core.management import call_command
 
 from runs.ledger import VerifyProgress, ledger_verify
 from runs.models import LedgerEntry
-from tests.runs.factories import make_running
 from tests.support.ledger import behind_the_triggers
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 

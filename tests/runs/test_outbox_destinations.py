@@ -1,5 +1,5 @@
 """Outbox destinations are checked at enqueue: a malformed one is a 400 with a reason, never a
-500 and never an item that ends `unknown` at send time (issue 14, points 1 and 2)."""
+500 and never an item that ends `unknown` at send time."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from runs.actors import Actor
 from runs.errors import RunNotRunning, StaleEpoch
 from runs.models import ExecutionRecord, LedgerEntry, Run, RunStatus, StopReason, StopRequest
 from runs.selectors import side_effect_leakage
-from tests.runs.factories import make_running
 from tests.support.run_factories import run_complete
+from tests.support.scenarios import make_running
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

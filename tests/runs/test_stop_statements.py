@@ -1,4 +1,4 @@
-"""The stop's write path stays lean and does all it did (docs/BENCHMARKS.md, "Bulk stop").
+"""The stop's write path stays lean and does all it did (docs/BENCHMARKS.md).
 
 A stop of a running run is the run lock, one statement for the stop's writes and reads, and the
 ledger entry: a change that brings back per-statement ORM work fails the statement count here,
@@ -29,7 +29,7 @@ from runs.models import (
     SteeringStatus,
     StopRequest,
 )
-from tests.runs.factories import make_running, reload
+from tests.support.scenarios import make_running, reload
 
 pytestmark = pytest.mark.django_db
 

@@ -24,8 +24,8 @@ from runs.models import (
     StepStatus,
     StopReason,
 )
-from tests.runs.factories import SYSTEM, make_run, make_running, reload
-from tests.support.run_factories import run_complete, run_fail, run_interrupt, run_suspend
+from tests.support.run_factories import run_complete, run_fail, run_suspend
+from tests.support.scenarios import SYSTEM, make_run, make_running, reload, run_interrupt
 
 pytestmark = pytest.mark.django_db
 
@@ -418,12 +418,14 @@ def test_illegal_transitions_are_refused_with_their_code(team):
     for attempt in (
         lambda: services.run_resume(run_id=run.pk, actor=ALICE),
         lambda: services.run_close(run_id=run.pk, actor=ALICE),
-        lambda: run_interrupt(run_id=run.pk, reason="x", actor=SYSTEM),
     ):
         with pytest.raises(IllegalTransition) as refused:
             attempt()
         assert refused.value.code == "illegal_transition"
         assert refused.value.status == RunStatus.COMPLETED
+    # Nor can a finished run be interrupted: its lease ended with it, so the reaper finds nothing.
+    assert services.lease_expire(lease_id=lease.pk) is None
+    assert reload(run).status == RunStatus.COMPLETED
 
 
 def test_stop_after_completion_is_answered_already_finished_and_logged(team):
@@ -464,9 +466,7 @@ def test_interrupt_records_the_interruption_point(team):
     services.permit_request(
         run_id=run.pk, epoch=1, tool_call_id="c1", tool="deploy", side_effect="write", actor=SYSTEM
     )
-    run_interrupt(
-        run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM, detail="db down"
-    )
+    run_interrupt(run_id=run.pk)
     run = reload(run)
     assert run.status == RunStatus.INTERRUPTED
     assert run.interruption["current_step"] == {"seq": 2, "key": "act"}
@@ -586,7 +586,7 @@ def test_an_interruption_freezes_pending_outbox_and_a_reviewer_can_release_it(te
         idempotency_key="mail-1",
         actor=SYSTEM,
     )
-    run_interrupt(run_id=run.pk, reason=StopReason.DEPENDENCY_FAILURE, actor=SYSTEM)
+    run_interrupt(run_id=run.pk)
     item.refresh_from_db()
     assert item.status == OutboxStatus.FROZEN
     assert reload(run).interruption["frozen_outbox"] == 1

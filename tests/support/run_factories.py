@@ -1,19 +1,16 @@
 """Moves a worker makes through events, as one call each, for tests that need a run in a given
-state: complete, fail, suspend (each one `runs.services.events_ingest` event) and interrupt
-(what a lease expiry or a failed dependency does to a running run)."""
+state: complete, fail, suspend (each one `runs.services.events_ingest` event). A lost worker
+(an interruption) is `tests.support.scenarios.run_interrupt`."""
 
 from __future__ import annotations
 
 import secrets
 from typing import Any
 
-from django.utils import timezone
-
 from runs.actors import Actor
-from runs.errors import IllegalTransition, RunNotRunning, StaleEpoch
-from runs.models import Run, RunStatus
-from runs.services import EventAnswer, events_ingest, locked_run
-from runs.services.lifecycle import _interrupt_locked
+from runs.errors import RunNotRunning, StaleEpoch
+from runs.models import Run
+from runs.services import EventAnswer, events_ingest
 
 
 def run_complete(*, run_id: str, epoch: int, actor: Actor, result: Any = None) -> Run:
@@ -42,15 +39,6 @@ def run_suspend(*, run_id: str, epoch: int, actor: Actor, reason: str = "") -> R
         actor,
         {"event_id": "suspend_" + secrets.token_hex(8), "type": "run.suspended", "reason": reason},
     )
-
-
-def run_interrupt(*, run_id: str, reason: str, actor: Actor, detail: str = "") -> Run:
-    """running → interrupted (a worker or dependency failed); the interruption point is kept."""
-    with locked_run(run_id) as run:
-        if run.status != RunStatus.RUNNING:
-            raise IllegalTransition.for_run(run, f"a {run.status} run cannot be interrupted")
-        _interrupt_locked(run, reason=reason, actor=actor, now=timezone.now(), detail=detail)
-    return run
 
 
 def _one_event(run_id: str, epoch: int, actor: Actor, event: dict[str, Any]) -> Run:

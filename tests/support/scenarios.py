@@ -1,17 +1,23 @@
 """Runs in realistic states, built only through the services (as an agent and a reviewer would).
 
-Shared by the console view tests, the consumer tests and the browser tests.
+`new_run` / `start` / `work` / `running` build a run that has done some work (the console, the
+consumers, the browser); `make_run` / `make_running` a bare one, made by the system actor, whose
+steps are named by their keys (the services and the API tests); `run_interrupt` loses a running
+run's worker. The moves a worker makes through events are in `tests/support/run_factories.py`.
 """
 
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from runs import services
 from runs.actors import Actor
 from runs.models import Lease, Run, Team
-from tests.support.run_factories import run_complete, run_fail, run_interrupt
+from tests.support.run_factories import run_complete, run_fail
 
 AGENT = Actor(kind="api_client", id="1", name="agent-1")
 SYSTEM = Actor.system("test")
@@ -28,20 +34,51 @@ def new_run(
     title: str = "Quarterly report",
     agent: str = "report-bot",
     steps: tuple[str, ...] = ("plan", "search", "draft", "notify"),
+    actor: Actor = AGENT,
+    named: bool = True,
     **budget: Any,
 ) -> Run:
+    """A pending run; `named` steps show a capitalised name, the others their key."""
     return services.run_create(
         team=team,
         title=title,
         agent=agent,
-        actor=AGENT,
-        steps=[services.PlannedStep(key, name=key.capitalize()) for key in steps],
+        actor=actor,
+        steps=[services.PlannedStep(key, name=key.capitalize() if named else "") for key in steps],
         **budget,
     )
 
 
-def start(run: Run, *, worker: str = "worker-1", ttl: float = 60) -> Lease:
-    return services.lease_acquire(run_id=run.pk, worker_id=worker, ttl_seconds=ttl, actor=AGENT)
+def start(run: Run, *, worker: str = "worker-1", ttl: float = 60, actor: Actor = AGENT) -> Lease:
+    return services.lease_acquire(run_id=run.pk, worker_id=worker, ttl_seconds=ttl, actor=actor)
+
+
+def make_run(
+    team: Team, *, steps: tuple[str, ...] = ("plan", "act", "notify"), **budget: int
+) -> Run:
+    """A bare pending run made by the system actor, its steps named by their keys."""
+    return new_run(team, steps=steps, actor=SYSTEM, named=False, **budget)
+
+
+def make_running(team: Team, *, ttl: float = 30, **budget: int) -> tuple[Run, Lease]:
+    """`make_run`, leased by worker-1 at epoch 1: running, nothing reported yet."""
+    run = make_run(team, **budget)
+    lease = start(run, ttl=ttl, actor=SYSTEM)
+    run.refresh_from_db()
+    return run, lease
+
+
+def reload(run: Run) -> Run:
+    return Run.objects.get(pk=run.pk)
+
+
+def run_interrupt(*, run_id: str, actor: Actor = SYSTEM) -> Run:
+    """The worker is lost: its lease runs out and the reaper interrupts the run
+    (`services.lease_expire`), the way a running run becomes interrupted in production."""
+    lease = Lease.objects.get(run_id=run_id, released_at__isnull=True)
+    Lease.objects.filter(pk=lease.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    services.lease_expire(lease_id=lease.pk, actor=actor)
+    return Run.objects.get(pk=run_id)
 
 
 def work(
@@ -205,12 +242,12 @@ def failed(team: Team, **kwargs: Any) -> Run:
 
 def interrupted(team: Team, *, outbox_in_flight: bool = False, **kwargs: Any) -> Run:
     """Running with a write in flight (unless `write_open=False`) and, with `outbox_in_flight`,
-    an outbox item claimed and never reported; then the dependency fails: interrupted, and the
-    interruption leaves those unknown."""
+    an outbox item claimed and never reported; then the worker is lost (its lease runs out):
+    interrupted, and the interruption leaves those unknown."""
     run, _lease = running(team, **{"write_open": True, **kwargs})
     if outbox_in_flight:
         item = run.outbox_items.order_by("pk").first()
         assert item is not None and services.outbox_claim(item_id=item.pk, dispatcher="d-1")
-    run_interrupt(run_id=run.pk, reason="dependency_failure", actor=SYSTEM, detail="db down")
+    run_interrupt(run_id=run.pk)
     run.refresh_from_db()
     return run

@@ -1,5 +1,5 @@
 /**
- * `@safestop/agent` against a live server (issue 16): the three things that matter —
+ * `@safestop/agent` against a live server: the three things that matter —
  * 1. a stop reaches the running work within the push latency (run.signal aborts: fetch, timers
  *    and child processes with it) and nothing new starts after it;
  * 2. a write in flight at the stop is reported `unknown`, never `failed`;
