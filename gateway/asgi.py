@@ -133,7 +133,9 @@ async def handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
 async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
     match = PATH.match(scope["path"])
     if match is None:
-        await _send_json(send, 404, _error_body(None, types.INVALID_REQUEST, "no such MCP endpoint"))
+        await _send_json(
+            send, 404, _error_body(None, types.INVALID_REQUEST, "no such MCP endpoint")
+        )
         return
     name = match.group(1)
     method = scope["method"]
@@ -190,7 +192,9 @@ async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     if isinstance(message, list):
         await _send_json(
-            send, 400, _error_body(None, types.INVALID_REQUEST, "JSON-RPC batches are not supported")
+            send,
+            400,
+            _error_body(None, types.INVALID_REQUEST, "JSON-RPC batches are not supported"),
         )
         return
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
@@ -209,20 +213,32 @@ async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _send_json(send, 202, None)
         return
     if not isinstance(rpc_method, str):
-        await _send_json(send, 400, _error_body(rpc_id, types.INVALID_REQUEST, "method must be a string"))
+        await _send_json(
+            send, 400, _error_body(rpc_id, types.INVALID_REQUEST, "method must be a string")
+        )
         return
     if rpc_method == "initialize" and rpc_id is not None:
         if session_id:
             await _send_json(
-                send, 400, _error_body(rpc_id, types.INVALID_REQUEST, "initialize opens a session: send it without Mcp-Session-Id")
+                send,
+                400,
+                _error_body(
+                    rpc_id,
+                    types.INVALID_REQUEST,
+                    "initialize opens a session: send it without Mcp-Session-Id",
+                ),
             )
             return
         await _initialize(scope, send, auth.caller, name, rpc_id, message)
         return
     if session is None:
-        status, text = (404, "no such session (it ended, or never existed)") if session_id else (
-            400,
-            "send initialize first; then every request carries Mcp-Session-Id",
+        status, text = (
+            (404, "no such session (it ended, or never existed)")
+            if session_id
+            else (
+                400,
+                "send initialize first; then every request carries Mcp-Session-Id",
+            )
         )
         await _send_json(send, status, _error_body(rpc_id, types.INVALID_REQUEST, text))
         return
@@ -244,18 +260,37 @@ async def _notification(session: GatewaySession, method: str, params: Any) -> No
 
 
 async def _initialize(
-    scope: dict[str, Any], send: Any, caller: records.Caller, name: str, rpc_id: Any, message: dict[str, Any]
+    scope: dict[str, Any],
+    send: Any,
+    caller: records.Caller,
+    name: str,
+    rpc_id: Any,
+    message: dict[str, Any],
 ) -> None:
     try:
         request = types.InitializeRequest.model_validate(
             {"method": "initialize", "params": message.get("params")}
         )
     except ValidationError as error:
-        await _send_json(send, 400, _error_body(rpc_id, types.INVALID_PARAMS, f"invalid initialize params: {error.errors()[0]['msg']}"))
+        await _send_json(
+            send,
+            400,
+            _error_body(
+                rpc_id,
+                types.INVALID_PARAMS,
+                f"invalid initialize params: {error.errors()[0]['msg']}",
+            ),
+        )
         return
     config = await database_sync_to_async(records.upstream_for)(caller.token.team_id, name)
     if config is None:
-        await _send_json(send, 404, _error_body(rpc_id, types.INVALID_REQUEST, f"no upstream named {name!r} for this token's team"))
+        await _send_json(
+            send,
+            404,
+            _error_body(
+                rpc_id, types.INVALID_REQUEST, f"no upstream named {name!r} for this token's team"
+            ),
+        )
         return
     client = request.params.client_info
     session_id = new_session_id()
@@ -275,7 +310,13 @@ async def _initialize(
         upstream_init = await link.start()
     except UpstreamUnavailable as error:
         await link.close()
-        await _send_json(send, 502, _error_body(rpc_id, types.INTERNAL_ERROR, f"the upstream {name!r} did not start: {error}"))
+        await _send_json(
+            send,
+            502,
+            _error_body(
+                rpc_id, types.INTERNAL_ERROR, f"the upstream {name!r} did not start: {error}"
+            ),
+        )
         return
     session = GatewaySession(id=session_id, caller=caller, upstream_config=config, link=link)
     title = (getattr(client, "title", None) or client.name or "MCP client")[:180]
@@ -293,13 +334,28 @@ async def _initialize(
         return
     except records_domain_errors() as error:
         await link.close()
-        await _send_json(send, 409, _error_body(rpc_id, types.INVALID_REQUEST, f"the run cannot be leased: {error.detail}", {"status": error.status}))
+        await _send_json(
+            send,
+            409,
+            _error_body(
+                rpc_id,
+                types.INVALID_REQUEST,
+                f"the run cannot be leased: {error.detail}",
+                {"status": error.status},
+            ),
+        )
         return
     REGISTRY[session_id] = session
     wanted = request.params.protocol_version
     version = wanted if wanted in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
-    upstream_caps = upstream_init.capabilities.model_dump(by_alias=True, mode="json", exclude_none=True)
-    capabilities = {key: upstream_caps[key] for key in ("tools", "resources", "prompts", "logging", "completions") if key in upstream_caps}
+    upstream_caps = upstream_init.capabilities.model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    )
+    capabilities = {
+        key: upstream_caps[key]
+        for key in ("tools", "resources", "prompts", "logging", "completions")
+        if key in upstream_caps
+    }
     capabilities.setdefault("tools", {})
     result = {
         "protocolVersion": version,
@@ -319,7 +375,10 @@ async def _initialize(
         send,
         200,
         {"jsonrpc": "2.0", "id": rpc_id, "result": result},
-        headers=[(b"mcp-session-id", session_id.encode()), (b"safestop-run-id", session.run_id.encode())],
+        headers=[
+            (b"mcp-session-id", session_id.encode()),
+            (b"safestop-run-id", session.run_id.encode()),
+        ],
     )
 
 
@@ -329,12 +388,18 @@ def records_domain_errors() -> type[Exception]:
     return DomainError
 
 
-async def _request(session: GatewaySession, send: Any, rpc_id: Any, method: str, params: Any) -> None:
+async def _request(
+    session: GatewaySession, send: Any, rpc_id: Any, method: str, params: Any
+) -> None:
     if method == "ping":
         await _send_json(send, 200, {"jsonrpc": "2.0", "id": rpc_id, "result": {}})
         return
     if method not in PASS_THROUGH and method not in ("tools/list", "tools/call"):
-        await _send_json(send, 200, _error_body(rpc_id, types.METHOD_NOT_FOUND, f"method not found: {method[:80]}"))
+        await _send_json(
+            send,
+            200,
+            _error_body(rpc_id, types.METHOD_NOT_FOUND, f"method not found: {method[:80]}"),
+        )
         return
     try:
         request = types.client_request_adapter.validate_python(
@@ -343,7 +408,11 @@ async def _request(session: GatewaySession, send: Any, rpc_id: Any, method: str,
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
-        await _send_json(send, 200, _error_body(rpc_id, types.INVALID_PARAMS, f"invalid params ({where}): {first['msg']}"))
+        await _send_json(
+            send,
+            200,
+            _error_body(rpc_id, types.INVALID_PARAMS, f"invalid params ({where}): {first['msg']}"),
+        )
         return
     if method == "tools/call":
         await _tools_call(session, send, rpc_id, request)
@@ -377,7 +446,9 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
         nonlocal open_stream
         if not open_stream:
             return
-        text = f": {comment}\n\n" if data is None else f"event: message\ndata: {json.dumps(data)}\n\n"
+        text = (
+            f": {comment}\n\n" if data is None else f"event: message\ndata: {json.dumps(data)}\n\n"
+        )
         try:
             await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
         except Exception:  # the client left: the call goes on, and is recorded (not a cancel)

@@ -122,7 +122,9 @@ def upstream_create(
         }
     with transaction.atomic():
         if McpUpstream.objects.filter(team=team, name=name).exists():
-            raise InvalidInput(f"team {team.slug} already has an upstream named {name!r}", field="name")
+            raise InvalidInput(
+                f"team {team.slug} already has an upstream named {name!r}", field="name"
+            )
         upstream = McpUpstream.objects.create(
             team=team, name=name, transport=transport, created_by=actor.name, **fields
         )

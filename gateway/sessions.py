@@ -26,6 +26,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 from gateway import records
 from gateway.records import Caller, StopFacts, UpstreamConfig
@@ -196,8 +197,15 @@ class GatewaySession:
         await self.link.closed.wait()
         if self.ended or self.stopping.is_set():
             return
-        # Let the calls in flight see their connection close first and note their outcome.
-        await asyncio.sleep(0)
+        # The calls in flight see the connection close too: let them record their outcome
+        # (a write: unknown) before the stop settles the run.
+        running = [c.task for c in self.in_flight.values() if c.task is not None]
+        if running:
+            await asyncio.wait(running, timeout=5.0)
+        for _ in range(100):
+            if not any(c.task is not None for c in self.in_flight.values()):
+                break
+            await asyncio.sleep(0.01)
         await _db(services.run_stop)(
             run_id=self.run_id,
             reason="dependency_failure",
@@ -296,7 +304,9 @@ class GatewaySession:
         progress: Any,
     ) -> dict[str, Any]:
         if self.stopping.is_set():
-            raise ToolError(_stop_text(self.stop_facts or await _db(records.stop_facts)(self.run_id)))
+            raise ToolError(
+                _stop_text(self.stop_facts or await _db(records.stop_facts)(self.run_id))
+            )
         if name not in self.tools and self.link.alive:
             with contextlib.suppress(RpcError):
                 await self.list_tools(_list_tools_request())
@@ -312,7 +322,9 @@ class GatewaySession:
         finally:
             self.in_flight.pop(tool_call_id, None)
 
-    async def _permit(self, call: InFlight, arguments: dict[str, Any] | None) -> dict[str, Any] | None:
+    async def _permit(
+        self, call: InFlight, arguments: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
         try:
             record, _ = await _db(services.permit_request)(
                 run_id=self.run_id,
@@ -343,7 +355,11 @@ class GatewaySession:
             final = decision.get("arguments")
             return final if isinstance(final, dict) else arguments
         message = decision.get("message") or ""
-        what = {"rejected": "rejected", "expired": "expired before a reviewer decided", "void": "void"}
+        what = {
+            "rejected": "rejected",
+            "expired": "expired before a reviewer decided",
+            "void": "void",
+        }
         text = f"A reviewer {what.get(status, status)} this call"
         if status == "void":
             text = "The approval was voided (the run stopped or lost its lease)"
@@ -366,7 +382,9 @@ class GatewaySession:
                 if call.decision in done:
                     return call.decision.result()
                 if stopping in done:
-                    raise ToolError(_stop_text(self.stop_facts or await _db(records.stop_facts)(self.run_id)))
+                    raise ToolError(
+                        _stop_text(self.stop_facts or await _db(records.stop_facts)(self.run_id))
+                    )
         finally:
             stopping.cancel()
 
@@ -386,13 +404,13 @@ class GatewaySession:
                 ) from None
             raise
         except (UpstreamUnavailable, MCPError) as error:
-            crashed = isinstance(error, UpstreamUnavailable) or (
-                isinstance(error, MCPError) and not self.link.alive
-            ) or (isinstance(error, MCPError) and error.code == -32000)
+            crashed = isinstance(error, UpstreamUnavailable) or error.code == CONNECTION_CLOSED
             if crashed:
                 await self._report(
                     call,
-                    ExecutionState.UNKNOWN if call.side_effect == SideEffect.WRITE else ExecutionState.FAILED,
+                    ExecutionState.UNKNOWN
+                    if call.side_effect == SideEffect.WRITE
+                    else ExecutionState.FAILED,
                     f"the upstream exited mid-call: {error}",
                     started,
                 )
@@ -415,12 +433,16 @@ class GatewaySession:
                 tool_call_id=call.tool_call_id,
                 execution_state=state,
                 actor=self.caller.actor,
-                observation=f"{text}\n[{took * 1000:.1f} ms via the MCP gateway]"[: OBSERVATION_CHARS + 40],
+                observation=f"{text}\n[{took * 1000:.1f} ms via the MCP gateway]"[
+                    : OBSERVATION_CHARS + 40
+                ],
                 output_truncated=truncated,
                 source="mcp-gateway",
             )
         except DomainError:
-            logger.exception("MCP session %s: result of %s refused", self.id[:12], call.tool_call_id)
+            logger.exception(
+                "MCP session %s: result of %s refused", self.id[:12], call.tool_call_id
+            )
 
     # --- ending ------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
 
 from gateway.models import Transport
@@ -116,10 +117,23 @@ class UpstreamLink:
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(name=name, arguments=arguments)
         )
-        return await self._session().send_request(request, RAW_RESULT, progress_callback=progress)
+        return await self._send(request, progress)
 
     async def request(self, request: Any) -> dict[str, Any]:
-        return await self._session().send_request(request, RAW_RESULT)
+        return await self._send(request, None)
+
+    async def _send(self, request: Any, progress: Any) -> dict[str, Any]:
+        try:
+            return await self._session().send_request(
+                request, RAW_RESULT, progress_callback=progress
+            )
+        except MCPError as error:
+            if error.code == types.CONNECTION_CLOSED:
+                # The upstream went away (a stdio server that exited, a closed HTTP
+                # connection): leave the transport, so `closed` tells the session.
+                self.error = self.error or "the upstream closed the connection"
+                self._close.set()
+            raise
 
     async def close(self) -> None:
         """Leave the transport: for stdio, the SDK kills the process group (bounded waits)."""
