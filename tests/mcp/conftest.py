@@ -4,8 +4,8 @@ installed from tests/mcp/package-lock.json by `make mcp-servers`) and the `mcp` 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -47,15 +47,21 @@ def everything(team: Team) -> McpUpstream:
 
 
 @pytest.fixture
-def slow_writer(team: Team) -> McpUpstream:
+def writer_log(tmp_path: Path) -> Path:
+    return tmp_path / "writer.log"
+
+
+@pytest.fixture
+def slow_writer(team: Team, writer_log: Path) -> McpUpstream:
     """A small MCP server on the SDK's own server side, with write tools that take their time
     and one that crashes its process mid-call (tests/mcp/slow_writer.py)."""
     return upstream_create(
         team=team,
         name="writer",
         transport="stdio",
-        command=str(Path(os.sys.executable)),  # type: ignore[attr-defined]
+        command=sys.executable,
         args=[str(SLOW_WRITER)],
+        env={"WRITER_LOG": str(writer_log)},
         actor=Actor.system("test"),
     )
 

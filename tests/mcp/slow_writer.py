@@ -30,7 +30,12 @@ def _log(line: str) -> None:
 async def deploy(service: str, seconds: float = 0.0) -> str:
     """Deploy a service (takes `seconds`)."""
     _log(f"deploy-start {service}")
-    await anyio.sleep(seconds)
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        # The SDK interrupts a handler on the client's notifications/cancelled.
+        _log(f"deploy-cancelled {service}")
+        raise
     _log(f"deploy-done {service}")
     return f"deployed {service}"
 
@@ -50,4 +55,5 @@ async def status(service: str) -> str:
 
 
 if __name__ == "__main__":
+    _log(f"pid {os.getpid()}")
     server.run("stdio")
