@@ -34,7 +34,7 @@ class UpstreamIn(serializers.Serializer):
     headers = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
 
 
-UPSTREAM_OUT_FIELDS = {
+UPSTREAM_OUT_FIELDS: dict[str, Any] = {
     "id": serializers.IntegerField(),
     "team": serializers.CharField(),
     "name": serializers.CharField(),

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from gateway import records
 from gateway.sessions import REGISTRY, GatewaySession, RpcError, new_session_id
 from gateway.upstream import UpstreamLink, UpstreamUnavailable
+from runs.errors import DomainError
 
 logger = logging.getLogger(__name__)
 
@@ -332,7 +333,7 @@ async def _initialize(
         await link.close()
         await _send_json(send, 404, _error_body(rpc_id, types.INVALID_REQUEST, str(error)))
         return
-    except records_domain_errors() as error:
+    except DomainError as error:
         await link.close()
         await _send_json(
             send,
@@ -380,12 +381,6 @@ async def _initialize(
             (b"safestop-run-id", session.run_id.encode()),
         ],
     )
-
-
-def records_domain_errors() -> type[Exception]:
-    from runs.errors import DomainError
-
-    return DomainError
 
 
 async def _request(

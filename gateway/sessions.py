@@ -376,8 +376,9 @@ class GatewaySession:
                 early = await _db(records.approval_state)(call.approval_id)
                 if early is not None:
                     return early
+                waiting: set[asyncio.Future[Any]] = {call.decision, stopping}
                 done, _ = await asyncio.wait(
-                    {call.decision, stopping}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED
+                    waiting, timeout=5.0, return_when=asyncio.FIRST_COMPLETED
                 )
                 if call.decision in done:
                     return call.decision.result()

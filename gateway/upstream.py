@@ -124,9 +124,12 @@ class UpstreamLink:
 
     async def _send(self, request: Any, progress: Any) -> dict[str, Any]:
         try:
-            return await self._session().send_request(
-                request, RAW_RESULT, progress_callback=progress
+            result: dict[str, Any] = await self._session().send_request(
+                request,
+                RAW_RESULT,  # type: ignore[type-var]  # any JSON object: passed on unchanged
+                progress_callback=progress,
             )
+            return result
         except MCPError as error:
             if error.code == types.CONNECTION_CLOSED:
                 # The upstream went away (a stdio server that exited, a closed HTTP
