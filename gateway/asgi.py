@@ -283,7 +283,19 @@ async def _initialize(
             ),
         )
         return
-    config = await database_sync_to_async(records.upstream_for)(caller.token.team_id, name)
+    try:
+        config = await database_sync_to_async(records.upstream_for)(caller.token.team_id, name)
+    except DomainError:
+        await _send_json(
+            send,
+            403,
+            _error_body(
+                rpc_id,
+                types.INVALID_REQUEST,
+                f"the upstream {name!r} is not on SAFESTOP_WEBHOOK_ALLOWED_HOSTS",
+            ),
+        )
+        return
     if config is None:
         await _send_json(
             send,

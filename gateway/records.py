@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import services as gateway_services
-from gateway.models import McpUpstream
+from gateway.models import McpUpstream, Transport
 from gateway.secrets import unseal
 from runs import services
 from runs.actors import Actor
 from runs.api.ratelimit import bearer_failure_record, bearer_guessing_wait
 from runs.models import ApiToken, Approval, Run, StopRequest, TokenRole
+from runs.services import validate_outbox_destination
 from runs.tokens import api_token_authenticate
 
 
@@ -68,6 +69,10 @@ def upstream_for(team_id: int, name: str) -> UpstreamConfig | None:
     upstream = McpUpstream.objects.filter(team_id=team_id, name=name, enabled=True).first()
     if upstream is None:
         return None
+    if upstream.transport == Transport.HTTP:
+        # Checked again at every connect, like a webhook at send: an allow-list narrowed since
+        # the upstream was registered applies at once.
+        validate_outbox_destination("webhook", upstream.url)
     return UpstreamConfig(
         id=upstream.pk,
         name=upstream.name,
