@@ -116,6 +116,7 @@ class GatewaySession:
     ended: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _reports: set[asyncio.Task[Any]] = field(default_factory=set)
     _channel: str = ""
 
     @property
@@ -246,6 +247,7 @@ class GatewaySession:
                 if call.task is not None:
                     with contextlib.suppress(BaseException):
                         await call.task
+            await self._reports_done()
             with contextlib.suppress(DomainError):
                 await _db(services.run_drained)(
                     run_id=self.run_id,
@@ -421,8 +423,17 @@ class GatewaySession:
             raise RpcError(error.code, error.message, error.error.data) from error
         state = ExecutionState.FAILED if result.get("isError") else ExecutionState.SUCCEEDED
         text, truncated = _observation(result)
-        await self._report(call, state, text, started, truncated=truncated)
+        # The answer goes to the client now; the result is recorded beside it (one database
+        # hop less per call). A stop or the session's end waits for these reports first, so
+        # a drain never calls unknown a call whose answer the gateway already has.
+        report = asyncio.create_task(self._report(call, state, text, started, truncated=truncated))
+        self._reports.add(report)
+        report.add_done_callback(self._reports.discard)
         return result
+
+    async def _reports_done(self) -> None:
+        if self._reports:
+            await asyncio.wait(set(self._reports))
 
     async def _report(
         self, call: InFlight, state: str, text: str, started: float, *, truncated: bool = False
@@ -460,6 +471,7 @@ class GatewaySession:
             for call in list(self.in_flight.values()):
                 if call.task is not None:
                     call.task.cancel()
+            await self._reports_done()
             with contextlib.suppress(DomainError):
                 await _db(services.lease_release)(
                     run_id=self.run_id,
