@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import re
@@ -148,9 +149,17 @@ async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
             headers=[(b"allow", b"POST, DELETE")],
         )
         return
-    auth = await database_sync_to_async(records.authenticate)(
-        _header(scope, b"authorization"), _client_ip(scope)
-    )
+    authorization = _header(scope, b"authorization")
+    session_id = _header(scope, SESSION_HEADER)
+    known = REGISTRY.get(session_id) if session_id else None
+    if (
+        known is not None
+        and known.auth_header
+        and hmac.compare_digest(authorization.encode(), known.auth_header.encode())
+    ):
+        auth = records.AuthAnswer(known.caller)  # the session's own token, still live
+    else:
+        auth = await database_sync_to_async(records.authenticate)(authorization, _client_ip(scope))
     if auth.caller is None:
         extra = [(b"www-authenticate", b"Bearer")]
         if auth.retry_after is not None:
@@ -159,8 +168,7 @@ async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
             send, auth.status, _error_body(None, types.INVALID_REQUEST, auth.detail), headers=extra
         )
         return
-    session_id = _header(scope, SESSION_HEADER)
-    session = REGISTRY.get(session_id) if session_id else None
+    session = known
     if session is not None and (
         session.team_id != auth.caller.token.team_id or session.upstream_config.name != name
     ):
@@ -331,7 +339,13 @@ async def _initialize(
             ),
         )
         return
-    session = GatewaySession(id=session_id, caller=caller, upstream_config=config, link=link)
+    session = GatewaySession(
+        id=session_id,
+        caller=caller,
+        upstream_config=config,
+        link=link,
+        auth_header=_header(scope, b"authorization"),
+    )
     title = (getattr(client, "title", None) or client.name or "MCP client")[:180]
     try:
         await session.open(

@@ -35,7 +35,7 @@ from gateway.upstream import UpstreamLink, UpstreamUnavailable
 from runs import services
 from runs.actors import Actor
 from runs.errors import ApprovalClosed, DomainError, LeaseRevoked, RunNotRunning, StaleEpoch
-from runs.groups import agent_group
+from runs.groups import agent_group, token_group
 from runs.models import ExecutionState, SideEffect
 
 logger = logging.getLogger(__name__)
@@ -115,6 +115,10 @@ class GatewaySession:
     stop_done: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
     last_seen: float = field(default_factory=time.monotonic)
+    # The Authorization header that opened the session: a later request with the same header
+    # skips the token lookup (one database hop less per call). A revocation still ends the
+    # session at once: the session listens on the token's group (`runs.groups.token_group`).
+    auth_header: str = ""
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _reports: set[asyncio.Task[Any]] = field(default_factory=set)
     _channel: str = ""
@@ -144,6 +148,7 @@ class GatewaySession:
         if layer is not None:
             self._channel = await layer.new_channel()
             await layer.group_add(agent_group(self.run_id), self._channel)
+            await layer.group_add(token_group(self.caller.token.pk), self._channel)
             self._tasks.append(asyncio.create_task(self._listen(layer), name="mcp-signals"))
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="mcp-heartbeat"))
         self._tasks.append(asyncio.create_task(self._watch_upstream(), name="mcp-upstream-watch"))
@@ -156,6 +161,8 @@ class GatewaySession:
             kind = message.get("type")
             if kind == "stop.signal":
                 self.on_stop()
+            elif kind == "token.revoked":
+                asyncio.create_task(self.end(reason="token_revoked"))
             elif kind == "approval.decided":
                 decision = message.get("decision") or {}
                 self._deliver_decision(str(decision.get("tool_call_id") or ""), decision)
@@ -486,6 +493,7 @@ class GatewaySession:
         if layer is not None and self._channel:
             with contextlib.suppress(Exception):
                 await layer.group_discard(agent_group(self.run_id), self._channel)
+                await layer.group_discard(token_group(self.caller.token.pk), self._channel)
         await _db(session_ended)(public_id=self.id, reason=reason)
         await self.link.close()
 

@@ -162,3 +162,37 @@ def test_attach_to_another_teams_run_is_refused(
     assert answer.status_code == 404
     assert "no run" in error_of(answer)["message"]
     assert Run.objects.get(pk=foreign.pk).status == "pending"  # never leased
+
+
+def test_a_revoked_token_ends_its_sessions_at_once(
+    live_stack_redis, everything, agent_token
+) -> None:
+    from runs.actors import Actor
+    from runs.tokens import api_token_revoke
+
+    url = f"{live_stack_redis.url}/mcp/everything/"
+    with httpx.Client(timeout=30) as http:
+        opened = http.post(url, json=INITIALIZE, headers=headers(agent_token))
+        assert opened.status_code == 200, opened.text
+        own = headers(agent_token, opened.headers["mcp-session-id"])
+        listed = http.post(
+            url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=own
+        )
+        assert listed.status_code == 200
+        # The session's later requests skip the token lookup; the revocation's push ends it.
+        api_token_revoke(token_id=agent_token.token.pk, actor=Actor.system("test"))
+        wait_until(
+            lambda: (
+                http.post(
+                    url, json={"jsonrpc": "2.0", "id": 3, "method": "ping"}, headers=own
+                ).status_code
+                == 401
+            ),
+            10,
+            what="the revoked token's session to end",
+        )
+    wait_until(
+        lambda: McpSession.objects.filter(end_reason="token_revoked").exists(), 10, what="the end"
+    )
+    session = McpSession.objects.get()
+    wait_until(lambda: Run.objects.filter(pk=session.run_id, status="interrupted").exists(), 10)
