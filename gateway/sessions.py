@@ -44,7 +44,10 @@ OBSERVATION_CHARS = 2000
 
 
 def _db(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    return database_sync_to_async(fn)  # type: ignore[no-any-return]
+    # Not the one thread Django's sync work shares by default: a session's result report,
+    # another session's permit and a heartbeat need not queue behind each other. Each worker
+    # thread takes its own connection from the process's pool.
+    return database_sync_to_async(fn, thread_sensitive=False)  # type: ignore[no-any-return]
 
 
 class ToolError(Exception):
