@@ -502,6 +502,9 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
         answer: dict[str, Any] = {"jsonrpc": "2.0", "id": rpc_id, "result": result}
     except RpcError as error:
         answer = _error_body(rpc_id, error.code, error.message, error.data)
+    except Exception:  # the stream is open: the client still gets a JSON-RPC answer
+        logger.exception("MCP gateway: tools/call failed")
+        answer = _error_body(rpc_id, types.INTERNAL_ERROR, "internal error")
     finally:
         ticker.cancel()
     await event(answer)

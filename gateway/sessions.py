@@ -27,6 +27,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
+from pydantic import ValidationError
 
 from gateway import records
 from gateway.records import Caller, StopFacts, UpstreamConfig
@@ -294,6 +295,8 @@ class GatewaySession:
             raise RpcError(-32603, f"the upstream is not available: {error}") from error
         except MCPError as error:
             raise RpcError(error.code, error.message, error.error.data) from error
+        except ValidationError as error:  # the upstream answered something that is not MCP
+            raise RpcError(-32603, f"the upstream's answer is not valid MCP: {error}") from error
 
     async def call_tool(
         self,

@@ -196,3 +196,22 @@ def test_a_revoked_token_ends_its_sessions_at_once(
     )
     session = McpSession.objects.get()
     wait_until(lambda: Run.objects.filter(pk=session.run_id, status="interrupted").exists(), 10)
+
+
+def test_an_upstream_that_does_not_start_is_a_502(live_stack, agent_token, team) -> None:
+    from gateway.services import upstream_create
+    from runs.actors import Actor
+
+    upstream_create(
+        team=team,
+        name="broken",
+        transport="stdio",
+        command="/nonexistent/mcp-server",
+        actor=Actor.system("test"),
+    )
+    answer = httpx.post(
+        f"{live_stack.url}/mcp/broken/", json=INITIALIZE, headers=headers(agent_token), timeout=30
+    )
+    assert answer.status_code == 502
+    assert "did not start" in error_of(answer)["message"]
+    assert not Run.objects.exists()  # no run for a session that never opened
