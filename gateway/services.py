@@ -76,6 +76,51 @@ def upstream_create(
     headers: Any = None,
 ) -> McpUpstream:
     """Register an upstream MCP server for `team` under `name` (reached at `/mcp/<name>/`)."""
+    fields = upstream_validate(
+        name=name,
+        transport=transport,
+        command=command,
+        args=args,
+        env=env,
+        url=url,
+        headers=headers,
+    )
+    with transaction.atomic():
+        if McpUpstream.objects.filter(team=team, name=name).exists():
+            raise InvalidInput(
+                f"team {team.slug} already has an upstream named {name!r}", field="name"
+            )
+        upstream = McpUpstream.objects.create(
+            team=team, name=name, transport=transport, created_by=actor.name, **fields
+        )
+        ledger_append(
+            run=None,
+            actor=actor,
+            action="mcp.upstream_created",
+            team_slug=team.slug,
+            payload={
+                "name": name,
+                "transport": transport,
+                "command": upstream.command,
+                "url": upstream.url,
+                "env_names": upstream.env_names,
+                "header_names": upstream.header_names,
+            },
+        )
+    return upstream
+
+
+def upstream_validate(
+    *,
+    name: str,
+    transport: str,
+    command: str = "",
+    args: Any = None,
+    env: Any = None,
+    url: str = "",
+    headers: Any = None,
+) -> dict[str, Any]:
+    """The model fields of a registration (secrets sealed), or `InvalidInput` naming the field."""
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise InvalidInput(
             "name must be 1-64 lowercase letters, digits, '-' or '_' (it is the URL path)",
@@ -120,29 +165,7 @@ def upstream_create(
             "header_names": sorted(header_map),
             "headers_sealed": seal(header_map),
         }
-    with transaction.atomic():
-        if McpUpstream.objects.filter(team=team, name=name).exists():
-            raise InvalidInput(
-                f"team {team.slug} already has an upstream named {name!r}", field="name"
-            )
-        upstream = McpUpstream.objects.create(
-            team=team, name=name, transport=transport, created_by=actor.name, **fields
-        )
-        ledger_append(
-            run=None,
-            actor=actor,
-            action="mcp.upstream_created",
-            team_slug=team.slug,
-            payload={
-                "name": name,
-                "transport": transport,
-                "command": upstream.command,
-                "url": upstream.url,
-                "env_names": upstream.env_names,
-                "header_names": upstream.header_names,
-            },
-        )
-    return upstream
+    return fields
 
 
 def upstream_delete(*, upstream_id: int, team_ids: list[int] | None, actor: Actor) -> None:
