@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe
+.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,12 @@ node:
 axe: node
 	cd tests/browser && npm ci --no-audit --no-fund --loglevel=error
 
+# MCP servers nobody here wrote (`@modelcontextprotocol/server-everything`), the MCP gateway's
+# upstreams in tests/mcp, `make bench` and the demo: from the committed lockfile, never fetched
+# at run time.
+mcp-servers: node
+	cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error
+
 # The TypeScript client (clients/typescript, `@safestop/agent`): dependencies from its lockfile,
 # a strict `tsc` build, then Node's test runner against a live server the tests start (about
 # 20 s). The runner's summary lines (`# tests`, `# pass`, `# fail`, ...) end the output.
@@ -60,7 +66,7 @@ ts-client: install node
 PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
-test: install services chromium nginx axe
+test: install services chromium nginx axe mcp-servers
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client
@@ -73,13 +79,13 @@ test-fast: install services
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy console runs handoff notifications safestop_agent
+	$(VENV)/bin/mypy console runs handoff notifications gateway safestop_agent
 	$(VENV)/bin/lint-imports
 
 migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run
 
-bench: install services nginx
+bench: install services nginx mcp-servers
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) bench/run_all.py
 
 # The stop/dispatch leakage race for a long time (CI runs its short version in

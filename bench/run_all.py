@@ -50,7 +50,7 @@ from bench.common import (  # noqa: E402
     with_redis_db,
 )
 
-SECTIONS = ("stop", "ingest", "pages", "approvals", "bulk", "fanout", "ledger", "scale")
+SECTIONS = ("stop", "ingest", "pages", "approvals", "bulk", "fanout", "ledger", "mcp", "scale")
 # A row's section → the `--only` that measures it (the fan-out also reports daphne's memory).
 ONLY_FOR_SECTION = {"memory": "fanout"}
 
@@ -271,6 +271,13 @@ def main() -> None:
 
             section_rows, sections["ledger"] = _run_section(
                 "ledger verification", lambda: bench_ledger.run(stack)
+            )
+            rows += section_rows
+        if "mcp" in only:
+            from bench import bench_mcp
+
+            section_rows, sections["mcp"] = _run_section(
+                "mcp gateway (server-everything echo)", lambda: bench_mcp.run(stack)
             )
             rows += section_rows
         if "scale" in only:

@@ -23,13 +23,17 @@ from django.conf import settings  # noqa: E402
 
 from console.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
 from console.static import StaticFiles  # noqa: E402
+from gateway.asgi import McpGateway  # noqa: E402
 from runs.api.routing import agent_websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # The embedded console serves its own static files (no CDN, no separate server);
         # behind a proxy in production, set SAFESTOP_SERVE_STATIC=0 and serve collectstatic's output.
-        "http": StaticFiles(django_asgi_app) if settings.SAFESTOP_SERVE_STATIC else django_asgi_app,
+        # `/mcp/<name>/` is the MCP gateway (gateway/asgi.py): agents' MCP clients, bearer token.
+        "http": McpGateway(
+            StaticFiles(django_asgi_app) if settings.SAFESTOP_SERVE_STATIC else django_asgi_app
+        ),
         "websocket": URLRouter([*agent_websocket_urlpatterns, *browser_websocket_urlpatterns]),
     }
 )

@@ -115,6 +115,7 @@ INSTALLED_APPS = [
     "runs.api",
     "handoff",
     "notifications",
+    "gateway",
     "console",
 ]
 
@@ -405,6 +406,17 @@ SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE = int(
 )
 SAFESTOP_DISPATCH_DEADLINE_SECONDS = float(os.environ.get("SAFESTOP_DISPATCH_DEADLINE_SECONDS", 60))
 SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
+
+# The MCP gateway (gateway/, `/mcp/<name>/`). Upstream secrets (env, headers) are sealed with a
+# key derived from SAFESTOP_MCP_SECRET_KEY, or SECRET_KEY when it is empty. A session leases its
+# run for SAFESTOP_MCP_LEASE_TTL_SECONDS (renewed every third of it) and ends, like a client
+# that left, after SAFESTOP_MCP_SESSION_IDLE_SECONDS without a request.
+SAFESTOP_MCP_SECRET_KEY = os.environ.get("SAFESTOP_MCP_SECRET_KEY", "")
+SAFESTOP_MCP_MAX_MESSAGE_BYTES = int(os.environ.get("SAFESTOP_MCP_MAX_MESSAGE_BYTES", "1048576"))
+SAFESTOP_MCP_LEASE_TTL_SECONDS = float(os.environ.get("SAFESTOP_MCP_LEASE_TTL_SECONDS", "30"))
+SAFESTOP_MCP_SESSION_IDLE_SECONDS = float(
+    os.environ.get("SAFESTOP_MCP_SESSION_IDLE_SECONDS", "1800")
+)
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))
 SAFESTOP_WEBHOOK_READ_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_READ_TIMEOUT", 10))
 SAFESTOP_DEFAULT_LEASE_TTL = float(os.environ.get("SAFESTOP_DEFAULT_LEASE_TTL", 30))

@@ -20,6 +20,8 @@ urlpatterns = [
         SpectacularSwaggerSplitView.as_view(url_name="api-schema", http_method_names=_READ_ONLY),
         name="api-docs",
     ),
+    # before runs.api, whose last pattern answers a JSON 404 for anything else under /api/v1/
+    path("api/v1/mcp/", include("gateway.urls")),
     path("api/v1/", include("runs.api.urls")),
     re_path(r"^api/", json_not_found),  # /api/, /api/v2/...: JSON too
     path(

@@ -33,6 +33,7 @@ from console.views.common import (
     wants_fragment,
 )
 from console.views.decisions import check_outbox_decision, outbox_decision, steering_decision
+from gateway.models import McpSession
 from runs import services
 from runs.models import (
     STOPPABLE_STATUSES,
@@ -87,6 +88,8 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "drain_deadline_seconds": settings.SAFESTOP_DRAIN_DEADLINE_SECONDS,
         # Lazy: one query, only in the regions that show it (the summary).
         "waiting_approvals": approvals_list(team_ids=None, run_id=run.pk),
+        # A run opened through the MCP gateway names its client and upstream (one query).
+        "mcp_session": McpSession.objects.filter(run=run).order_by("-started_at").first(),
     }
     context.update(extra)
     return context

@@ -17,6 +17,7 @@ from console.demo.accounts import (
     DEMO_USERS,
     demo_accounts_ensure,
 )
+from console.demo.mcp import demo_mcp_ensure
 from notifications.demo import demo_channels_ensure
 
 
@@ -47,3 +48,14 @@ class Command(BaseCommand):
         )
         for team, rule in DEMO_APPROVAL_RULES:
             self.stdout.write(f"  {team:<10} {rule['name']}")
+        upstream = demo_mcp_ensure()
+        if upstream is None:
+            self.stdout.write(
+                "MCP gateway: `make mcp-servers` installs server-everything for the demo."
+            )
+        else:
+            self.stdout.write(
+                f"MCP gateway: /mcp/{upstream.name}/ → server-everything (team "
+                f"{upstream.team.slug}); connect an MCP client with an agent token of that "
+                'team (docs/agents.md, "No code").'
+            )

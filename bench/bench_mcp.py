@@ -1,0 +1,179 @@
+"""The MCP gateway's cost (DESIGN §15): p50 added latency per `tools/call`, and a stop's latency.
+
+Against `@modelcontextprotocol/server-everything` (tests/mcp, `make mcp-servers`), its `echo`
+tool, sequential calls, one client, the `mcp` SDK's client everywhere:
+
+1. direct, stdio — the SDK client spawns server-everything itself (what an agent does without
+   safestop);
+2. direct, streamable HTTP — server-everything in its HTTP mode on a local port (the same
+   transport the gateway speaks to the agent);
+3. through the gateway — the SDK client over streamable HTTP to daphne's `/mcp/everything/`,
+   which asks a permit, forwards over stdio to its own server-everything and records the result.
+   Added latency = p50(3) − p50(2) (same client transport), and p50(3) − p50(1) (what an
+   agent switching from a local stdio server pays).
+4. stop → the client's pending call answers — a reviewer's `POST .../cancel/` while
+   `trigger-long-running-operation` runs, until the call in flight returns its tool error
+   (cancelled upstream, drained); one new session per stop.
+
+Part of `make bench` (`bench/run_all.py --only mcp` runs it alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import httpx
+
+from bench.common import ROOT, Row, free_port, latency_row, wait_for_port
+
+EVERYTHING = ROOT / "tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+NODE = shutil.which("node") or "node"
+
+
+async def _timed_calls(session: Any, count: int, warmup: int = 20) -> list[float]:
+    for _ in range(warmup):
+        await session.call_tool("echo", {"message": "warm"})
+    samples = []
+    for index in range(count):
+        started = time.perf_counter()
+        await session.call_tool("echo", {"message": f"m{index}"})
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+async def _direct_stdio(count: int) -> list[float]:
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(command=NODE, args=[str(EVERYTHING), "stdio"])
+    with open(os.devnull, "w") as quiet:
+        async with stdio_client(params, errlog=quiet) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await _timed_calls(session, count)
+
+
+def _http_session(url: str, token: str = "") -> Any:
+    import contextlib
+
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    @contextlib.asynccontextmanager
+    async def opened() -> Any:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+            async with streamable_http_client(url, http_client=http) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+
+    return opened()
+
+
+async def _over_http(url: str, count: int, token: str = "") -> list[float]:
+    async with _http_session(url, token) as session:
+        return await _timed_calls(session, count)
+
+
+async def _stop_latency(base_url: str, token: str, reviewer_token: str, count: int) -> list[float]:
+    from gateway.models import McpSession
+
+    samples = []
+    for _ in range(count):
+        async with _http_session(f"{base_url}/mcp/everything/", token) as session:
+            call = asyncio.create_task(
+                session.call_tool("trigger-long-running-operation", {"duration": 60, "steps": 60})
+            )
+            await asyncio.sleep(0.3)  # the permit is asked and the call is running upstream
+            run_id = await asyncio.to_thread(
+                lambda: McpSession.objects.order_by("-id").values_list("run_id", flat=True)[0]
+            )
+            async with httpx.AsyncClient(base_url=base_url) as http:
+                started = time.perf_counter()
+                answer = await http.post(
+                    f"/api/v1/runs/{run_id}/cancel/",
+                    json={"reason": "user_stop", "note": "bench"},
+                    headers={"Authorization": f"Bearer {reviewer_token}"},
+                )
+                result = await call
+                samples.append((time.perf_counter() - started) * 1000)
+            if answer.status_code != 202 or not result.is_error:
+                raise RuntimeError(f"the stop did not reach the call: {answer.text}")
+    return samples
+
+
+def run(stack: Any) -> list[Row]:
+    from gateway.models import McpUpstream
+    from gateway.services import upstream_create
+    from runs.actors import Actor
+    from runs.models import Team
+
+    if not EVERYTHING.exists():
+        raise RuntimeError(f"{EVERYTHING} is missing: run `make mcp-servers`")
+    count = stack.n(1000, 100)
+    if not McpUpstream.objects.filter(team_id=stack.team_id, name="everything").exists():
+        upstream_create(
+            team=Team.objects.get(pk=stack.team_id),
+            name="everything",
+            transport="stdio",
+            command=NODE,
+            args=[str(EVERYTHING), "stdio"],
+            actor=Actor.system("bench"),
+        )
+    port = free_port()
+    node = subprocess.Popen(
+        [NODE, str(EVERYTHING), "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for_port(port, timeout=30, process=node)
+        direct_stdio = asyncio.run(_direct_stdio(count))
+        direct_http = asyncio.run(_over_http(f"http://127.0.0.1:{port}/mcp", count))
+        gateway = asyncio.run(
+            _over_http(f"{stack.base_url}/mcp/everything/", count, stack.agent_token)
+        )
+        stops = asyncio.run(
+            _stop_latency(stack.base_url, stack.agent_token, stack.reviewer_token, stack.n(20, 5))
+        )
+    finally:
+        node.terminate()
+        node.wait(10)
+    p50 = sorted(gateway)[len(gateway) // 2]
+    over_http = p50 - sorted(direct_http)[len(direct_http) // 2]
+    over_stdio = p50 - sorted(direct_stdio)[len(direct_stdio) // 2]
+    section = "mcp gateway"
+    note = f"added p50: {over_http:.2f} ms over direct HTTP, {over_stdio:.2f} ms over direct stdio"
+    return [
+        latency_row(section, "echo, direct (SDK client, stdio)", direct_stdio),
+        latency_row(section, "echo, direct (SDK client, streamable HTTP)", direct_http),
+        latency_row(section, "echo through the gateway (permit + result)", gateway, note=note),
+        Row(
+            section,
+            "added per tools/call (p50, vs direct HTTP)",
+            {"p50": round(over_http, 2)},
+            "ms",
+            "p50 ≤ 2 ms",
+            over_http,
+            over_http <= 2.0,
+        ),
+        latency_row(section, "stop → the pending call answers", stops),
+    ]
+
+
+if __name__ == "__main__":
+    import sys
+
+    os.execv(
+        sys.executable,
+        [sys.executable, str(ROOT / "bench/run_all.py"), "--only", "mcp", *sys.argv[1:]],
+    )
