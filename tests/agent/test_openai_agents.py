@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any
 
+import httpx
 import pytest
 from agent_fakes import ApprovalServer, FakeApi
 from agents import Agent, function_tool, set_tracing_disabled
@@ -259,6 +260,29 @@ def test_a_stop_during_an_approval_wait_never_runs_the_tool(
             run_agent_sync(run, support_agent(model), "Refund A-1")
     assert DONE == []
     assert results(fake_api) == [("call_r.e3", "not_started")]
+
+
+def test_a_void_caused_by_a_stop_ends_the_run_not_the_tool_call(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    """A void heard before (or instead of) the stop signal is a stop, not a rejection the
+    model would read and act on."""
+    server = ApprovalServer(fake_api, {"refund"})
+    fake_api.overrides[""] = lambda request, body: httpx.Response(
+        200, json={"id": "run_1", "status": "cancel_requested"}
+    )
+    model = ScriptedModel(
+        [[call("refund", '{"order": "A-1", "amount": 1}', "call_r")], [say("never asked")]]
+    )
+    void = {"type": "approval.decided", "approval_id": "appr_1", "decision": "void"}
+    with leased(client) as run:
+        threading.Thread(
+            target=lambda: wait_for(lambda: server.asked) and run.handle_push_frame(void),
+            daemon=True,
+        ).start()
+        with pytest.raises(Cancelled):
+            run_agent_sync(run, support_agent(model), "Refund A-1")
+    assert DONE == [] and len(model.inputs) == 1, "the model never read a 'void' as an answer"
 
 
 def wait_for(condition: Any, timeout: float = 5.0) -> bool:
