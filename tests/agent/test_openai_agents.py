@@ -285,6 +285,34 @@ def test_a_void_caused_by_a_stop_ends_the_run_not_the_tool_call(
     assert DONE == [] and len(model.inputs) == 1, "the model never read a 'void' as an answer"
 
 
+def test_tool_results_are_reported_off_the_event_loop(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    """The report is a blocking HTTP call (retried): on the loop it would freeze every other
+    task of the agent, a stop's cancellation included."""
+    loop_thread: list[threading.Thread] = []
+
+    @function_tool
+    async def ping() -> str:
+        """Ping."""
+        loop_thread.append(threading.current_thread())
+        return "pong"
+
+    model = ScriptedModel([[call("ping", "{}", "call_p")], [say("ok")]])
+    with leased(client) as run:
+        reported_in: list[threading.Thread] = []
+        report = run.report_outcome
+
+        def spy(call: Any, error: Any) -> None:
+            reported_in.append(threading.current_thread())
+            report(call, error)
+
+        run.report_outcome = spy  # type: ignore[method-assign]
+        run_agent_sync(run, guard_agent(Agent(name="a", tools=[ping], model=model)), "ping")
+    assert results(fake_api) == [("call_p.e3", "succeeded")]
+    assert len(reported_in) == 1 and reported_in[0] is not loop_thread[0]
+
+
 def wait_for(condition: Any, timeout: float = 5.0) -> bool:
     event = threading.Event()
     for _ in range(int(timeout / 0.01)):
