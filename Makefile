@@ -58,8 +58,10 @@ ts-client: install node
 # agent/pyproject.toml declares (its `langgraph` and `openai-agents` extras): one small venv per
 # end, holding safestop-agent, those pins and pytest only (no Django, no database), running the
 # adapter tests alone (tests/agent/matrix.ini; about a minute once the venvs exist). Move a pin
-# here and the range in agent/pyproject.toml together.
-ADAPTER_OLDEST := langgraph==1.0.0 langgraph-prebuilt==1.0.2 openai-agents==0.8.0
+# here and the range in agent/pyproject.toml together. openai==2.9.0 is the oldest SDK's own
+# floor: openai-agents 0.8.0 builds usage records that later openai releases reject (a field they
+# made required), so that end runs with an openai of its time.
+ADAPTER_OLDEST := langgraph==1.0.0 langgraph-prebuilt==1.0.2 openai-agents==0.8.0 openai==2.9.0
 ADAPTER_NEWEST := langgraph==1.2.24 langgraph-prebuilt==1.1.3 openai-agents==0.24.0
 ADAPTER_TESTS := tests/agent/test_langgraph.py tests/agent/test_langgraph_toolnode.py \
 	tests/agent/test_langgraph_async.py tests/agent/test_openai_agents.py \

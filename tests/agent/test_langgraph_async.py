@@ -68,13 +68,19 @@ def steps(api: FakeApi) -> list[tuple[str, str]]:
     ]
 
 
-def test_ainvoke_runs_async_nodes_and_async_tools(client: SafestopClient, fake_api: FakeApi) -> None:
+def test_ainvoke_runs_async_nodes_and_async_tools(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
     graph = line(("plan", plan), ("act", act))
     with leased(client) as run:
         outcome = asyncio.run(SafestopGraph(run, graph).ainvoke({"log": []}))
     assert outcome.status == "completed" and outcome.values["log"] == ["planned", "charged 5"]
     (permit,) = fake_api.sent("permits/")
-    assert (permit["tool"], permit["side_effect"], permit["step_key"]) == ("charge", "write", "act#2")
+    assert (permit["tool"], permit["side_effect"], permit["step_key"]) == (
+        "charge",
+        "write",
+        "act#2",
+    )
     assert steps(fake_api) == [
         ("step.started", "plan#1"),
         ("step.completed", "plan#1"),
