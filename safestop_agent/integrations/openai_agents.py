@@ -20,7 +20,12 @@ What the adapter does (DESIGN §9, §10):
   permit answers 202), waits for a reviewer; the tool then runs with the
   final, possibly edited, arguments. A rejection (or expiry) is not an error:
   the reviewer's message goes back to the model as the tool's output
-  (`rejection_output`), so it can change course.
+  (`rejection_output`), so it can change course. With
+  `approval_flow="interrupt"` the wait is the SDK's own interruption
+  instead: the run returns with `result.interruptions`, and `resume_agent`
+  goes on from the saved `RunState` with the reviewer's decisions.
+- **The whole agent graph.** `guard_agent` copies every agent reachable by
+  handoffs and `as_tool`, and refuses tool names that match no tool.
 - **A stop cancels the run.** `run_agent` / `run_agent_sync` cancel the SDK's
   run task the moment the run's token is set (push or heartbeat), and
   `run_agent_streamed` calls `RunResultStreaming.cancel()`; a tool in flight
@@ -44,10 +49,11 @@ import threading
 import types
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from agents import Agent, FunctionTool, Handoff, RunHooks, Runner
 from agents.result import RunResult, RunResultStreaming
+from agents.run_state import RunState
 from agents.tool import default_tool_error_function
 from agents.tool_context import ToolContext
 
@@ -64,6 +70,7 @@ _ACTIVE: contextvars.ContextVar[AgentRun | None] = contextvars.ContextVar(
 )
 
 Summary = str | Callable[[Mapping[str, Any]], str] | None
+ApprovalFlow = Literal["wait", "interrupt"]
 
 
 def default_rejection_output(error: ApprovalRejected) -> str:
@@ -150,12 +157,18 @@ def safestop_tool(
     recovery_policy: RecoveryPolicy | None = None,
     idempotency_key: Callable[[Mapping[str, Any]], str] | None = None,
     rejection_output: Callable[[ApprovalRejected], Any] = default_rejection_output,
+    approval_flow: ApprovalFlow = "wait",
 ) -> FunctionTool:
     """A copy of `tool` whose every call asks a safestop permit first (see the module docstring).
 
     `needs_approval=None` takes the tool's own SDK flag (a bool, or the SDK's
-    async policy `(run_context, arguments, call_id) -> bool`); the copy's SDK
-    flag is off, so the reviewer decides in safestop, not in the SDK's state.
+    async policy `(run_context, arguments, call_id) -> bool`). With
+    `approval_flow="wait"` the copy's SDK flag is off and a call a reviewer
+    must approve waits inside the tool. With `approval_flow="interrupt"` the
+    permit is asked by the copy's SDK `needs_approval` policy instead: a call
+    held for a reviewer becomes one of the SDK's own interruptions (the run
+    returns with `result.interruptions`; save `result.to_state()`), and
+    `resume_agent` answers them with the reviewer's decisions and goes on.
     """
     original_invoke = tool.on_invoke_tool
     # A tool made by `function_tool` turns a body's exception into a message for the model
@@ -169,6 +182,28 @@ def safestop_tool(
             decided = policy(ctx, dict(arguments), ctx.tool_call_id)
             return bool(await decided) if inspect.isawaitable(decided) else bool(decided)
         return bool(policy)
+
+    async def sdk_policy(context: Any, arguments: Mapping[str, Any], call_id: str) -> bool:
+        """The SDK asks whether the call needs approval: it does when the permit waits."""
+        run = active_run(context)
+        run.token.raise_if_cancelled()
+        call = run.new_tool_call(
+            tool.name,
+            dict(arguments),
+            side_effect,
+            tool_call_id=f"{call_id}.e{run.epoch}"[-120:],
+            idempotency_key=idempotency_key(arguments) if idempotency_key else None,
+            recovery_policy=recovery_policy,
+            needs_approval=await asks(context, arguments),
+            summary=summary(arguments) if callable(summary) else summary,
+            risk=risk,
+            arguments_schema=arguments_schema,
+        )
+        try:
+            granted = await asyncio.to_thread(run.ask_permit, call, wait=False)
+        except ApprovalRejected:
+            return False  # already decided no: the tool call answers the model with it
+        return not granted
 
     async def on_invoke_tool(ctx: ToolContext[Any], raw_arguments: str) -> Any:
         if is_offline() and _ACTIVE.get() is None and not _run_in_context(ctx):
@@ -211,7 +246,8 @@ def safestop_tool(
         await _fact(run, "step.completed", key=step_key)
         return output
 
-    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=False)
+    flag: Any = sdk_policy if approval_flow == "interrupt" else False
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=flag)
 
 
 async def _report(run: AgentRun, call: ToolCall, error: BaseException | None) -> None:
@@ -253,6 +289,7 @@ def guard_agent(
     summaries: Mapping[str, Summary] | None = None,
     recovery_policy: RecoveryPolicy | None = "manual_confirmation",
     rejection_output: Callable[[ApprovalRejected], Any] = default_rejection_output,
+    approval_flow: ApprovalFlow = "wait",
 ) -> Agent[Any]:
     """A copy of `agent`, and of every agent it reaches, whose function tools go through
     `safestop_tool`.
@@ -264,7 +301,7 @@ def guard_agent(
     `approvals` the ones a reviewer must approve (tools carrying the SDK's
     `needs_approval` wait too). A name in `writes`, `approvals`, `risk` or
     `summaries` that matches no function tool in the graph raises `ValueError`.
-    The originals are left as they were.
+    The originals are left as they were. `approval_flow` is `safestop_tool`'s.
     """
     write_names, approval_names = set(writes), set(approvals)
     risks, summary_of = dict(risk or {}), dict(summaries or {})
@@ -286,6 +323,7 @@ def guard_agent(
             risk=risks.get(tool.name),
             recovery_policy=recovery_policy if is_write else None,
             rejection_output=rejection_output,
+            approval_flow=approval_flow,
         )
 
     return _guard_graph(agent, guard_tool, {})
@@ -565,6 +603,55 @@ async def run_agent(
         forget()
 
 
+async def resume_agent(
+    run: AgentRun,
+    agent: Agent[Any],
+    state: RunState[Any] | str | Mapping[str, Any],
+    *,
+    hooks: RunHooks[Any] | None = None,
+    **kwargs: Any,
+) -> RunResult:
+    """Go on with a run that stopped at the SDK's approval interruptions (`approval_flow="interrupt"`).
+
+    `state` is `result.to_state()`, or what its `to_string()` / `to_json()`
+    saved. Each interruption is answered with the reviewer's decision in
+    safestop (waiting for it, off the event loop, if it is still open):
+    approved → `state.approve(item)` and the tool runs with the final
+    arguments; rejected or expired → `state.reject(item)`. A void caused by a
+    stop raises `Cancelled`. Then the run goes on as `run_agent` does.
+    """
+    if isinstance(state, str):
+        state = await RunState.from_string(agent, state)
+    elif not isinstance(state, RunState):
+        state = await RunState.from_json(agent, dict(state))
+    for item in state.get_interruptions():
+        if await asyncio.to_thread(_reviewer_approved, run, item):
+            state.approve(item)
+        else:
+            state.reject(item)
+    return await run_agent(run, agent, state, hooks=hooks, **kwargs)
+
+
+def _reviewer_approved(run: AgentRun, item: Any) -> bool:
+    """Ask the interrupted call's permit again until the reviewer has decided; True if approved."""
+    raw = item.raw_item
+    field = raw.get if isinstance(raw, Mapping) else (lambda key: getattr(raw, key, None))
+    arguments = field("arguments") or "{}"
+    call = run.new_tool_call(
+        str(item.tool_name or field("name")),
+        json.loads(arguments) if isinstance(arguments, str) else dict(arguments),
+        tool_call_id=f"{field('call_id')}.e{run.epoch}"[-120:],
+    )
+    try:
+        while not run.ask_permit(call, wait=False):
+            decision = run.wait_for_approval(str((call.approval or {})["id"]), poll_now=True)
+            if decision.status == "void":
+                run.raise_if_void_stopped()
+    except ApprovalRejected:
+        return False
+    return True
+
+
 def run_agent_sync(run: AgentRun, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
     """`run_agent` for synchronous code (its own event loop)."""
     return asyncio.run(run_agent(run, agent, input, **kwargs))
@@ -620,6 +707,7 @@ __all__ = [
     "guard_agent",
     "run_agent",
     "run_agent_streamed",
+    "resume_agent",
     "run_agent_sync",
     "safestop_tool",
     "stream_events",

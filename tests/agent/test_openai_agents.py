@@ -14,13 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_fakes import ApprovalServer, FakeApi
+from agent_fakes import ApprovalServer, FakeApi, PermitLedger
 from agents import Agent, function_tool, set_tracing_disabled
 from agents.models.interface import Model
 
 from safestop_agent import AgentRun, Cancelled, SafestopClient
 from safestop_agent.integrations.openai_agents import (
     guard_agent,
+    resume_agent,
     run_agent,
     run_agent_streamed,
     run_agent_sync,
@@ -311,6 +312,39 @@ def test_tool_results_are_reported_off_the_event_loop(
         run_agent_sync(run, guard_agent(Agent(name="a", tools=[ping], model=model)), "ping")
     assert results(fake_api) == [("call_p.e3", "succeeded")]
     assert len(reported_in) == 1 and reported_in[0] is not loop_thread[0]
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+def test_the_sdks_own_interruptions_resume_with_the_reviewers_decision(
+    client: SafestopClient, fake_api: FakeApi, decision: str
+) -> None:
+    """`approval_flow="interrupt"`: the run returns at the SDK's interruption (no task or
+    thread waits for the reviewer); its saved `RunState` goes on with the decision."""
+    ledger = PermitLedger(fake_api, held={"refund"})
+    model = ScriptedModel(
+        [[call("refund", {"order": "A-1", "amount": 120}, "call_r")], [say("Done.")]]
+    )
+    agent = guard_agent(
+        Agent(name="support", tools=[lookup_order, refund], model=model),
+        writes={"refund"},
+        approval_flow="interrupt",
+    )
+    with leased(client) as run:
+        result = run_agent_sync(run, agent, "Refund A-1")
+        assert [item.tool_name for item in result.interruptions] == ["refund"]
+        assert DONE == [] and len(model.inputs) == 1
+        saved = result.to_state().to_string()  # what a worker keeps while the reviewer decides
+        (approval,) = ledger.waiting()
+        assert approval["tool_call_id"] == "call_r.e3"
+        ledger.decide(approval["id"], decision, arguments={"order": "A-1", "amount": 90})
+        resumed = asyncio.run(resume_agent(run, agent, saved))
+    assert resumed.final_output == "Done."
+    if decision == "approved":
+        assert DONE == [("refund", ("A-1", 90))]
+        assert results(fake_api) == [("call_r.e3", "succeeded")]
+    else:
+        assert DONE == [] and results(fake_api) == []
+    assert ledger.conflicts() == {}
 
 
 def wait_for(condition: Any, timeout: float = 5.0) -> bool:
