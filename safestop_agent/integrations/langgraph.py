@@ -138,6 +138,8 @@ class _Calls:
     counters: dict[str, int] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Async calls that were permitted and still run, by call id (see `acall_tool`).
+    running: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -601,23 +603,46 @@ class SafestopGraph:
         failed: Callable[[Any], str | None] | None = None,
         **options: Any,
     ) -> Any:
-        """`call_tool` for an async tool: the HTTP calls run off the event loop."""
+        """`call_tool` for an async tool: the HTTP calls run off the event loop.
+
+        A permitted call runs in a task of its own, shielded: when a sibling call
+        of the same node interrupts for an approval, LangGraph abandons the node's
+        other calls, and the node run again after the decision must find this one
+        (running or done), never start it a second time.
+        """
         call_id = self._identity(tool_call_id, tool, arguments)
         done = self._cached(call_id)
         if done is not _NOTHING:
             return done
+        loop = asyncio.get_running_loop()
+        with self._calls.lock:
+            running = self._calls.running.get(call_id)
+        if running is not None and running.get_loop() is loop:
+            return await asyncio.shield(running)
         call = self._new_call(tool, arguments, call_id, **options)
         while not await asyncio.to_thread(self.run.ask_permit, call, wait=False):
             self._pause_for(call, arguments)
+        task = asyncio.ensure_future(self._arun(call, fn, failed))
+        with self._calls.lock:
+            self._calls.running[call_id] = task
+        return await asyncio.shield(task)
+
+    async def _arun(self, call: ToolCall, fn: Callable[..., Awaitable[Any]], failed: Any) -> Any:
         try:
             result = await _apply(fn, call.arguments)
-        except BaseException as error:  # a stop (task cancelled), a crash: reported as it is
+        except BaseException as error:  # a stop, a crash: reported as it is
+            self._forget_running(call.tool_call_id)
             await asyncio.to_thread(self.run.report_outcome, call, error)
             raise
         _record(call, result, failed)
+        self._keep(call.tool_call_id, result)  # kept before it stops counting as running
+        self._forget_running(call.tool_call_id)
         await asyncio.to_thread(self.run.report_outcome, call, None)
-        self._keep(call_id, result)
         return result
+
+    def _forget_running(self, call_id: str) -> None:
+        with self._calls.lock:
+            self._calls.running.pop(call_id, None)
 
     # -- outcome ---------------------------------------------------------------------
 

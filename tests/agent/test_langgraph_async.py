@@ -141,11 +141,13 @@ def test_an_async_tool_node_waits_for_approval_and_keeps_each_call_its_permit(
 ) -> None:
     ledger = PermitLedger(fake_api, held={"send_email"})
     sent: list[str] = []
+    looked: list[str] = []
 
     @tool
     async def lookup(q: str) -> str:
         """Look something up."""
-        await asyncio.sleep(0.01)
+        looked.append(q)
+        await asyncio.sleep(0.05)  # still running when its sibling interrupts for approval
         return f"found {q}"
 
     @tool
@@ -183,5 +185,6 @@ def test_an_async_tool_node_waits_for_approval_and_keeps_each_call_its_permit(
         m.tool_call_id: m.content for m in outcome.values["messages"] if isinstance(m, ToolMessage)
     }
     assert replies == {"call_mail": "sent to b@x.test", "call_lookup": "found order"}
-    assert sent == ["b@x.test"] and ledger.conflicts() == {}
+    assert sent == ["b@x.test"] and looked == ["order"], "each tool body ran once"
+    assert ledger.conflicts() == {}
     assert [p["tool"] for p in fake_api.sent("permits/")].count("lookup") == 1, "ran once"
