@@ -22,7 +22,8 @@ What the adapter does (DESIGN §9, §10):
   not finish is `unknown`, never `failed`). A call is named by the model's own
   call id (`ToolCall.id`, the `tool_call_id` of its `ToolMessage`) with the
   lease's epoch; only a call with no id (a plain function called in a node) is
-  named by its position in the node. A result is kept per call, so a node that
+  named by its tool, its arguments and how many identical calls the node made
+  before it. A result is kept per call, so a node that
   LangGraph runs again after a resume does not repeat a tool that already ran.
 - **A stop ends the graph at the next node or tool boundary**: a refused
   permit or step, or the token seen between nodes, raises `Cancelled`. The
