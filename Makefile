@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers
+.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers adapter-matrix
 
 install: $(VENV)/.installed
 
@@ -60,6 +60,37 @@ ts-client: install node
 	cd $(TS_DIR) && rm -rf dist && npx tsc -p .
 	cd $(TS_DIR) && node --test --test-concurrency=1 dist/test/*.test.js
 
+# The framework adapters against the oldest and the newest release of each framework that
+# agent/pyproject.toml declares (its `langgraph` and `openai-agents` extras): one small venv per
+# end, holding safestop-agent, those pins and pytest only (no Django, no database), running the
+# adapter tests alone (tests/agent/matrix.ini; about a minute once the venvs exist). Move a pin
+# here and the range in agent/pyproject.toml together. openai==2.9.0 is the oldest SDK's own
+# floor: openai-agents 0.8.0 builds usage records that later openai releases reject (a field they
+# made required), so that end runs with an openai of its time.
+ADAPTER_OLDEST := langgraph==1.0.0 langgraph-prebuilt==1.0.2 openai-agents==0.8.0 openai==2.9.0
+ADAPTER_NEWEST := langgraph==1.2.24 langgraph-prebuilt==1.1.3 openai-agents==0.24.0
+ADAPTER_TESTS := tests/agent/test_langgraph.py tests/agent/test_langgraph_toolnode.py \
+	tests/agent/test_langgraph_async.py tests/agent/test_openai_agents.py \
+	tests/agent/test_openai_agents_graph.py
+MATRIX := .venv-matrix
+
+$(MATRIX)/%/.installed: agent/pyproject.toml Makefile
+	rm -rf $(MATRIX)/$*
+	$(PYTHON) -m venv $(MATRIX)/$*
+	$(MATRIX)/$*/bin/pip install -q --upgrade pip
+	$(MATRIX)/$*/bin/pip install -q ./agent pytest pytest-timeout \
+		$(if $(filter oldest,$*),$(ADAPTER_OLDEST),$(ADAPTER_NEWEST))
+	rm -rf agent/build
+	touch $@
+
+adapter-matrix: $(MATRIX)/oldest/.installed $(MATRIX)/newest/.installed
+	@for end in oldest newest; do \
+		echo "adapters on the $$end supported frameworks:"; \
+		$(MATRIX)/$$end/bin/pip list 2>/dev/null | grep -E '^(langgraph|langgraph-prebuilt|openai-agents) '; \
+		$(MATRIX)/$$end/bin/python -m pytest -c tests/agent/matrix.ini --rootdir=. -q \
+			$(ADAPTER_TESTS) || exit 1; \
+	done
+
 # Every pytest session has its own test database (test_safestop_<pid>, console/settings.py) and
 # its own Redis database (claimed among 1-15 by tests/support/isolation.py), so two suites on one
 # machine never collide; SAFESTOP_TEST_DB_NAME and SAFESTOP_TEST_REDIS_URL choose them instead.
@@ -70,6 +101,7 @@ test: install services chromium nginx axe mcp-servers
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client
+	$(MAKE) --no-print-directory adapter-matrix
 
 # What a developer runs while working (under two minutes): no browser, no live servers, no other
 # processes, no races (tests/conftest.py says what counts as slow).
@@ -96,4 +128,4 @@ soak: install services
 	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(PY) bench/soak.py
 
 clean:
-	rm -rf $(VENV) safestop.sqlite3* var/ledger-anchors staticfiles .pytest_cache
+	rm -rf $(VENV) $(MATRIX) safestop.sqlite3* var/ledger-anchors staticfiles .pytest_cache

@@ -8,7 +8,7 @@ imports one that imports it back.
 from __future__ import annotations
 
 from .wire import WireClient
-from .worker import AgentRun
+from .worker import APPROVAL_POLL_SECONDS, AgentRun
 
 
 class SafestopClient(WireClient):
@@ -25,6 +25,22 @@ class SafestopClient(WireClient):
         *,
         ttl_seconds: float = 30,
         push: bool = True,
+        heartbeat_interval: float | None = None,
+        approval_poll_interval: float = APPROVAL_POLL_SECONDS,
     ) -> AgentRun:
-        """`with client.lease(run_id, worker_id) as run:` — see `AgentRun`."""
-        return AgentRun(self, run_id, worker_id, ttl_seconds=ttl_seconds, push=push)
+        """`with client.lease(run_id, worker_id) as run:` — see `AgentRun`.
+
+        `heartbeat_interval` (seconds, default a third of `ttl_seconds`) is how
+        often the lease is renewed and a stop is asked for when no push comes;
+        `approval_poll_interval` how often a call waiting for a reviewer asks for
+        the decision in case its push was missed.
+        """
+        return AgentRun(
+            self,
+            run_id,
+            worker_id,
+            ttl_seconds=ttl_seconds,
+            push=push,
+            heartbeat_interval=heartbeat_interval,
+            approval_poll_interval=approval_poll_interval,
+        )

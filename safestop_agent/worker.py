@@ -78,6 +78,8 @@ APPROVAL_POLL_SECONDS = 3.0
 VOID_GRACE_SECONDS = 1.0
 
 _UNSET: Any = object()
+# The run statuses in which a worker may go on working (the server's own list).
+OPEN_STATUSES = frozenset({"pending", "running", "suspended", "interrupted"})
 
 
 def _is_network_error(error: Exception) -> bool:
@@ -574,8 +576,8 @@ class AgentRun:
         )
         call.decision = decision
         call.approval = {**call.approval, **decision.source, "status": decision.status}
-        if decision.status == "void" and self.token.wait(VOID_GRACE_SECONDS):
-            self.token.raise_if_cancelled()
+        if decision.status == "void":
+            self.raise_if_void_stopped()
         if not decision.approved:
             raise ApprovalRejected(decision.message, decision.status, call.approval)
         permit_id, arguments = decision.permit_id, decision.arguments
@@ -641,6 +643,25 @@ class AgentRun:
         finally:
             forget_post()
             forget_cancel()
+
+    def raise_if_void_stopped(self) -> None:
+        """After an approval came back `void`: raise `Cancelled` if a stop voided it.
+
+        The server voids the approvals that wait when it stops the run (or hands
+        it over, or the lease is lost), and its `approval.decided` frame may
+        reach us before the stop signal. So a void is never taken as a mere
+        decision: wait a moment for the signal, and if none came, ask the run's
+        status; a run no longer open for work counts as stopped.
+        """
+        if not self.token.wait(VOID_GRACE_SECONDS):
+            try:
+                status = str(self.client.get_run(self.run_id).get("status") or "")
+            except (ApiError, httpx.TransportError) as error:
+                log.info("safestop: run status not read after a void: %r", error)
+                status = ""
+            if status and status not in OPEN_STATUSES:
+                self.token.cancel(reason=status)
+        self.token.raise_if_cancelled()
 
     def _poll_approval(self, approval_id: str) -> ApprovalDecision | None:
         """The approval's decision if it has one; None while it waits or the server is unreachable."""

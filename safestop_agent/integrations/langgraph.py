@@ -1,8 +1,9 @@
 """Run a compiled LangGraph graph under a safestop lease (`pip install 'safestop-agent[langgraph]'`).
 
+    tools = SafestopToolNode([lookup, send_email], writes={"send_email"}, approvals={"send_email"})
     graph = builder.compile(checkpointer=InMemorySaver())  # any LangGraph checkpointer
     with client.lease(run_id, "worker-1") as run:
-        outcome = SafestopGraph(run, graph).invoke({"ticket": 42})
+        outcome = SafestopGraph(run, graph).invoke({"messages": [...]})
         run.complete(outcome.values)
 
 What the adapter does (DESIGN §9, §10):
@@ -14,11 +15,16 @@ What the adapter does (DESIGN §9, §10):
   and sends `step.completed` (or `step.failed`) once they are done. Step keys
   are `<node>#<langgraph step>`, the same in every process, so a resumed run
   reuses its steps.
-- **Tool calls ask for permits.** Inside a node, `tool_call(...)` or a function
-  decorated with `safestop_tool` asks a permit before the tool runs and reports
-  its outcome after (a write that did not finish is `unknown`, never `failed`).
-  A result is kept per call, so a node that LangGraph runs again after a resume
-  does not repeat a tool that already ran.
+- **Tool calls ask for permits.** `SafestopToolNode` (LangGraph's prebuilt
+  `ToolNode` with a safestop wrapper around each call), or inside any node
+  `tool_call(...)` / a function decorated with `safestop_tool`: a permit is
+  asked before the tool runs and its outcome reported after (a write that did
+  not finish is `unknown`, never `failed`). A call is named by the model's own
+  call id (`ToolCall.id`, the `tool_call_id` of its `ToolMessage`) with the
+  lease's epoch; only a call with no id (a plain function called in a node) is
+  named by its tool, its arguments and how many identical calls the node made
+  before it. A result is kept per call, so a node that
+  LangGraph runs again after a resume does not repeat a tool that already ran.
 - **A stop ends the graph at the next node or tool boundary**: a refused
   permit or step, or the token seen between nodes, raises `Cancelled`. The
   adapter reports the open steps `step.failed` (cancelled) and the thread's
@@ -35,17 +41,23 @@ What the adapter does (DESIGN §9, §10):
   and resumes the graph with `Command(resume=...)`. The node runs again from
   its start; the tool call asks the same permit again and gets the final
   (possibly edited) arguments, or raises `ApprovalRejected` with the
-  reviewer's message.
+  reviewer's message. A decision that is a `void` caused by a stop never
+  resumes the graph: it ends as stopped, and the node does not run again.
+- **Sync and async.** `invoke` / `stream` drive `graph.stream`, `ainvoke` /
+  `astream` drive `graph.astream` (async nodes, async tools, async
+  checkpointers). `stream` / `astream` hand the graph's chunks (in the
+  `stream_mode` asked for) to the caller as they come; the outcome is then
+  `adapter.outcome`.
 
 Breakpoints a graph was compiled with are replaced by the adapter's; use
 `interrupt()` for a graph's own human-in-the-loop (`invoke()` returns an
 `interrupted` outcome with those interrupts, and `invoke(Command(resume=...))`
-goes on). `invoke` is synchronous (`graph.stream`), so nodes are plain
-functions; tool calls through the adapter are blocking HTTP calls.
+goes on).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import hashlib
@@ -53,17 +65,20 @@ import inspect
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
+from langchain_core.messages import ToolMessage
 from langgraph.config import get_config
+from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Interrupt, interrupt
 
 from ..cancel import Cancelled, CancelToken
-from ..errors import REFUSAL_CODES, ApiError, Refused
+from ..errors import REFUSAL_CODES, ApiError, ApprovalRejected, Refused
 from ..wire import RecoveryPolicy, Risk, SideEffect
-from ..worker import AgentRun, StepKind, describe_error
+from ..worker import AgentRun, StepKind, ToolCall, describe_error
+from . import is_offline
 
 log = logging.getLogger("safestop_agent")
 
@@ -74,14 +89,22 @@ CHECKPOINT_PREFIX = "langgraph:"
 INTERRUPT_KIND = "safestop.approval"
 # What a checkpoint event may carry of the graph's values (the checkpointer has them all).
 VALUES_PREVIEW_BYTES = 16_000
+# The server's limit on a tool_call_id; a longer framework id is hashed to fit.
+TOOL_CALL_ID_MAX = 120
 
 _ACTIVE: contextvars.ContextVar[SafestopGraph | None] = contextvars.ContextVar(
     "safestop_langgraph_active", default=None
+)
+# Set while `SafestopToolNode` runs a call it already guards: a `safestop_tool` function
+# inside it runs as it is, so one call never asks two permits.
+_GUARDED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "safestop_langgraph_guarded", default=False
 )
 _NOTHING: Any = object()
 _AUTO: Any = object()
 
 OutcomeStatus = Literal["completed", "waiting_for_approval", "interrupted"]
+Summary = str | Callable[[Mapping[str, Any]], str] | None
 
 
 @dataclass(frozen=True)
@@ -111,11 +134,23 @@ class _OpenStep:
 
 @dataclass
 class _Calls:
-    """Per task: how many tool calls it made in this pass (ids are by position)."""
+    """Calls without a framework id, per task (named by position); results by call id."""
 
     counters: dict[str, int] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Async calls that were permitted and still run, by call id (see `acall_tool`).
+    running: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class _Pass:
+    """What to do next with the thread: stream `command`, or stop with `outcome`."""
+
+    command: Any = None
+    outcome: GraphOutcome | None = None
+    waits: list[Interrupt] = field(default_factory=list)
+    paused: bool = False  # between two nodes: the nodes about to run are new steps
 
 
 class SafestopGraph:
@@ -157,8 +192,9 @@ class SafestopGraph:
         self._open: dict[str, _OpenStep] = {}  # task id → the step it reported started
         self._calls = _Calls()
         self.last_checkpoint: str | None = None
+        self.outcome: GraphOutcome | None = None
 
-    # -- running ---------------------------------------------------------------------
+    # -- running (sync) ----------------------------------------------------------------
 
     def invoke(self, input: Any = None, *, resume_from: str | None = _AUTO) -> GraphOutcome:
         """Run (or go on with) the thread until it ends, waits or is interrupted.
@@ -174,63 +210,163 @@ class SafestopGraph:
         Raises `Cancelled` when the run is stopped (after reporting the
         checkpoint), `ApprovalRejected` only if a node lets it propagate.
         """
+        for _chunk in self.stream(input, resume_from=resume_from):
+            pass
+        assert self.outcome is not None
+        return self.outcome
+
+    def stream(
+        self,
+        input: Any = None,
+        *,
+        resume_from: str | None = _AUTO,
+        stream_mode: Any = "updates",
+        subgraphs: bool = False,
+    ) -> Iterator[Any]:
+        """`invoke()` that yields the graph's chunks (`graph.stream(..., stream_mode=...)`).
+
+        The adapter's own pauses (its breakpoints, its approval interrupts) are
+        not passed on. When the iteration ends, `self.outcome` says how.
+        """
         active = _ACTIVE.set(self)
         try:
-            return self._invoke(input, resume_from)
+            config = self._start_config(resume_from, self.graph.get_state(self._config))
+            pending = input
+            while True:
+                step = self._plan(self.graph.get_state(config), input, pending)
+                pending = _NOTHING
+                if step.outcome is not None:
+                    self.outcome = step.outcome
+                    return
+                if step.waits:
+                    step.command = Command(resume={w.id: self._await(w) for w in step.waits})
+                self.run.token.raise_if_cancelled()  # the node boundary: nothing after a stop
+                if step.paused:
+                    self._start_steps(self.graph.get_state(config))
+                self._reset_positions()
+                try:
+                    for chunk in self.graph.stream(
+                        step.command,
+                        config,
+                        interrupt_before="*",
+                        stream_mode=stream_mode,
+                        subgraphs=subgraphs,
+                    ):
+                        if not _is_adapter_chunk(chunk):
+                            yield chunk
+                except Cancelled:
+                    raise
+                except Exception as error:
+                    self._settle_steps(self.graph.get_state(self._config), error=error)
+                    raise
+                config = self._config  # a fork from an older checkpoint happens once
+                self._settle_steps(self.graph.get_state(config), error=None)
         except Cancelled:
-            self._stopped()
+            self._stopped(self.graph.get_state(self._config))
             raise
         finally:
-            _ACTIVE.reset(active)
+            _reset(_ACTIVE, active)
 
-    def _invoke(self, input: Any, resume_from: str | None) -> GraphOutcome:
-        config = self._start_config(resume_from)
-        pending_input = input
-        while True:
-            state = self.graph.get_state(config)
-            command: Any = None
-            if isinstance(pending_input, Command):
-                command, pending_input = pending_input, _NOTHING
-            elif not state.next:
-                if pending_input is _NOTHING or (pending_input is None and input is None):
-                    return self._outcome("completed", state)
-                # A new pass: LangGraph takes the input and pauses before the first node.
-                command, pending_input = pending_input, _NOTHING
-            else:
-                pending_input = _NOTHING
-                ours, theirs = _split_interrupts(state)
-                if theirs:
-                    return self._outcome("interrupted", state, interrupts=tuple(theirs))
-                if ours:
-                    if not self.wait_for_approvals and not self._all_decided(ours):
-                        return self._outcome(
-                            "waiting_for_approval",
-                            state,
-                            approvals=tuple(dict(item.value) for item in ours),
-                        )
-                    command = Command(resume={item.id: self._await(item) for item in ours})
-                self.run.token.raise_if_cancelled()  # the node boundary: nothing new after a stop
-                self._start_steps(state)
-            self._stream(command, config)
-            config = self._config  # a fork from an older checkpoint happens once
-            self._settle_steps(self.graph.get_state(config), error=None)
+    # -- running (async) ---------------------------------------------------------------
 
-    def _start_config(self, resume_from: str | None) -> dict[str, Any]:
+    async def ainvoke(self, input: Any = None, *, resume_from: str | None = _AUTO) -> GraphOutcome:
+        """`invoke()` for async graphs (async nodes and tools, async checkpointers)."""
+        async for _chunk in self.astream(input, resume_from=resume_from):
+            pass
+        assert self.outcome is not None
+        return self.outcome
+
+    async def astream(
+        self,
+        input: Any = None,
+        *,
+        resume_from: str | None = _AUTO,
+        stream_mode: Any = "updates",
+        subgraphs: bool = False,
+    ) -> AsyncIterator[Any]:
+        """`stream()` on `graph.astream`: the adapter's HTTP calls run off the event loop."""
+        active = _ACTIVE.set(self)
+        try:
+            config = await asyncio.to_thread(
+                self._start_config, resume_from, await self.graph.aget_state(self._config)
+            )
+            pending = input
+            while True:
+                step = self._plan(await self.graph.aget_state(config), input, pending)
+                pending = _NOTHING
+                if step.outcome is not None:
+                    self.outcome = step.outcome
+                    return
+                if step.waits:
+                    decided = {w.id: await asyncio.to_thread(self._await, w) for w in step.waits}
+                    step.command = Command(resume=decided)
+                self.run.token.raise_if_cancelled()
+                if step.paused:
+                    state = await self.graph.aget_state(config)
+                    await asyncio.to_thread(self._start_steps, state)
+                self._reset_positions()
+                try:
+                    async for chunk in self.graph.astream(
+                        step.command,
+                        config,
+                        interrupt_before="*",
+                        stream_mode=stream_mode,
+                        subgraphs=subgraphs,
+                    ):
+                        if not _is_adapter_chunk(chunk):
+                            yield chunk
+                except Cancelled:
+                    raise
+                except Exception as error:
+                    state = await self.graph.aget_state(self._config)
+                    await asyncio.to_thread(self._settle_steps, state, error=error)
+                    raise
+                config = self._config
+                state = await self.graph.aget_state(config)
+                await asyncio.to_thread(self._settle_steps, state, error=None)
+        except (Cancelled, asyncio.CancelledError) as error:
+            if isinstance(error, Cancelled) or self.run.token.cancelled:
+                state = await self.graph.aget_state(self._config)
+                await asyncio.to_thread(self._stopped, state)
+            raise
+        finally:
+            _reset(_ACTIVE, active)
+
+    # -- one pass ----------------------------------------------------------------------
+
+    def _plan(self, state: Any, input: Any, pending: Any) -> _Pass:
+        """From the thread's state: the command to stream next, approvals to wait for, or the end."""
+        if isinstance(pending, Command):
+            return _Pass(command=pending)
+        if not state.next:
+            if pending is _NOTHING or (pending is None and input is None):
+                return _Pass(outcome=self._outcome("completed", state))
+            return _Pass(command=pending)  # a new pass: LangGraph pauses before the first node
+        ours, theirs = _split_interrupts(state)
+        if theirs:
+            return _Pass(outcome=self._outcome("interrupted", state, interrupts=tuple(theirs)))
+        if ours and not self.wait_for_approvals and not self._all_decided(ours):
+            approvals = tuple(dict(item.value) for item in ours)
+            return _Pass(outcome=self._outcome("waiting_for_approval", state, approvals=approvals))
+        return _Pass(command=None, waits=ours, paused=True)
+
+    def _start_config(self, resume_from: str | None, latest: Any) -> dict[str, Any]:
         if resume_from is _AUTO:
             resume_from = self._run_resume_from()
         checkpoint_id = _checkpoint_id_of(resume_from)
         if checkpoint_id is None:
             return self._config
-        latest = self.graph.get_state(self._config)
         if latest.config and latest.config["configurable"].get("checkpoint_id") == checkpoint_id:
             return self._config
         forked = dict(self._config)
         forked["configurable"] = {**self._config["configurable"], "checkpoint_id": checkpoint_id}
         try:
-            found = self.graph.get_state(forked)
+            found = self.graph.checkpointer.get_tuple(forked)
+        except NotImplementedError:  # an async-only checkpointer: take the label on trust
+            return forked
         except Exception:  # an id this checkpointer does not know
             found = None
-        if found is None or (not found.values and not found.next):
+        if found is None:
             log.warning("safestop: checkpoint %s not in this checkpointer; going on", resume_from)
             return self._config
         return forked
@@ -243,19 +379,9 @@ class SafestopGraph:
             return None
         return str(label) if label else None
 
-    def _stream(self, command: Any, config: Mapping[str, Any]) -> None:
+    def _reset_positions(self) -> None:
         with self._calls.lock:
             self._calls.counters.clear()  # a node run again calls its tools in the same order
-        try:
-            for _chunk in self.graph.stream(
-                command, config, interrupt_before="*", stream_mode="updates"
-            ):
-                pass
-        except Cancelled:
-            raise
-        except Exception as error:
-            self._settle_steps(self.graph.get_state(self._config), error=error)
-            raise
 
     # -- steps -----------------------------------------------------------------------
 
@@ -318,23 +444,24 @@ class SafestopGraph:
         except (ApiError, Cancelled) as error:
             log.warning("safestop: %s not reported: %s", type, error)
 
-    def _stopped(self) -> None:
+    def _stopped(self, state: Any) -> None:
         """After a stop: close the open steps as cancelled and report the checkpoint."""
         reason = f"interrupted by stop ({self.run.token.reason})"
         try:
-            self._settle_steps(self.graph.get_state(self._config), error=None, stopping=True)
+            self._settle_steps(state, error=None, stopping=True)
         except Exception as error:
             log.warning("safestop: steps not settled at stop: %r", error)
         for task_id in list(self._open):
             self._step_failed(task_id, reason, cancelled=True)
         try:
-            self.report_checkpoint()
+            self.report_checkpoint(state)
         except Exception as error:  # the stop itself must go on: the drain follows
             log.warning("safestop: checkpoint not reported at stop: %r", error)
 
-    def report_checkpoint(self) -> str | None:
+    def report_checkpoint(self, state: Any = None) -> str | None:
         """Send the thread's latest checkpoint as `checkpoint.saved`; return its label."""
-        state = self.graph.get_state(self._config)
+        if state is None:
+            state = self.graph.get_state(self._config)
         checkpoint_id = (state.config or {}).get("configurable", {}).get("checkpoint_id")
         if not checkpoint_id:
             return None
@@ -359,6 +486,10 @@ class SafestopGraph:
     def _await(self, item: Interrupt) -> dict[str, Any]:
         approval_id = str(item.value["approval_id"])
         decision = self.run.wait_for_approval(approval_id, poll_now=True)
+        if decision.status == "void":
+            # A stop voids the waiting approvals, and the void may be heard before the stop:
+            # resuming now would run the node again after the stop.
+            self.run.raise_if_void_stopped()
         return {"approval_id": approval_id, "status": decision.status, "message": decision.message}
 
     def _all_decided(self, items: list[Interrupt]) -> bool:
@@ -373,68 +504,146 @@ class SafestopGraph:
 
     # -- tool calls (called from inside nodes) ---------------------------------------
 
+    def _identity(self, tool_call_id: str | None, tool: str, arguments: Mapping[str, Any]) -> str:
+        """The permit's `tool_call_id`: the framework's call id at this epoch, else a position.
+
+        The framework's id names the call whatever order parallel calls run in.
+        A call without one is named by what it asks (tool and arguments) and how
+        many same asks the task made before it: calls that run in parallel in
+        one node can then never trade ids (only identical asks share a counter,
+        and trading those changes nothing).
+        """
+        if tool_call_id:
+            named = f"{tool_call_id}.e{self.run.epoch}"
+            if len(named) <= TOOL_CALL_ID_MAX:
+                return named
+            return "lg_" + hashlib.sha256(named.encode()).hexdigest()[:40]
+        task_id = _current_task_id()
+        what = json.dumps([tool, arguments], sort_keys=True, default=str)
+        ask = f"{task_id}|{hashlib.sha256(what.encode()).hexdigest()}"
+        with self._calls.lock:
+            index = self._calls.counters.get(ask, 0)
+            self._calls.counters[ask] = index + 1
+        # The same ask in the same task at the same epoch has the same id: a node run
+        # again after an approval asks the same permit, and finds a result already made.
+        seed = f"{self.run.run_id}|{self.run.epoch}|{ask}|{index}"
+        return "lg_" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+    def _new_call(self, tool: str, arguments: Mapping[str, Any], call_id: str, **options: Any):  # type: ignore[no-untyped-def]
+        open_step = self._open.get(_current_task_id())
+        return self.run.new_tool_call(
+            tool,
+            dict(arguments),
+            options.pop("side_effect", "none"),
+            tool_call_id=call_id,
+            step_key=open_step.key if open_step else None,
+            **options,
+        )
+
+    def _pause_for(self, call: ToolCall, arguments: Mapping[str, Any]) -> None:
+        approval = dict(call.approval or {})
+        # Pauses the graph here (checkpointed, no thread held). When it is resumed the
+        # node runs again from its start and this call asks again: the server answers the
+        # permit with the final arguments, or the rejection (`ApprovalRejected`).
+        interrupt(
+            {
+                "kind": INTERRUPT_KIND,
+                "approval_id": approval.get("id"),
+                "tool_call_id": call.tool_call_id,
+                "tool": call.tool,
+                "arguments": dict(arguments),
+                "summary": call.summary,
+                "deadline": approval.get("deadline"),
+            }
+        )
+
+    def _cached(self, call_id: str) -> Any:
+        with self._calls.lock:
+            return self._calls.results.get(call_id, _NOTHING)
+
+    def _keep(self, call_id: str, result: Any) -> None:
+        with self._calls.lock:
+            self._calls.results[call_id] = result
+
     def call_tool(
         self,
         tool: str,
         arguments: Mapping[str, Any],
         fn: Callable[..., Any],
         *,
-        side_effect: SideEffect = "none",
-        needs_approval: bool = False,
-        summary: str | None = None,
-        risk: Risk | None = None,
-        arguments_schema: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
-        recovery_policy: RecoveryPolicy | None = None,
+        tool_call_id: str | None = None,
+        failed: Callable[[Any], str | None] | None = None,
+        **options: Any,
     ) -> Any:
-        task_id = _current_task_id()
-        with self._calls.lock:
-            index = self._calls.counters.get(task_id, 0)
-            self._calls.counters[task_id] = index + 1
-        # The same call in the same task at the same epoch has the same id: a node run
-        # again after an approval asks the same permit, and finds a result already made.
-        seed = f"{self.run.run_id}|{self.run.epoch}|{task_id}|{index}"
-        tool_call_id = "lg_" + hashlib.sha256(seed.encode()).hexdigest()[:32]
-        with self._calls.lock:
-            if tool_call_id in self._calls.results:
-                return self._calls.results[tool_call_id]
-        open_step = self._open.get(task_id)
-        call = self.run.new_tool_call(
-            tool,
-            dict(arguments),
-            side_effect,
-            tool_call_id=tool_call_id,
-            step_key=open_step.key if open_step else None,
-            idempotency_key=idempotency_key,
-            recovery_policy=recovery_policy,
-            needs_approval=needs_approval,
-            summary=summary,
-            risk=risk,
-            arguments_schema=arguments_schema,
-        )
+        """Ask the permit (an approval wait is an `interrupt()`), run `fn`, report the outcome.
+
+        `failed(result)` names a result that is really a failure (a tool error the
+        framework turned into a message): the outcome is then `failed` (`unknown`
+        for a write), with that text as the observation.
+        """
+        call_id = self._identity(tool_call_id, tool, arguments)
+        done = self._cached(call_id)
+        if done is not _NOTHING:
+            return done
+        call = self._new_call(tool, arguments, call_id, **options)
         while not self.run.ask_permit(call, wait=False):
-            approval = dict(call.approval or {})
-            # Pauses the graph here (checkpointed, no thread held). When it is resumed the
-            # node runs again from its start and this call asks again: the server answers the
-            # permit with the final arguments, or the rejection (`ApprovalRejected`).
-            interrupt(
-                {
-                    "kind": INTERRUPT_KIND,
-                    "approval_id": approval.get("id"),
-                    "tool_call_id": tool_call_id,
-                    "tool": tool,
-                    "arguments": dict(arguments),
-                    "summary": summary,
-                    "deadline": approval.get("deadline"),
-                }
-            )
+            self._pause_for(call, arguments)
         with self.run.guard(call) as permitted:
-            final = permitted.arguments
-            result = fn(**final) if isinstance(final, Mapping) else fn(final)
-            permitted.result = result
-        with self._calls.lock:
-            self._calls.results[tool_call_id] = result
+            result = _apply(fn, permitted.arguments)
+            _record(permitted, result, failed)
+        self._keep(call_id, result)
         return result
+
+    async def acall_tool(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        tool_call_id: str | None = None,
+        failed: Callable[[Any], str | None] | None = None,
+        **options: Any,
+    ) -> Any:
+        """`call_tool` for an async tool: the HTTP calls run off the event loop.
+
+        A permitted call runs in a task of its own, shielded: when a sibling call
+        of the same node interrupts for an approval, LangGraph abandons the node's
+        other calls, and the node run again after the decision must find this one
+        (running or done), never start it a second time.
+        """
+        call_id = self._identity(tool_call_id, tool, arguments)
+        done = self._cached(call_id)
+        if done is not _NOTHING:
+            return done
+        loop = asyncio.get_running_loop()
+        with self._calls.lock:
+            running = self._calls.running.get(call_id)
+        if running is not None and running.get_loop() is loop:
+            return await asyncio.shield(running)
+        call = self._new_call(tool, arguments, call_id, **options)
+        while not await asyncio.to_thread(self.run.ask_permit, call, wait=False):
+            self._pause_for(call, arguments)
+        task = asyncio.ensure_future(self._arun(call, fn, failed))
+        with self._calls.lock:
+            self._calls.running[call_id] = task
+        return await asyncio.shield(task)
+
+    async def _arun(self, call: ToolCall, fn: Callable[..., Awaitable[Any]], failed: Any) -> Any:
+        try:
+            result = await _apply(fn, call.arguments)
+        except BaseException as error:  # a stop, a crash: reported as it is
+            self._forget_running(call.tool_call_id)
+            await asyncio.to_thread(self.run.report_outcome, call, error)
+            raise
+        _record(call, result, failed)
+        self._keep(call.tool_call_id, result)  # kept before it stops counting as running
+        self._forget_running(call.tool_call_id)
+        await asyncio.to_thread(self.run.report_outcome, call, None)
+        return result
+
+    def _forget_running(self, call_id: str) -> None:
+        with self._calls.lock:
+            self._calls.running.pop(call_id, None)
 
     # -- outcome ---------------------------------------------------------------------
 
@@ -467,7 +676,9 @@ def active_graph() -> SafestopGraph:
     if graph is None:
         raise RuntimeError(
             "no safestop graph is running: call tools through safestop inside a node of a graph "
-            "run by SafestopGraph(run, graph).invoke(...)"
+            "run by SafestopGraph(run, graph).invoke(...) (or .ainvoke / .stream / .astream), "
+            "or inside `with safestop_agent.integrations.offline():` to run them unguarded "
+            "in a test"
         )
     return graph
 
@@ -482,6 +693,7 @@ def tool_call(
     arguments: Mapping[str, Any],
     fn: Callable[..., Any],
     *,
+    tool_call_id: str | None = None,
     side_effect: SideEffect = "none",
     needs_approval: bool = False,
     summary: str | None = None,
@@ -494,12 +706,49 @@ def tool_call(
 
     `fn` gets the final arguments (a reviewer may have edited them). Raises
     `Cancelled` after a stop (the tool never starts), `ApprovalRejected` when
-    a reviewer said no (`.message` is theirs: hand it to the model).
+    a reviewer said no (`.message` is theirs: hand it to the model). Pass the
+    model's call id as `tool_call_id` when there is one; without it the call
+    is named by its position in the node.
     """
+    if _GUARDED.get() or (_ACTIVE.get() is None and is_offline()):
+        return _apply(fn, arguments)
     return active_graph().call_tool(
         tool,
         arguments,
         fn,
+        tool_call_id=tool_call_id,
+        side_effect=side_effect,
+        needs_approval=needs_approval,
+        summary=summary,
+        risk=risk,
+        arguments_schema=arguments_schema,
+        idempotency_key=idempotency_key,
+        recovery_policy=recovery_policy,
+    )
+
+
+async def atool_call(
+    tool: str,
+    arguments: Mapping[str, Any],
+    fn: Callable[..., Awaitable[Any]],
+    *,
+    tool_call_id: str | None = None,
+    side_effect: SideEffect = "none",
+    needs_approval: bool = False,
+    summary: str | None = None,
+    risk: Risk | None = None,
+    arguments_schema: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    recovery_policy: RecoveryPolicy | None = None,
+) -> Any:
+    """`tool_call` for an async `fn`, inside an async node."""
+    if _GUARDED.get() or (_ACTIVE.get() is None and is_offline()):
+        return await _apply(fn, arguments)
+    return await active_graph().acall_tool(
+        tool,
+        arguments,
+        fn,
+        tool_call_id=tool_call_id,
         side_effect=side_effect,
         needs_approval=needs_approval,
         summary=summary,
@@ -516,7 +765,7 @@ def safestop_tool(
     name: str | None = None,
     side_effect: SideEffect = "none",
     needs_approval: bool = False,
-    summary: str | Callable[[Mapping[str, Any]], str] | None = None,
+    summary: Summary = None,
     risk: Risk | None = None,
     arguments_schema: Mapping[str, Any] | None = None,
     recovery_policy: RecoveryPolicy | None = None,
@@ -528,34 +777,266 @@ def safestop_tool(
                        summary=lambda args: f"Refund {args['amount']} EUR")
         def refund(order: str, amount: int) -> str: ...
 
-    Arguments are bound by the function's signature, so positional calls work too.
+    Arguments are bound by the function's signature, so positional calls work
+    too; an `async def` becomes an async tool (`atool_call`). For the tools of
+    a model, give the plain tools to `SafestopToolNode` instead: it names each
+    call by the model's call id.
     """
 
     def decorate(function: F) -> F:
         signature = inspect.signature(function)
         tool_name = name or function.__name__
 
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def options(arguments: Mapping[str, Any]) -> dict[str, Any]:
+            return {
+                "side_effect": side_effect,
+                "needs_approval": needs_approval,
+                "summary": summary(arguments) if callable(summary) else summary,
+                "risk": risk,
+                "arguments_schema": arguments_schema,
+                "idempotency_key": idempotency_key(arguments) if idempotency_key else None,
+                "recovery_policy": recovery_policy,
+            }
+
+        def bind(args: Any, kwargs: Any) -> dict[str, Any]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            arguments = dict(bound.arguments)
-            return tool_call(
-                tool_name,
-                arguments,
-                function,
-                side_effect=side_effect,
-                needs_approval=needs_approval,
-                summary=summary(arguments) if callable(summary) else summary,
-                risk=risk,
-                arguments_schema=arguments_schema,
-                idempotency_key=idempotency_key(arguments) if idempotency_key else None,
-                recovery_policy=recovery_policy,
-            )
+            return dict(bound.arguments)
+
+        if inspect.iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                arguments = bind(args, kwargs)
+                return await atool_call(tool_name, arguments, function, **options(arguments))
+
+            return cast(F, async_wrapper)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            arguments = bind(args, kwargs)
+            return tool_call(tool_name, arguments, function, **options(arguments))
 
         return cast(F, wrapper)
 
     return decorate(fn) if fn is not None else decorate
+
+
+# -- ToolNode ------------------------------------------------------------------------------
+
+
+def default_rejection_output(error: ApprovalRejected) -> str:
+    """What the model reads when a reviewer did not approve the call."""
+    reason = error.message or "no reason given"
+    if error.status == "expired":
+        return f"Not done: no reviewer approved this call in time ({reason})."
+    return f"Not done: a reviewer rejected this call. Reviewer's message: {reason}"
+
+
+class SafestopToolNode(ToolNode):  # type: ignore[misc]
+    """LangGraph's prebuilt `ToolNode` whose every call asks a safestop permit first.
+
+        tools = SafestopToolNode([lookup, send_email], writes={"send_email"},
+                                 approvals={"send_email"}, risk={"send_email": "high"})
+
+    Give it the plain tools (`@tool` functions, `BaseTool`s or callables, as
+    `ToolNode` takes them). Each call is named by the model's call id, so
+    parallel calls never trade permits or arguments, whatever order they run
+    in. `writes` names the tools with side effects (an unfinished call is
+    `unknown`; they get `recovery_policy`), `approvals` those a reviewer must
+    approve (a team rule may add others). A rejection goes back to the model
+    as the call's `ToolMessage` (`rejection_output`), not as an error; a stop
+    ends the node with `Cancelled` (never a tool error message for the model).
+    Names in `writes`, `approvals`, `risk` or `summaries` that match no tool
+    raise `ValueError`. Other keyword arguments go to `ToolNode`.
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Any],
+        *,
+        writes: Iterable[str] = (),
+        approvals: Iterable[str] = (),
+        risk: Mapping[str, Risk] | None = None,
+        summaries: Mapping[str, Summary] | None = None,
+        recovery_policy: RecoveryPolicy | None = "manual_confirmation",
+        rejection_output: Callable[[ApprovalRejected], str] = default_rejection_output,
+        handle_tool_errors: Any = _AUTO,
+        wrap_tool_call: Callable[..., Any] | None = None,
+        awrap_tool_call: Callable[..., Any] | None = None,
+        **tool_node_options: Any,
+    ) -> None:
+        super().__init__(
+            list(tools),
+            handle_tool_errors=_stop_aware(
+                _TOOL_NODE_DEFAULT_ERRORS if handle_tool_errors is _AUTO else handle_tool_errors
+            ),
+            wrap_tool_call=self._guard,
+            awrap_tool_call=self._aguard,
+            **tool_node_options,
+        )
+        self.writes, self.approvals = set(writes), set(approvals)
+        self.risk, self.summaries = dict(risk or {}), dict(summaries or {})
+        known = set(self.tools_by_name)
+        named = self.writes | self.approvals | set(self.risk) | set(self.summaries)
+        if named - known:
+            raise ValueError(
+                f"SafestopToolNode: no tool named {sorted(named - known)}; "
+                f"its tools are {sorted(known)}"
+            )
+        self.recovery_policy = recovery_policy
+        self.rejection_output = rejection_output
+        self._inner, self._ainner = wrap_tool_call, awrap_tool_call
+
+    def _options(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        summary = self.summaries.get(name)
+        is_write = name in self.writes
+        return {
+            "side_effect": "write" if is_write else "none",
+            "needs_approval": name in self.approvals,
+            "summary": summary(arguments) if callable(summary) else summary,
+            "risk": self.risk.get(name),
+            "recovery_policy": self.recovery_policy if is_write else None,
+        }
+
+    def _rejected(self, request: Any, error: ApprovalRejected) -> ToolMessage:
+        call = request.tool_call
+        return ToolMessage(
+            content=self.rejection_output(error),
+            name=call["name"],
+            tool_call_id=call["id"],
+            status="error",
+        )
+
+    def _guard(self, request: Any, execute: Callable[[Any], Any]) -> Any:
+        inner = self._inner
+        run_it = execute if inner is None else (lambda req: inner(req, execute))
+        graph = _ACTIVE.get()
+        if graph is None:
+            if not is_offline():
+                active_graph()  # raises: a guarded tool never runs unguarded by accident
+            return run_it(request)
+        call = request.tool_call
+        arguments = dict(call.get("args") or {})
+
+        def body(**final: Any) -> Any:
+            guarded = _GUARDED.set(True)
+            try:
+                return run_it(_with_arguments(request, final))
+            finally:
+                _GUARDED.reset(guarded)
+
+        try:
+            return graph.call_tool(
+                call["name"],
+                arguments,
+                body,
+                tool_call_id=call.get("id"),
+                failed=_error_of_message,
+                **self._options(call["name"], arguments),
+            )
+        except ApprovalRejected as error:
+            return self._rejected(request, error)
+
+    async def _aguard(self, request: Any, execute: Callable[[Any], Awaitable[Any]]) -> Any:
+        inner = self._ainner
+        run_it = execute if inner is None else (lambda req: inner(req, execute))
+        graph = _ACTIVE.get()
+        if graph is None:
+            if not is_offline():
+                active_graph()  # raises: a guarded tool never runs unguarded by accident
+            return await run_it(request)
+        call = request.tool_call
+        arguments = dict(call.get("args") or {})
+
+        async def body(**final: Any) -> Any:
+            guarded = _GUARDED.set(True)
+            try:
+                return await run_it(_with_arguments(request, final))
+            finally:
+                _GUARDED.reset(guarded)
+
+        try:
+            return await graph.acall_tool(
+                call["name"],
+                arguments,
+                body,
+                tool_call_id=call.get("id"),
+                failed=_error_of_message,
+                **self._options(call["name"], arguments),
+            )
+        except ApprovalRejected as error:
+            return self._rejected(request, error)
+
+
+# What `ToolNode` does with a tool's exception when not told otherwise.
+_TOOL_NODE_DEFAULT_ERRORS = (
+    inspect.signature(ToolNode.__init__).parameters["handle_tool_errors"].default
+)
+
+
+def _stop_aware(flag: Any) -> Callable[[Exception], str]:
+    """`ToolNode`'s `handle_tool_errors`, except that a stop is never a message for the model.
+
+    `ToolNode` turns a tool's exception into an error `ToolMessage` and goes
+    on; `Cancelled` must end the node instead, so the graph stops there and
+    the node runs again on resume.
+    """
+    from langgraph.prebuilt.tool_node import _handle_tool_error, _infer_handled_types
+
+    if isinstance(flag, type) and issubclass(flag, Exception):
+        handled: tuple[type[Exception], ...] = (flag,)
+    elif isinstance(flag, tuple):
+        handled = flag
+    elif callable(flag):
+        handled = _infer_handled_types(flag)
+    else:
+        handled = (Exception,)
+
+    def handle(e: Exception) -> str:
+        if isinstance(e, Cancelled) or not flag or not isinstance(e, handled):
+            raise e
+        return str(_handle_tool_error(e, flag=True if isinstance(flag, type | tuple) else flag))
+
+    return handle
+
+
+def _with_arguments(request: Any, arguments: Mapping[str, Any]) -> Any:
+    """The request with the final (possibly reviewer-edited) arguments."""
+    call = request.tool_call
+    if dict(call.get("args") or {}) == dict(arguments):
+        return request
+    return request.override(tool_call={**call, "args": dict(arguments)})
+
+
+def _error_of_message(result: Any) -> str | None:
+    if isinstance(result, ToolMessage) and result.status == "error":
+        return str(result.content)
+    return None
+
+
+def _apply(fn: Callable[..., Any], arguments: Any) -> Any:
+    return fn(**arguments) if isinstance(arguments, Mapping) else fn(arguments)
+
+
+def _record(call: ToolCall, result: Any, failed: Callable[[Any], str | None] | None) -> None:
+    problem = failed(result) if failed is not None else None
+    if problem is None:
+        call.result = result
+        return
+    call.observe(problem)
+    call.set_execution_state("unknown" if call.side_effect == "write" else "failed")
+
+
+def _is_adapter_chunk(chunk: Any) -> bool:
+    """A chunk that only says the graph paused at the adapter's breakpoint or approval wait."""
+    data = chunk[-1] if isinstance(chunk, tuple) else chunk
+    if not isinstance(data, Mapping) or set(data) != {"__interrupt__"}:
+        return False
+    return all(
+        isinstance(item.value, Mapping) and item.value.get("kind") == INTERRUPT_KIND
+        for item in data["__interrupt__"]
+    )
 
 
 def _split_interrupts(state: Any) -> tuple[list[Interrupt], list[Interrupt]]:
@@ -597,12 +1078,22 @@ def _preview(values: Any) -> Any:
     return json.loads(text)
 
 
+def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
+    try:
+        var.reset(token)
+    except ValueError:  # a generator closed from another context: nothing to restore there
+        pass
+
+
 __all__ = [
     "CHECKPOINT_PREFIX",
     "GraphOutcome",
     "SafestopGraph",
+    "SafestopToolNode",
     "active_graph",
+    "atool_call",
     "current_token",
+    "default_rejection_output",
     "run_graph",
     "safestop_tool",
     "tool_call",

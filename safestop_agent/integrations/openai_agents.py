@@ -20,7 +20,12 @@ What the adapter does (DESIGN §9, §10):
   permit answers 202), waits for a reviewer; the tool then runs with the
   final, possibly edited, arguments. A rejection (or expiry) is not an error:
   the reviewer's message goes back to the model as the tool's output
-  (`rejection_output`), so it can change course.
+  (`rejection_output`), so it can change course. With
+  `approval_flow="interrupt"` the wait is the SDK's own interruption
+  instead: the run returns with `result.interruptions`, and `resume_agent`
+  goes on from the saved `RunState` with the reviewer's decisions.
+- **The whole agent graph.** `guard_agent` copies every agent reachable by
+  handoffs and `as_tool`, and refuses tool names that match no tool.
 - **A stop cancels the run.** `run_agent` / `run_agent_sync` cancel the SDK's
   run task the moment the run's token is set (push or heartbeat), and
   `run_agent_streamed` calls `RunResultStreaming.cancel()`; a tool in flight
@@ -35,16 +40,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import dataclasses
 import inspect
 import json
 import logging
 import threading
+import types
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
-from agents import Agent, FunctionTool, RunHooks, Runner
+from agents import Agent, FunctionTool, Handoff, RunHooks, Runner
 from agents.result import RunResult, RunResultStreaming
+from agents.run_state import RunState
 from agents.tool import default_tool_error_function
 from agents.tool_context import ToolContext
 
@@ -52,6 +61,7 @@ from ..cancel import Cancelled
 from ..errors import REFUSAL_CODES, ApprovalRejected, Refused
 from ..wire import RecoveryPolicy, Risk, SideEffect
 from ..worker import AgentRun, ToolCall
+from . import is_offline
 
 log = logging.getLogger("safestop_agent")
 
@@ -60,6 +70,7 @@ _ACTIVE: contextvars.ContextVar[AgentRun | None] = contextvars.ContextVar(
 )
 
 Summary = str | Callable[[Mapping[str, Any]], str] | None
+ApprovalFlow = Literal["wait", "interrupt"]
 
 
 def default_rejection_output(error: ApprovalRejected) -> str:
@@ -92,6 +103,13 @@ def _counter() -> _Counter:
     return counter
 
 
+def _run_in_context(context: Any) -> bool:
+    candidate: Any = getattr(context, "context", None)
+    return isinstance(candidate, AgentRun) or isinstance(
+        getattr(candidate, "safestop_run", None), AgentRun
+    )
+
+
 def active_run(context: Any = None) -> AgentRun:
     """The leased run a tool or hook belongs to: the one `run_agent*` set, or the run context."""
     run = _ACTIVE.get()
@@ -105,7 +123,8 @@ def active_run(context: Any = None) -> AgentRun:
     if run is None:
         raise RuntimeError(
             "no safestop run: run the agent with run_agent / run_agent_sync / "
-            "run_agent_streamed, or pass the AgentRun as the run context"
+            "run_agent_streamed, or pass the AgentRun as the run context (or, in a test, "
+            "inside `with safestop_agent.integrations.offline():` to run tools unguarded)"
         )
     return run
 
@@ -138,12 +157,18 @@ def safestop_tool(
     recovery_policy: RecoveryPolicy | None = None,
     idempotency_key: Callable[[Mapping[str, Any]], str] | None = None,
     rejection_output: Callable[[ApprovalRejected], Any] = default_rejection_output,
+    approval_flow: ApprovalFlow = "wait",
 ) -> FunctionTool:
     """A copy of `tool` whose every call asks a safestop permit first (see the module docstring).
 
     `needs_approval=None` takes the tool's own SDK flag (a bool, or the SDK's
-    async policy `(run_context, arguments, call_id) -> bool`); the copy's SDK
-    flag is off, so the reviewer decides in safestop, not in the SDK's state.
+    async policy `(run_context, arguments, call_id) -> bool`). With
+    `approval_flow="wait"` the copy's SDK flag is off and a call a reviewer
+    must approve waits inside the tool. With `approval_flow="interrupt"` the
+    permit is asked by the copy's SDK `needs_approval` policy instead: a call
+    held for a reviewer becomes one of the SDK's own interruptions (the run
+    returns with `result.interruptions`; save `result.to_state()`), and
+    `resume_agent` answers them with the reviewer's decisions and goes on.
     """
     original_invoke = tool.on_invoke_tool
     # A tool made by `function_tool` turns a body's exception into a message for the model
@@ -158,7 +183,31 @@ def safestop_tool(
             return bool(await decided) if inspect.isawaitable(decided) else bool(decided)
         return bool(policy)
 
+    async def sdk_policy(context: Any, arguments: Mapping[str, Any], call_id: str) -> bool:
+        """The SDK asks whether the call needs approval: it does when the permit waits."""
+        run = active_run(context)
+        run.token.raise_if_cancelled()
+        call = run.new_tool_call(
+            tool.name,
+            dict(arguments),
+            side_effect,
+            tool_call_id=f"{call_id}.e{run.epoch}"[-120:],
+            idempotency_key=idempotency_key(arguments) if idempotency_key else None,
+            recovery_policy=recovery_policy,
+            needs_approval=await asks(context, arguments),
+            summary=summary(arguments) if callable(summary) else summary,
+            risk=risk,
+            arguments_schema=arguments_schema,
+        )
+        try:
+            granted = await asyncio.to_thread(run.ask_permit, call, wait=False)
+        except ApprovalRejected:
+            return False  # already decided no: the tool call answers the model with it
+        return not granted
+
     async def on_invoke_tool(ctx: ToolContext[Any], raw_arguments: str) -> Any:
+        if is_offline() and _ACTIVE.get() is None and not _run_in_context(ctx):
+            return await original_invoke(ctx, raw_arguments)  # a test: unguarded on purpose
         run = active_run(ctx)
         run.token.raise_if_cancelled()
         arguments = json.loads(raw_arguments) if raw_arguments else {}
@@ -197,7 +246,19 @@ def safestop_tool(
         await _fact(run, "step.completed", key=step_key)
         return output
 
-    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=False)
+    flag: Any = sdk_policy if approval_flow == "interrupt" else False
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool, needs_approval=flag)
+
+
+async def _report(run: AgentRun, call: ToolCall, error: BaseException | None) -> None:
+    """`run.report_outcome` off the event loop (it is a blocking HTTP call, retried).
+
+    Shielded: when the stop cancels the run's task while the report is on its way, the
+    report still goes out (the thread finishes it) and the cancellation goes on.
+    """
+    # Handed to a thread at once (a task could be cancelled before it started).
+    report = asyncio.get_running_loop().run_in_executor(None, run.report_outcome, call, error)
+    await asyncio.shield(report)
 
 
 async def _run_body(
@@ -207,15 +268,15 @@ async def _run_body(
         output = await invoke_body(ctx, json.dumps(call.arguments))
     except Exception as error:
         # A stop inside the body, or a crash: `unknown` for a write, `failed` otherwise.
-        run.report_outcome(call, error)
+        await _report(run, call, error)
         if isinstance(error, Cancelled) or run.token.cancelled:
             raise
         return default_tool_error_function(ctx, error)
     except BaseException as error:  # the run task cancelled by the stop while the tool ran
-        run.report_outcome(call, error)
+        await _report(run, call, error)
         raise
     call.result = output
-    run.report_outcome(call, None)
+    await _report(run, call, None)
     return output
 
 
@@ -228,32 +289,221 @@ def guard_agent(
     summaries: Mapping[str, Summary] | None = None,
     recovery_policy: RecoveryPolicy | None = "manual_confirmation",
     rejection_output: Callable[[ApprovalRejected], Any] = default_rejection_output,
+    approval_flow: ApprovalFlow = "wait",
 ) -> Agent[Any]:
-    """A copy of `agent` whose function tools all go through `safestop_tool`.
+    """A copy of `agent`, and of every agent it reaches, whose function tools go through
+    `safestop_tool`.
 
-    `writes` names the tools with side effects (their unfinished calls are
-    `unknown`, and get `recovery_policy`); `approvals` the ones a reviewer
-    must approve (tools carrying the SDK's `needs_approval` wait too).
+    The whole agent graph is guarded: handoff targets (agents or `Handoff`s) and
+    agents used as tools (`as_tool`), recursively, cycles included; the agent
+    tool itself is a tool call too. `writes` names the tools with side effects
+    (their unfinished calls are `unknown`, and get `recovery_policy`);
+    `approvals` the ones a reviewer must approve (tools carrying the SDK's
+    `needs_approval` wait too). A name in `writes`, `approvals`, `risk` or
+    `summaries` that matches no function tool in the graph raises `ValueError`.
+    The originals are left as they were. `approval_flow` is `safestop_tool`'s.
     """
     write_names, approval_names = set(writes), set(approvals)
+    risks, summary_of = dict(risk or {}), dict(summaries or {})
+    named = write_names | approval_names | set(risks) | set(summary_of)
+    known = _tool_names(agent)
+    if named - known:
+        raise ValueError(
+            f"guard_agent: no function tool named {sorted(named - known)} in the agent graph "
+            f"of {agent.name!r}; its tools are {sorted(known)}"
+        )
+
+    def guard_tool(tool: FunctionTool) -> FunctionTool:
+        is_write = tool.name in write_names
+        return safestop_tool(
+            tool,
+            side_effect="write" if is_write else "none",
+            needs_approval=True if tool.name in approval_names else None,
+            summary=summary_of.get(tool.name),
+            risk=risks.get(tool.name),
+            recovery_policy=recovery_policy if is_write else None,
+            rejection_output=rejection_output,
+            approval_flow=approval_flow,
+        )
+
+    return _guard_graph(agent, guard_tool, {})
+
+
+def _guard_graph(
+    agent: Agent[Any], guard_tool: Callable[[FunctionTool], FunctionTool], done: dict[int, Any]
+) -> Agent[Any]:
+    if id(agent) in done:
+        return cast(Agent[Any], done[id(agent)])
+    guarded = agent.clone()
+    done[id(agent)] = guarded  # before the recursion: a handoff back here finds the copy
     tools: list[Any] = []
     for tool in agent.tools:
         if not isinstance(tool, FunctionTool):
             tools.append(tool)
             continue
-        is_write = tool.name in write_names
-        tools.append(
-            safestop_tool(
-                tool,
-                side_effect="write" if is_write else "none",
-                needs_approval=True if tool.name in approval_names else None,
-                summary=(summaries or {}).get(tool.name),
-                risk=(risk or {}).get(tool.name),
-                recovery_policy=recovery_policy if is_write else None,
-                rejection_output=rejection_output,
-            )
+        inner = _agent_of_tool(tool)
+        if inner is not None:
+            inner_guarded = _guard_graph(inner, guard_tool, done)
+            tool = _rebound_tool(tool, inner, inner_guarded)
+        tools.append(guard_tool(tool))
+    handoffs: list[Any] = []
+    for target in agent.handoffs:
+        if isinstance(target, Agent):
+            handoffs.append(_guard_graph(target, guard_tool, done))
+        elif isinstance(target, Handoff):
+            handoffs.append(_guarded_handoff(target, guard_tool, done))
+        else:
+            handoffs.append(target)
+    guarded.tools = tools
+    guarded.handoffs = handoffs
+    return guarded
+
+
+def _tool_names(agent: Agent[Any], seen: set[int] | None = None) -> set[str]:
+    """The names of the function tools of every agent `agent` reaches."""
+    seen = set() if seen is None else seen
+    if id(agent) in seen:
+        return set()
+    seen.add(id(agent))
+    names: set[str] = set()
+    for tool in agent.tools:
+        if isinstance(tool, FunctionTool):
+            names.add(tool.name)
+            inner = _agent_of_tool(tool)
+            if inner is not None:
+                names |= _tool_names(inner, seen)
+    for target in agent.handoffs:
+        reached = target if isinstance(target, Agent) else _agent_of_handoff(target)
+        if reached is not None:
+            names |= _tool_names(reached, seen)
+    return names
+
+
+def _agent_of_tool(tool: FunctionTool) -> Agent[Any] | None:
+    """The agent an `as_tool` tool runs, or None for a plain function tool."""
+    inner = getattr(tool, "_agent_instance", None)
+    if isinstance(inner, Agent):
+        return inner
+    return None
+
+
+def _agent_of_handoff(target: Any) -> Agent[Any] | None:
+    if not isinstance(target, Handoff):
+        return None
+    ref = getattr(target, "_agent_ref", None)
+    reached = ref() if callable(ref) else None
+    if isinstance(reached, Agent):
+        return reached
+    found = _closure_values(target.on_invoke_handoff, Agent)
+    return found[0] if len(found) == 1 else None
+
+
+def _rebound_tool(tool: FunctionTool, inner: Agent[Any], guarded: Agent[Any]) -> FunctionTool:
+    """A copy of the `as_tool` tool `tool` that runs `guarded` instead of `inner`.
+
+    The SDK keeps the agent in the tool's closure; the copy's functions are the
+    same code with that one value swapped (the original tool is unchanged).
+    """
+    invoke = _rebind(tool.on_invoke_tool, inner, guarded)
+    if invoke is tool.on_invoke_tool:
+        raise ValueError(
+            f"guard_agent: cannot reach the agent {inner.name!r} behind the tool {tool.name!r} "
+            "in this version of the SDK: guard that agent and call as_tool() on the copy"
         )
-    return agent.clone(tools=tools)
+    copy = dataclasses.replace(tool, on_invoke_tool=invoke)
+    for name, value in (("_is_agent_tool", True), ("_agent_instance", guarded)):
+        object.__setattr__(copy, name, value)
+    return copy
+
+
+def _guarded_handoff(
+    target: Handoff[Any, Any],
+    guard_tool: Callable[[FunctionTool], FunctionTool],
+    done: dict[int, Any],
+) -> Handoff[Any, Any]:
+    reached = _agent_of_handoff(target)
+    original = target.on_invoke_handoff
+
+    async def on_invoke_handoff(context: Any, input_json: str) -> Any:
+        # The agent the handoff returns, guarded (found at call time when not before).
+        agent = await original(context, input_json)
+        return _guard_graph(agent, guard_tool, done) if isinstance(agent, Agent) else agent
+
+    if reached is not None:
+        _guard_graph(reached, guard_tool, done)
+    copy = dataclasses.replace(target, on_invoke_handoff=on_invoke_handoff)
+    if reached is not None and hasattr(target, "_agent_ref"):
+        object.__setattr__(copy, "_agent_ref", weakref.ref(done[id(reached)]))
+    return copy
+
+
+def _closure_values(fn: Any, kind: type, depth: int = 4) -> list[Any]:
+    """Values of type `kind` held in `fn`'s closure (and its inner functions')."""
+    found: list[Any] = []
+    if depth == 0 or not isinstance(fn, types.FunctionType):
+        return found
+    inner = [*(fn.__closure__ or ()), *(types.CellType(v) for v in vars(fn).values())]
+    for cell in inner:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, kind) and all(value is not seen for seen in found):
+            found.append(value)
+        elif isinstance(value, types.FunctionType):
+            found.extend(v for v in _closure_values(value, kind, depth - 1) if v not in found)
+    return found
+
+
+def _is_sdk_helper(value: Any) -> bool:
+    """An instance of one of the SDK's own helper classes (an invoker), not a tool or agent."""
+    return (
+        not isinstance(value, type | types.FunctionType | Agent | FunctionTool | Handoff)
+        and type(value).__module__.split(".", 1)[0] == "agents"
+        and hasattr(value, "__dict__")
+    )
+
+
+def _rebind(fn: Any, old: Any, new: Any, depth: int = 4) -> Any:
+    """A copy of function `fn` where closure cells (and inner functions') holding `old` hold `new`.
+
+    The SDK's own invoker objects (which hold the function in an attribute) are
+    copied the same way; tools, agents and handoffs are never walked into.
+    """
+    if depth == 0:
+        return fn
+    if _is_sdk_helper(fn):
+        attributes = {name: _rebind(value, old, new, depth - 1) for name, value in vars(fn).items()}
+        if all(attributes[name] is value for name, value in vars(fn).items()):
+            return fn
+        duplicate = copy.copy(fn)
+        vars(duplicate).update(attributes)
+        return duplicate
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    changed = False
+    cells: list[Any] = []
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            cells.append(cell)
+            continue
+        swapped = new if value is old else _rebind(value, old, new, depth - 1)
+        changed = changed or swapped is not value
+        cells.append(types.CellType(swapped) if swapped is not value else cell)
+    attributes = {name: _rebind(value, old, new, depth - 1) for name, value in vars(fn).items()}
+    changed = changed or any(attributes[name] is not value for name, value in vars(fn).items())
+    if not changed:
+        return fn
+    rebound = types.FunctionType(
+        fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, tuple(cells) or None
+    )
+    rebound.__kwdefaults__ = fn.__kwdefaults__
+    rebound.__qualname__ = fn.__qualname__
+    rebound.__doc__ = fn.__doc__
+    rebound.__dict__.update(attributes)
+    return rebound
 
 
 class SafestopHooks(RunHooks[Any]):
@@ -353,6 +603,55 @@ async def run_agent(
         forget()
 
 
+async def resume_agent(
+    run: AgentRun,
+    agent: Agent[Any],
+    state: RunState[Any] | str | Mapping[str, Any],
+    *,
+    hooks: RunHooks[Any] | None = None,
+    **kwargs: Any,
+) -> RunResult:
+    """Go on with a run that stopped at the SDK's approval interruptions (`approval_flow="interrupt"`).
+
+    `state` is `result.to_state()`, or what its `to_string()` / `to_json()`
+    saved. Each interruption is answered with the reviewer's decision in
+    safestop (waiting for it, off the event loop, if it is still open):
+    approved → `state.approve(item)` and the tool runs with the final
+    arguments; rejected or expired → `state.reject(item)`. A void caused by a
+    stop raises `Cancelled`. Then the run goes on as `run_agent` does.
+    """
+    if isinstance(state, str):
+        state = await RunState.from_string(agent, state)
+    elif not isinstance(state, RunState):
+        state = await RunState.from_json(agent, dict(state))
+    for item in state.get_interruptions():
+        if await asyncio.to_thread(_reviewer_approved, run, item):
+            state.approve(item)
+        else:
+            state.reject(item)
+    return await run_agent(run, agent, state, hooks=hooks, **kwargs)
+
+
+def _reviewer_approved(run: AgentRun, item: Any) -> bool:
+    """Ask the interrupted call's permit again until the reviewer has decided; True if approved."""
+    raw = item.raw_item
+    field = raw.get if isinstance(raw, Mapping) else (lambda key: getattr(raw, key, None))
+    arguments = field("arguments") or "{}"
+    call = run.new_tool_call(
+        str(item.tool_name or field("name")),
+        json.loads(arguments) if isinstance(arguments, str) else dict(arguments),
+        tool_call_id=f"{field('call_id')}.e{run.epoch}"[-120:],
+    )
+    try:
+        while not run.ask_permit(call, wait=False):
+            decision = run.wait_for_approval(str((call.approval or {})["id"]), poll_now=True)
+            if decision.status == "void":
+                run.raise_if_void_stopped()
+    except ApprovalRejected:
+        return False
+    return True
+
+
 def run_agent_sync(run: AgentRun, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
     """`run_agent` for synchronous code (its own event loop)."""
     return asyncio.run(run_agent(run, agent, input, **kwargs))
@@ -408,6 +707,7 @@ __all__ = [
     "guard_agent",
     "run_agent",
     "run_agent_streamed",
+    "resume_agent",
     "run_agent_sync",
     "safestop_tool",
     "stream_events",

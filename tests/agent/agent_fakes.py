@@ -144,3 +144,92 @@ class ApprovalServer:
 
     def decide(self, status: str, *, arguments: Any = None, message: str = "") -> None:
         self.decision = {"status": status, "arguments": arguments, "message": message}
+
+
+class PermitLedger:
+    """Permits as the server keeps them: by `tool_call_id`, each with its approval if held.
+
+    A `tool_call_id` asked again gets what it was first granted (its permit, and once
+    approved the reviewer's arguments), whatever it asks for the second time: so a client
+    that names two calls alike runs one with the other's permit and arguments, as it did
+    against the real server. `conflicts()` lists the ids asked for two different things.
+    Tools in `held` wait for a reviewer (`decide`).
+    """
+
+    def __init__(self, api: FakeApi, held: set[str]) -> None:
+        self.api = api
+        self.held = held
+        self.lock = threading.Lock()
+        self.calls: dict[str, dict[str, Any]] = {}  # tool_call_id → first ask and its grant
+        self.asks: dict[str, list[tuple[str, str]]] = {}
+        self.approvals: dict[str, dict[str, Any]] = {}
+        api.overrides["permits/"] = self.permit
+
+    def permit(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        call_id = body["tool_call_id"]
+        with self.lock:
+            what = (body["tool"], json.dumps(body["arguments"], sort_keys=True))
+            self.asks.setdefault(call_id, []).append(what)
+            call = self.calls.get(call_id)
+            if call is None:
+                call = {"tool": body["tool"], "arguments": body["arguments"], "approval": None}
+                call["permit_id"] = f"permit_{len(self.calls) + 1}"
+                if body["tool"] in self.held or body.get("needs_approval"):
+                    approval_id = f"appr_{len(self.approvals) + 1}"
+                    call["approval"] = approval_id
+                    self.approvals[approval_id] = {
+                        "id": approval_id,
+                        "status": "waiting",
+                        "tool_call_id": call_id,
+                        "tool": body["tool"],
+                        "original_arguments": body["arguments"],
+                        "arguments": body["arguments"],
+                        "message": "",
+                    }
+                    self.api.overrides[f"/api/v1/approvals/{approval_id}/"] = self.get_approval
+                self.calls[call_id] = call
+            answer = {"tool_call_id": call_id, "epoch": body["epoch"]}
+            if call["approval"] is None:
+                return httpx.Response(200, json={**answer, "permit_id": call["permit_id"]})
+            approval = dict(self.approvals[call["approval"]])
+        if approval["status"] == "waiting":
+            return httpx.Response(202, json={**answer, "approval": approval})
+        if approval["status"] != "approved":
+            return httpx.Response(
+                409, json={"error": "approval_closed", "detail": "closed", "approval": approval}
+            )
+        return httpx.Response(
+            200,
+            json={
+                **answer,
+                "permit_id": call["permit_id"],
+                "approval": approval,
+                "arguments": approval["arguments"],
+            },
+        )
+
+    def get_approval(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        approval_id = request.url.path.rstrip("/").rsplit("/", 1)[-1]
+        with self.lock:
+            approval = dict(self.approvals[approval_id])
+        if approval["status"] == "approved":
+            approval["permit_id"] = self.calls[approval["tool_call_id"]]["permit_id"]
+        return httpx.Response(200, json=approval)
+
+    def waiting(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(a) for a in self.approvals.values() if a["status"] == "waiting"]
+
+    def decide(
+        self, approval_id: str, status: str, *, arguments: Any = None, message: str = ""
+    ) -> None:
+        with self.lock:
+            approval = self.approvals[approval_id]
+            approval.update(status=status, message=message)
+            if arguments is not None:
+                approval["arguments"] = arguments
+
+    def conflicts(self) -> dict[str, list[tuple[str, str]]]:
+        """The ids asked for more than one (tool, arguments)."""
+        with self.lock:
+            return {cid: asks for cid, asks in self.asks.items() if len(set(asks)) > 1}

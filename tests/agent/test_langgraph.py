@@ -371,6 +371,58 @@ def test_a_stop_during_the_approval_wait_ends_the_graph_checkpointed(
     assert [(e["key"], e["cancelled"]) for e in failed] == [("deploy#2", True)]
 
 
+def void_frame() -> dict[str, Any]:
+    return {
+        "type": "approval.decided",
+        "approval_id": "appr_1",
+        "decision": "void",
+        "message": "voided by a stop",
+    }
+
+
+def test_a_void_pushed_before_the_stop_never_resumes_the_graph(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    """The server voids the waiting approval, then pushes the stop: the void must not be
+    taken as a decision, or the node would run again after the stop."""
+    server = ApprovalServer(fake_api, {"deploy"})
+    ran: list[Any] = []
+    with leased(client) as run:
+
+        def stop() -> None:
+            assert wait_until(lambda: server.asked)
+            run.handle_push_frame(void_frame())
+            threading.Event().wait(0.03)  # the stop's own frame comes a moment later
+            run.handle_stop_signal({"reason": "user_stop", "stop_epoch": 4})
+
+        threading.Thread(target=stop, daemon=True).start()
+        SafestopGraph(run, approval_graph(ran)).invoke({"log": []})
+    assert run.token.cancelled and DEPLOYED == []
+    assert len(ran) == 1, "the node ran once, up to its wait, and never after the stop"
+    assert len(server.asked) == 1, "the permit was not asked again"
+    failed = fake_api.events_of_type("step.failed")
+    assert [(e["key"], e["cancelled"]) for e in failed] == [("deploy#2", True)]
+    assert fake_api.sent("drained/")
+
+
+def test_a_void_whose_stop_signal_is_lost_ends_the_graph_by_the_runs_status(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    server = ApprovalServer(fake_api, {"deploy"})
+    fake_api.overrides[""] = lambda request, body: httpx.Response(
+        200, json={"id": "run_1", "status": "cancel_requested"}
+    )
+    ran: list[Any] = []
+    with leased(client) as run:
+        threading.Thread(
+            target=lambda: wait_until(lambda: server.asked) and run.handle_push_frame(void_frame()),
+            daemon=True,
+        ).start()
+        SafestopGraph(run, approval_graph(ran)).invoke({"log": []})
+    assert run.token.cancelled and run.token.reason == "cancel_requested"
+    assert len(ran) == 1 and DEPLOYED == []
+
+
 def test_the_graphs_own_interrupt_is_handed_back(client: SafestopClient, fake_api: FakeApi) -> None:
     def ask_human(state: State) -> State:
         return {"answer": interrupt("which colour?")}

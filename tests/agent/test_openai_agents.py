@@ -12,14 +12,16 @@ import os
 import threading
 from typing import Any
 
+import httpx
 import pytest
-from agent_fakes import ApprovalServer, FakeApi
+from agent_fakes import ApprovalServer, FakeApi, PermitLedger
 from agents import Agent, function_tool, set_tracing_disabled
 from agents.models.interface import Model
 
 from safestop_agent import AgentRun, Cancelled, SafestopClient
 from safestop_agent.integrations.openai_agents import (
     guard_agent,
+    resume_agent,
     run_agent,
     run_agent_streamed,
     run_agent_sync,
@@ -260,3 +262,87 @@ def test_a_stop_during_an_approval_wait_never_runs_the_tool(
             run_agent_sync(run, support_agent(model), "Refund A-1")
     assert DONE == []
     assert results(fake_api) == [("call_r.e3", "not_started")]
+
+
+def test_a_void_caused_by_a_stop_ends_the_run_not_the_tool_call(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    """A void heard before (or instead of) the stop signal is a stop, not a rejection the
+    model would read and act on."""
+    server = ApprovalServer(fake_api, {"refund"})
+    fake_api.overrides[""] = lambda request, body: httpx.Response(
+        200, json={"id": "run_1", "status": "cancel_requested"}
+    )
+    model = ScriptedModel(
+        [[call("refund", '{"order": "A-1", "amount": 1}', "call_r")], [say("never asked")]]
+    )
+    void = {"type": "approval.decided", "approval_id": "appr_1", "decision": "void"}
+    with leased(client) as run:
+        threading.Thread(
+            target=lambda: wait_until(lambda: server.asked) and run.handle_push_frame(void),
+            daemon=True,
+        ).start()
+        with pytest.raises(Cancelled):
+            run_agent_sync(run, support_agent(model), "Refund A-1")
+    assert DONE == [] and len(model.inputs) == 1, "the model never read a 'void' as an answer"
+
+
+def test_tool_results_are_reported_off_the_event_loop(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    """The report is a blocking HTTP call (retried): on the loop it would freeze every other
+    task of the agent, a stop's cancellation included."""
+    loop_thread: list[threading.Thread] = []
+
+    @function_tool
+    async def ping() -> str:
+        """Ping."""
+        loop_thread.append(threading.current_thread())
+        return "pong"
+
+    model = ScriptedModel([[call("ping", "{}", "call_p")], [say("ok")]])
+    with leased(client) as run:
+        reported_in: list[threading.Thread] = []
+        report = run.report_outcome
+
+        def spy(call: Any, error: Any) -> None:
+            reported_in.append(threading.current_thread())
+            report(call, error)
+
+        run.report_outcome = spy  # type: ignore[method-assign]
+        run_agent_sync(run, guard_agent(Agent(name="a", tools=[ping], model=model)), "ping")
+    assert results(fake_api) == [("call_p.e3", "succeeded")]
+    assert len(reported_in) == 1 and reported_in[0] is not loop_thread[0]
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+def test_the_sdks_own_interruptions_resume_with_the_reviewers_decision(
+    client: SafestopClient, fake_api: FakeApi, decision: str
+) -> None:
+    """`approval_flow="interrupt"`: the run returns at the SDK's interruption (no task or
+    thread waits for the reviewer); its saved `RunState` goes on with the decision."""
+    ledger = PermitLedger(fake_api, held={"refund"})
+    model = ScriptedModel(
+        [[call("refund", {"order": "A-1", "amount": 120}, "call_r")], [say("Done.")]]
+    )
+    agent = guard_agent(
+        Agent(name="support", tools=[lookup_order, refund], model=model),
+        writes={"refund"},
+        approval_flow="interrupt",
+    )
+    with leased(client) as run:
+        result = run_agent_sync(run, agent, "Refund A-1")
+        assert [item.tool_name for item in result.interruptions] == ["refund"]
+        assert DONE == [] and len(model.inputs) == 1
+        saved = result.to_state().to_string()  # what a worker keeps while the reviewer decides
+        (approval,) = ledger.waiting()
+        assert approval["tool_call_id"] == "call_r.e3"
+        ledger.decide(approval["id"], decision, arguments={"order": "A-1", "amount": 90})
+        resumed = asyncio.run(resume_agent(run, agent, saved))
+    assert resumed.final_output == "Done."
+    if decision == "approved":
+        assert DONE == [("refund", ("A-1", 90))]
+        assert results(fake_api) == [("call_r.e3", "succeeded")]
+    else:
+        assert DONE == [] and results(fake_api) == []
+    assert ledger.conflicts() == {}
