@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 import httpx
 
 from ._version import USER_AGENT, VERSION_HEADER, __version__
-from .errors import REFUSAL_CODES, ApiError, ClientTooOld, Refused
+from .errors import REFUSAL_CODES, ApiError, ClientTooOld, Refused, ToolCallConflict
 
 SideEffect = Literal["none", "write"]
 ExecutionState = Literal["running", "succeeded", "failed", "not_started", "unknown"]
@@ -503,6 +503,8 @@ def error_from_response(response: httpx.Response) -> ApiError:
         detail = response.text[:500]
     if response.status_code == 409 and code in REFUSAL_CODES:
         return Refused(response.status_code, code, detail, body)
+    if response.status_code == 409 and code == ToolCallConflict.CODE:
+        return ToolCallConflict(response.status_code, code, detail, body)
     if code == ClientTooOld.CODE:
         return ClientTooOld(response.status_code, code, detail, body)
     return ApiError(response.status_code, code, detail, body)

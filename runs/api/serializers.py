@@ -76,6 +76,20 @@ class ErrorSerializer(serializers.Serializer):
     errors = AnyJSONField(required=False, help_text="every field error (400 only)")  # type: ignore[assignment]
 
 
+class PermitRefusalOut(ErrorSerializer):
+    """A permit's 409. `tool_call_conflict` names what the id was first asked for."""
+
+    tool_call_id = StrictCharField(
+        required=False, help_text="tool_call_conflict: the id that names another call"
+    )
+    first_tool = StrictCharField(
+        required=False, help_text="tool_call_conflict: the tool the id was first asked for"
+    )
+    first_arguments = AnyJSONField(
+        required=False, help_text="tool_call_conflict: the arguments the id was first asked with"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # runs
 

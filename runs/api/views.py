@@ -15,7 +15,12 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
@@ -373,17 +378,33 @@ class PermitsView(ApiView):
     @extend_schema(
         operation_id="permits_create",
         summary="Ask to start one tool call (the intent record)",
-        description="201 with the permit; 200 with the same permit when `tool_call_id` was already permitted "
-        "at this epoch (a retry). 409 `stale_epoch` / `run_not_running` after a stop: the tool must "
+        description="201 with the permit; 200 with the same permit when `tool_call_id` was already "
+        "asked for the same `tool` with the same `arguments` at this epoch (a retry). The same "
+        "`tool_call_id` with another `tool` or other `arguments` is **409 `tool_call_conflict`**: "
+        "nothing is granted, and the answer names what the id was first asked for "
+        "(`tool_call_id`, `first_tool`, `first_arguments`); give every call its own id (the "
+        "framework's call id). 409 `stale_epoch` / `run_not_running` after a stop: the tool must "
         "not start.\n\n"
         "Approvals (DESIGN §10): when a team rule matches or `needs_approval` is true, the call "
         "waits for a reviewer: **202** `{tool_call_id, epoch, approval}` and no `permit_id` — do "
-        "not start the call. Asking again answers 202 while it waits, 201 with the permit, the "
-        "final (possibly edited) `arguments` and the `approval` once approved, and 409 "
-        "`approval_closed` (with the `approval` and its `message`) once rejected, expired or void.",
+        "not start the call. Asking again (with the original arguments) answers 202 while it "
+        "waits, 201 with the permit, the final (possibly edited) `arguments` and the `approval` "
+        "once approved, and 409 `approval_closed` (with the `approval` and its `message`) once "
+        "rejected, expired or void.",
         parameters=[RUN_ID],
         request=s.PermitIn,
-        responses={201: s.PermitOut, 200: s.PermitOut, 202: s.PermitWaitingOut, **WRITE_ERRORS},
+        responses={
+            201: s.PermitOut,
+            200: s.PermitOut,
+            202: s.PermitWaitingOut,
+            **WRITE_ERRORS,
+            409: OpenApiResponse(
+                s.PermitRefusalOut,
+                description="`stale_epoch`, `run_not_running`, `illegal_transition`, "
+                "`approval_closed` or `tool_call_conflict` (with `first_tool` and "
+                "`first_arguments`): the call must not start",
+            ),
+        },
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
