@@ -52,6 +52,8 @@ class RunInfo(TypedDict, total=False):
     stop_epoch: int
     stop_reason: str | None
     resume_from: str | None
+    result: Any  # what `run.complete(...)` was given (the run's detail only)
+    failure: Any  # what `run.fail(...)` was given (the run's detail only)
 
 
 class LeaseInfo(TypedDict):
