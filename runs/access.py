@@ -11,9 +11,9 @@ role per team (`viewer`, `reviewer`, `admin`); staff and superusers are admins o
 | read: runs, stop packets, handoffs, stop quality | ✓ | ✓ | ✓ | ✓ | ✓ |
 | work: create, lease, permits, results, events, outbox, drained | ✓ | ✓ | — | — | — |
 | stop | budget_exhausted, timeout, dependency_failure | ✓ | — | ✓ | ✓ (+ admin_kill) |
-| review: take over, resume, close, resolve, release/discard, hand off, steer | — | ✓ | — | ✓ | ✓ |
+| review: take over, resume, close, resolve, release/discard, hand off, steer; decide approvals; read approval rules through the API | — | ✓ | — | ✓ | ✓ |
 | audit: read the ledger through the API | — | ✓ | — | ✓ | ✓ |
-| admin: the console's audit page, API tokens, denied attempts, admin_kill | — | — | — | — | ✓ |
+| admin: the console's audit page, API tokens, denied attempts, admin_kill, approval rules (write) | — | — | — | — | ✓ |
 
 The membership roles' capability sets are nested (viewer ⊂ reviewer ⊂ admin), so "holds at least
 the reviewer role" and "holds every capability of a reviewer" are the same question.

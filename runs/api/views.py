@@ -867,6 +867,14 @@ RULE_ID = OpenApiParameter(
 )
 
 
+_RULE_WHY_NOT = {
+    Capability.REVIEW: "approval rules are read by reviewers and admins (a reviewer token, or "
+    "the reviewer or admin role)",
+    Capability.ADMIN: "approval rules are written by the team's admins (the admin role; no "
+    "token role holds it)",
+}
+
+
 def approval_rule_for(caller: Caller, rule_id: int, capability: Capability) -> ApprovalRule:
     """The rule, if the caller sees its team (else 404, like one that does not exist) and may
     `capability` there (else 403)."""
@@ -884,14 +892,6 @@ def approval_rule_for(caller: Caller, rule_id: int, capability: Capability) -> A
     if not caller.may(capability, rule.team_id):
         raise WrongRole(_RULE_WHY_NOT.get(capability, "not allowed"))
     return rule
-
-
-_RULE_WHY_NOT = {
-    Capability.REVIEW: "approval rules are read by reviewers and admins (a reviewer token, or "
-    "the reviewer or admin role)",
-    Capability.ADMIN: "approval rules are written by the team's admins (the admin role; no "
-    "token role holds it)",
-}
 
 
 def _rule_team(caller: Caller, slug: str | None) -> Team:
