@@ -194,3 +194,24 @@ def test_a_duplicate_name_and_a_bad_patch_are_400s(alice, team):
 
 def test_a_rule_id_out_of_range_is_a_404(alice, team):
     assert send(as_user(alice), "get", rule_url(10**30)).status_code == 404
+
+
+HOSTILE = [None, True, 0, -1, 2**31, 2**63, 1.5, "", " ", "\x00", "x" * 10_000, "[", [], {}, "é"]
+
+
+def test_hostile_values_in_every_field_are_4xx_never_5xx(alice, team):
+    client = Client(raise_request_exception=False)
+    client.force_login(alice)
+    rule = send(client, "post", RULES, PAYMENTS).json()
+    fields = [*PAYMENTS, "enabled", "position", "applies_to", "agent_glob", "transport"]
+    fields += ["destination_glob", "team"]
+    for name in fields:
+        for value in HOSTILE:
+            created = send(client, "post", RULES, {**PAYMENTS, "name": "other", name: value})
+            changed = send(client, "patch", rule_url(rule["id"]), {name: value})
+            for answer in (created, changed):
+                assert answer.status_code < 500, (name, value, answer.content[:300])
+                assert answer["Content-Type"].startswith("application/json")
+    for raw in (b"[]", b"null", b'"x"', b"{"):
+        answer = client.patch(rule_url(rule["id"]), data=raw, content_type="application/json")
+        assert answer.status_code == 400, raw
