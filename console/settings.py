@@ -375,6 +375,8 @@ SPECTACULAR_SETTINGS = {
         "ApprovalTargetEnum": "runs.models.ApprovalTarget",
         "ResolutionDecisionEnum": "handoff.models.ResolutionDecision",
         "EventOutcomeEnum": ["accepted", "duplicate", "rejected"],
+        # an approval rule's side effect: "write", or blank for any call
+        "RuleSideEffectEnum": "runs.api.serializers.RULE_SIDE_EFFECTS",
     },
 }
 

@@ -7,6 +7,8 @@ Make a token with `python manage.py create_api_token --team acme --name example-
 and watch it drain: the shell tool's whole process tree is killed, the deploy
 call is reported `unknown` if it was in flight, and no later step starts.
 Pass a run id as the first argument to lease an existing run instead of creating one.
+Set SAFESTOP_EXAMPLE_WEBHOOK to a URL on the server's SAFESTOP_WEBHOOK_ALLOWED_HOSTS to have
+the server post "deployed" there at the end (docs/agents.md, "A first agent").
 """
 
 from __future__ import annotations
@@ -65,13 +67,15 @@ def deploy(run: AgentRun, version: str) -> None:
 
 
 def notify(run: AgentRun) -> None:
+    webhook = os.environ.get("SAFESTOP_EXAMPLE_WEBHOOK")
+    if not webhook:
+        # The server contacts only hosts on its SAFESTOP_WEBHOOK_ALLOWED_HOSTS: start it with
+        # one allowed and name it here (docs/agents.md, "A first agent").
+        print("no SAFESTOP_EXAMPLE_WEBHOOK: the team is not told (the outbox step is skipped)")
+        return
     with run.step("notify", "Tell the team", kind="external_action"):
         # The server dispatches it; a stop freezes it if it was not sent yet.
-        run.enqueue_outbox(
-            "webhook",
-            os.environ.get("SAFESTOP_EXAMPLE_WEBHOOK", "http://127.0.0.1:9/hook"),
-            {"text": "billing deployed to staging"},
-        )
+        run.enqueue_outbox("webhook", webhook, {"text": "billing deployed to staging"})
 
 
 def main() -> int:

@@ -12,9 +12,9 @@ role per team (`viewer`, `reviewer`, `admin`); staff and superusers are admins o
 | approvals: the team's approvals list (the console's inbox, `GET /api/v1/approvals/`) | — | ✓ | ✓ | ✓ | ✓ |
 | work: create, lease, permits, results, events, outbox, drained | ✓ | ✓ | — | — | — |
 | stop | budget_exhausted, timeout, dependency_failure | ✓ | — | ✓ | ✓ (+ admin_kill) |
-| review: take over, resume, close, resolve, release/discard, hand off, steer | — | ✓ | — | ✓ | ✓ |
+| review: take over, resume, close, resolve, release/discard, hand off, steer; decide approvals; read approval rules through the API | — | ✓ | — | ✓ | ✓ |
 | audit: read the ledger through the API | — | ✓ | — | ✓ | ✓ |
-| admin: the console's audit page, API tokens, denied attempts, admin_kill | — | — | — | — | ✓ |
+| admin: the console's audit page, API tokens, denied attempts, admin_kill, approval rules (write) | — | — | — | — | ✓ |
 
 An agent token reads the approvals of its own calls one by one (it waits on them); the list of
 every approval of the team is for the people who watch it, viewers included, and reviewer tokens.

@@ -62,6 +62,16 @@ class IllegalTransition(Conflict):
     code = "illegal_transition"
 
 
+class ToolCallConflict(Conflict):
+    """A `tool_call_id` asked again for another tool or other arguments (DESIGN §5).
+
+    The id names one call: a retry of that call gets its permit, anything else gets nothing,
+    and the answer names what the id was first asked for (`first_tool`, `first_arguments`).
+    """
+
+    code = "tool_call_conflict"
+
+
 class AlreadyFinished(Conflict):
     """A stop that arrived after the run already finished: answered, logged, no transition."""
 

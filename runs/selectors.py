@@ -23,6 +23,7 @@ from django.db.models.functions import Cast, Left, Length
 
 from runs.models import (
     Approval,
+    ApprovalRule,
     ApprovalStatus,
     ExecutionRecord,
     Lease,
@@ -178,6 +179,16 @@ def queue_depths(*, team_ids: list[int] | None = None) -> dict[str, int]:
 
 # --------------------------------------------------------------------------------------------
 # approvals (DESIGN §10)
+
+
+def approval_rules_list(
+    *, team_ids: list[int] | None, team_slug: str = ""
+) -> QuerySet[ApprovalRule]:
+    """The teams' rules in the order they are tried (team, then `position`, then age)."""
+    rules = team_filter(ApprovalRule.objects.all(), team_ids, "team_id")
+    if team_slug:
+        rules = rules.filter(team__slug=team_slug)
+    return rules.select_related("team").order_by("team__slug", "position", "id")
 
 
 def approvals_list(

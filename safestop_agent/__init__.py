@@ -20,7 +20,7 @@ from ._version import __version__
 from .approvals import ApprovalDecision
 from .cancel import Cancelled, CancelRequest, CancelToken
 from .client import SafestopClient
-from .errors import ApiError, ApprovalRejected, ClientTooOld, NoPermit, Refused
+from .errors import ApiError, ApprovalRejected, ClientTooOld, NoPermit, Refused, ToolCallConflict
 from .process import ProcessResult, run_process
 from .retry import is_transient, retry
 from .stream import (
@@ -51,6 +51,7 @@ __all__ = [
     "StreamOutcome",
     "ToolCall",
     "ToolCallAccumulator",
+    "ToolCallConflict",
     "collect_tool_calls",
     "is_transient",
     "retry",

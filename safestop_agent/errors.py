@@ -46,6 +46,32 @@ class Refused(ApiError):
     """409 refusal: the run is stopped, the epoch is stale or the lease was revoked."""
 
 
+class ToolCallConflict(ApiError):
+    """`409 tool_call_conflict`: this `tool_call_id` was first asked for another call.
+
+    An id names one call: the server granted nothing and named the first ask
+    (`first_tool`, `first_arguments`). Not a stop and never retried: the agent
+    gave two calls one id (derive it from the framework's call id, never a position).
+    """
+
+    CODE = "tool_call_conflict"
+
+    @property
+    def tool_call_id(self) -> str | None:
+        value = self._body_field("tool_call_id")
+        return str(value) if value is not None else None
+
+    @property
+    def first_tool(self) -> str | None:
+        value = self._body_field("first_tool")
+        return str(value) if value is not None else None
+
+    @property
+    def first_arguments(self) -> Any:
+        """The arguments the id was first asked with (as the server sent them)."""
+        return self._body_field("first_arguments")
+
+
 class ClientTooOld(ApiError):
     """The server needs a newer `safestop-agent` than this one (`426 client_too_old`).
 

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 import httpx
 
 from ._version import USER_AGENT, VERSION_HEADER, __version__
-from .errors import REFUSAL_CODES, ApiError, ClientTooOld, Refused
+from .errors import REFUSAL_CODES, ApiError, ClientTooOld, Refused, ToolCallConflict
 
 SideEffect = Literal["none", "write"]
 ExecutionState = Literal["running", "succeeded", "failed", "not_started", "unknown"]
@@ -52,6 +52,8 @@ class RunInfo(TypedDict, total=False):
     stop_epoch: int
     stop_reason: str | None
     resume_from: str | None
+    result: Any  # what `run.complete(...)` was given (the run's detail only)
+    failure: Any  # what `run.fail(...)` was given (the run's detail only)
 
 
 class LeaseInfo(TypedDict):
@@ -509,6 +511,8 @@ def error_from_response(response: httpx.Response) -> ApiError:
         detail = response.text[:500]
     if response.status_code == 409 and code in REFUSAL_CODES:
         return Refused(response.status_code, code, detail, body)
+    if response.status_code == 409 and code == ToolCallConflict.CODE:
+        return ToolCallConflict(response.status_code, code, detail, body)
     if code == ClientTooOld.CODE:
         return ClientTooOld(response.status_code, code, detail, body)
     return ApiError(response.status_code, code, detail, body)

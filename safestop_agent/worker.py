@@ -43,7 +43,14 @@ from .approvals import (
     decision_from_frame,
 )
 from .cancel import Cancelled, CancelToken
-from .errors import REFUSAL_CODES, ApiError, ApprovalRejected, NoPermit, Refused
+from .errors import (
+    REFUSAL_CODES,
+    ApiError,
+    ApprovalRejected,
+    NoPermit,
+    Refused,
+    ToolCallConflict,
+)
 from .retry import retry
 from .signals import HeartbeatLoop, PushListener
 from .wire import (
@@ -543,6 +550,10 @@ class AgentRun:
             self.token.raise_if_cancelled()
         except Refused as error:
             raise self._refused(error) from error
+        except ToolCallConflict:
+            # The id names another call, which may be running or done: reporting `not_started`
+            # on it would overwrite that call's record. Nothing was granted to this one.
+            raise
         except ApiError as error:
             closed = _closed_approval(error)
             if closed is None:

@@ -52,6 +52,13 @@ class ApiAutoSchema(AutoSchema):
         schema, required = super()._get_request_for_media_type(serializer, direction)
         return schema, required or isinstance(serializer, PolymorphicProxySerializer)
 
+    def _map_basic_serializer(self, serializer: Any, direction: str) -> dict[str, Any]:
+        # An input serializer that refuses unknown fields by name (`closed = True`) says so.
+        schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and getattr(serializer, "closed", False):
+            schema["additionalProperties"] = False
+        return schema
+
 
 def _no_nul_in_query_text(schema: dict[str, Any]) -> None:
     if schema.get("type") != "string" or "enum" in schema or "format" in schema:

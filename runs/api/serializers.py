@@ -26,6 +26,7 @@ from runs.api.fields import (
 from runs.api.permissions import API_STOP_REASONS
 from runs.models import (
     Approval,
+    ApprovalAppliesTo,
     ApprovalRisk,
     ApprovalStatus,
     ApprovalTarget,
@@ -37,6 +38,7 @@ from runs.models import (
     SideEffect,
     StepKind,
 )
+from runs.services.approval_rules import APPROVAL_TIMEOUT_MAX_SECONDS
 
 INT32_MAX = 2**31 - 1  # PositiveIntegerField is `integer` on PostgreSQL
 INT64_MAX = 2**63 - 1
@@ -73,6 +75,20 @@ class ErrorSerializer(serializers.Serializer):
     )
     stop_epoch = StrictIntegerField(required=False, help_text="the run's current epoch (409)")
     errors = AnyJSONField(required=False, help_text="every field error (400 only)")  # type: ignore[assignment]
+
+
+class PermitRefusalOut(ErrorSerializer):
+    """A permit's 409. `tool_call_conflict` names what the id was first asked for."""
+
+    tool_call_id = StrictCharField(
+        required=False, help_text="tool_call_conflict: the id that names another call"
+    )
+    first_tool = StrictCharField(
+        required=False, help_text="tool_call_conflict: the tool the id was first asked for"
+    )
+    first_arguments = AnyJSONField(
+        required=False, help_text="tool_call_conflict: the arguments the id was first asked with"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,6 +178,17 @@ class RunOut(serializers.Serializer):
     @extend_schema_field(BudgetOut)
     def get_budget(self, run: Any) -> dict[str, Any]:
         return BudgetOut(run).data
+
+
+class RunDetailOut(RunOut):
+    """One run, with how it ended: the agent's `run.completed` result or `run.failed` error."""
+
+    result = serializers.JSONField(
+        allow_null=True, help_text="what the agent gave `run.complete(...)`; null until completed"
+    )
+    failure = serializers.JSONField(
+        allow_null=True, help_text="what the agent gave `run.fail(...)`; null unless it failed"
+    )
 
 
 class RunPageOut(serializers.Serializer):
@@ -1069,3 +1096,89 @@ class DenialsOut(serializers.Serializer):
     total = StrictIntegerField()
     by_reason = serializers.DictField(child=StrictIntegerField())
     results = DenialOut(many=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# approval rules (DESIGN §10)
+
+# ("", any call) or only side-effecting calls; the same for transports.
+RULE_SIDE_EFFECTS = [("", "any call"), (SideEffect.WRITE, "side-effecting calls")]
+RULE_TRANSPORTS = [("", "any transport"), *((name, name) for name in services.TRANSPORTS)]
+
+
+class ApprovalRuleOut(serializers.Serializer):
+    id = StrictIntegerField()
+    team = StrictCharField(source="team.slug")
+    name = StrictCharField()
+    enabled = StrictBooleanField()
+    position = StrictIntegerField(help_text="rules are tried in this order; the first match holds")
+    applies_to = serializers.ChoiceField(choices=ApprovalAppliesTo.choices)
+    tool_glob = StrictCharField(help_text="fnmatch glob on the tool name; blank matches any")
+    side_effect = serializers.ChoiceField(choices=RULE_SIDE_EFFECTS, allow_blank=True)
+    agent_glob = StrictCharField(help_text="fnmatch glob on the run's agent; blank matches any")
+    transport = serializers.ChoiceField(choices=RULE_TRANSPORTS, allow_blank=True)
+    destination_glob = StrictCharField(help_text="fnmatch glob on an outbox destination")
+    risk = serializers.ChoiceField(choices=ApprovalRisk.choices)
+    timeout_seconds = StrictIntegerField()
+    escalate_after_seconds = StrictIntegerField(allow_null=True)
+    created_by = StrictCharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class ApprovalRuleListOut(serializers.Serializer):
+    results = ApprovalRuleOut(many=True)
+
+
+class ApprovalRuleListQuery(serializers.Serializer):
+    team = StrictCharField(max_length=64, required=False, help_text="one team's rules (its slug)")
+
+
+class ApprovalRuleChangeIn(serializers.Serializer):
+    """The fields a PATCH may change; every one optional. Unknown fields are refused by name."""
+
+    closed = True  # runs.api.schema: additionalProperties false
+
+    name = StrictCharField(max_length=120, required=False)
+    enabled = StrictBooleanField(required=False)
+    position = StrictIntegerField(min_value=0, max_value=1_000_000, required=False)
+    applies_to = serializers.ChoiceField(choices=ApprovalAppliesTo.choices, required=False)
+    tool_glob = StrictCharField(max_length=200, required=False, allow_blank=True)
+    side_effect = serializers.ChoiceField(
+        choices=RULE_SIDE_EFFECTS, required=False, allow_blank=True
+    )
+    agent_glob = StrictCharField(max_length=200, required=False, allow_blank=True)
+    transport = serializers.ChoiceField(choices=RULE_TRANSPORTS, required=False, allow_blank=True)
+    destination_glob = StrictCharField(max_length=500, required=False, allow_blank=True)
+    risk = serializers.ChoiceField(choices=ApprovalRisk.choices, required=False)
+    timeout_seconds = StrictIntegerField(
+        min_value=1, max_value=APPROVAL_TIMEOUT_MAX_SECONDS, required=False
+    )
+    escalate_after_seconds = StrictIntegerField(
+        min_value=1,
+        max_value=APPROVAL_TIMEOUT_MAX_SECONDS - 1,
+        required=False,
+        allow_null=True,
+        help_text="less than timeout_seconds; null: never escalate",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        given = self.initial_data if isinstance(self.initial_data, dict) else {}
+        unknown = sorted(set(given) - set(self.fields))
+        if unknown:
+            # A typo ("tool_name") must not silently make a rule that matches everything.
+            raise serializers.ValidationError(
+                {unknown[0]: f"unknown field: the fields are {', '.join(self.fields)}"}
+            )
+        return attrs
+
+
+class ApprovalRuleCreateIn(ApprovalRuleChangeIn):
+    """A new rule: `name` is required, every other field has the model's default."""
+
+    team = StrictCharField(
+        max_length=64,
+        required=False,
+        help_text="the team's slug; may be left out by an admin of exactly one team",
+    )
+    name = StrictCharField(max_length=120)

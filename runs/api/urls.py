@@ -54,6 +54,12 @@ urlpatterns = [
         views.ApprovalDecideView.as_view(),
         name="approval-decide",
     ),
+    path("approval-rules/", views.ApprovalRulesView.as_view(), name="approval-rules"),
+    path(
+        "approval-rules/<int:rule_id>/",
+        views.ApprovalRuleDetailView.as_view(),
+        name="approval-rule",
+    ),
     path("ledger/", views.LedgerView.as_view(), name="ledger"),
     path("metrics/stop-quality/", views.StopQualityView.as_view(), name="stop-quality"),
     path("security/denials/", views.DenialsView.as_view(), name="denials"),

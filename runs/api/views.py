@@ -17,7 +17,12 @@ from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import CursorPagination
@@ -46,9 +51,18 @@ from runs.errors import (
     ApprovalClosed,
     ApprovalVoid,
     DomainError,
+    InvalidInput,
     NotFound,
 )
-from runs.models import Approval, ApprovalStatus, ExecutionState, OutboxStatus, RunStatus
+from runs.models import (
+    Approval,
+    ApprovalRule,
+    ApprovalStatus,
+    ExecutionState,
+    OutboxStatus,
+    RunStatus,
+    Team,
+)
 from runs.services import EventAnswer, PlannedStep, StopOutcome
 
 # ---------------------------------------------------------------------------------------------
@@ -293,10 +307,12 @@ class RunDetailView(ApiView):
         operation_id="runs_retrieve",
         summary="One run",
         parameters=[RUN_ID],
-        responses={200: s.RunOut, **READ_ERRORS},
+        description="With `result`: what the agent gave `run.complete(...)` (`run.completed`), "
+        "and `failure`: what it gave `run.fail(...)`.",
+        responses={200: s.RunDetailOut, **READ_ERRORS},
     )
     def get(self, request: Request, run_id: str) -> Response:
-        return Response(s.RunOut(self.run(run_id, Capability.READ)).data)
+        return Response(s.RunDetailOut(self.run(run_id, Capability.READ)).data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,17 +413,33 @@ class PermitsView(ApiView):
     @extend_schema(
         operation_id="permits_create",
         summary="Ask to start one tool call (the intent record)",
-        description="201 with the permit; 200 with the same permit when `tool_call_id` was already permitted "
-        "at this epoch (a retry). 409 `stale_epoch` / `run_not_running` after a stop: the tool must "
+        description="201 with the permit; 200 with the same permit when `tool_call_id` was already "
+        "asked for the same `tool` with the same `arguments` at this epoch (a retry). The same "
+        "`tool_call_id` with another `tool` or other `arguments` is **409 `tool_call_conflict`**: "
+        "nothing is granted, and the answer names what the id was first asked for "
+        "(`tool_call_id`, `first_tool`, `first_arguments`); give every call its own id (the "
+        "framework's call id). 409 `stale_epoch` / `run_not_running` after a stop: the tool must "
         "not start.\n\n"
         "Approvals (DESIGN §10): when a team rule matches or `needs_approval` is true, the call "
         "waits for a reviewer: **202** `{tool_call_id, epoch, approval}` and no `permit_id` — do "
-        "not start the call. Asking again answers 202 while it waits, 201 with the permit, the "
-        "final (possibly edited) `arguments` and the `approval` once approved, and 409 "
-        "`approval_closed` (with the `approval` and its `message`) once rejected, expired or void.",
+        "not start the call. Asking again (with the original arguments) answers 202 while it "
+        "waits, 201 with the permit, the final (possibly edited) `arguments` and the `approval` "
+        "once approved, and 409 `approval_closed` (with the `approval` and its `message`) once "
+        "rejected, expired or void.",
         parameters=[RUN_ID],
         request=s.PermitIn,
-        responses={201: s.PermitOut, 200: s.PermitOut, 202: s.PermitWaitingOut, **WRITE_ERRORS},
+        responses={
+            201: s.PermitOut,
+            200: s.PermitOut,
+            202: s.PermitWaitingOut,
+            **WRITE_ERRORS,
+            409: OpenApiResponse(
+                s.PermitRefusalOut,
+                description="`stale_epoch`, `run_not_running`, `illegal_transition`, "
+                "`approval_closed` or `tool_call_conflict` (with `first_tool` and "
+                "`first_arguments`): the call must not start",
+            ),
+        },
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
@@ -853,6 +885,149 @@ class ApprovalDecideView(ApiView):
         except (AlreadyDecided, ApprovalVoid) as error:
             raise _with_approval_json(error, approval.pk) from None
         return Response(s.ApprovalOut(_approval_reloaded(approval.pk)).data)
+
+
+# ---------------------------------------------------------------------------------------------
+# approval rules (DESIGN §10): team configuration, written by the team's admins
+
+
+RULE_ID = OpenApiParameter(
+    "rule_id", OpenApiTypes.INT, OpenApiParameter.PATH, description="approval rule id"
+)
+
+
+_RULE_WHY_NOT = {
+    Capability.REVIEW: "approval rules are read by reviewers and admins (a reviewer token, or "
+    "the reviewer or admin role)",
+    Capability.ADMIN: "approval rules are written by the team's admins (the admin role; no "
+    "token role holds it)",
+}
+
+
+def approval_rule_for(caller: Caller, rule_id: int, capability: Capability) -> ApprovalRule:
+    """The rule, if the caller sees its team (else 404, like one that does not exist) and may
+    `capability` there (else 403)."""
+    missing = f"approval rule {rule_id} does not exist"
+    # The path's digits are unbounded; the key is a 64-bit integer.
+    rule = (
+        ApprovalRule.objects.select_related("team").filter(pk=rule_id).first()
+        if 0 < rule_id <= s.INT64_MAX
+        else None
+    )
+    if rule is None:
+        raise NotFound(missing)
+    if not caller.may(Capability.READ, rule.team_id):
+        raise WrongTeam(missing)
+    if not caller.may(capability, rule.team_id):
+        raise WrongRole(_RULE_WHY_NOT.get(capability, "not allowed"))
+    return rule
+
+
+def _rule_team(caller: Caller, slug: str | None) -> Team:
+    """The team a new rule is for: the one named, or the caller's only administered team."""
+    if slug is None:
+        team_ids = caller.team_ids(Capability.ADMIN)
+        if team_ids is not None and len(team_ids) == 1:
+            return Team.objects.get(pk=team_ids[0])
+        raise InvalidInput("team: name the team (its slug) the rule is for", field="team")
+    team = Team.objects.filter(slug=slug).first()
+    if team is None or not caller.may(Capability.READ, team.pk):
+        raise NotFound(f"team {slug[:64]!r} does not exist")
+    if not caller.may(Capability.ADMIN, team.pk):
+        raise WrongRole(_RULE_WHY_NOT[Capability.ADMIN])
+    return team
+
+
+_RULE_RULES = (
+    "Rules across fields, answered 400 naming the field: a rule for `tool_call`s cannot "
+    "name a `transport` or `destination_glob`, one for `outbox` items cannot name a "
+    "`tool_glob` or `side_effect`, and an `any` rule names one kind or the other, not both; "
+    "`escalate_after_seconds` is less than `timeout_seconds`; a glob's `[` is closed; a "
+    "team's rule names are unique. Unknown fields are refused by name."
+)
+
+
+class ApprovalRulesView(ApiView):
+    @extend_schema(
+        operation_id="approval_rules_list",
+        summary="The approval rules of your teams, in the order they are tried",
+        description="Reviewer tokens, reviewers and admins (agent tokens and viewers: 403). "
+        "Per team, rules are tried by `position` (then age); the first enabled match holds the "
+        "call or item for a reviewer.",
+        parameters=[s.ApprovalRuleListQuery],
+        responses={200: s.ApprovalRuleListOut, **_errors(*_ALWAYS, 400, 403)},
+    )
+    def get(self, request: Request) -> Response:
+        self.caller.require(Capability.REVIEW)
+        query = self.parse(s.ApprovalRuleListQuery, request.query_params)
+        rules = run_selectors.approval_rules_list(
+            team_ids=self.caller.team_ids(Capability.REVIEW), team_slug=query.get("team", "")
+        )
+        return Response({"results": s.ApprovalRuleOut(rules, many=True).data})
+
+    @extend_schema(
+        operation_id="approval_rules_create",
+        summary="Create an approval rule (team admins)",
+        description="Admins of the team (session users with the admin role, staff). 201 with "
+        "the rule; the ledger records it (`approval_rule.created`, every field). " + _RULE_RULES,
+        request=s.ApprovalRuleCreateIn,
+        responses={201: s.ApprovalRuleOut, **_errors(*_ALWAYS, 400, 403, 404, 413, 415)},
+    )
+    def post(self, request: Request) -> Response:
+        self.caller.require(Capability.ADMIN)
+        data = self.parse(s.ApprovalRuleCreateIn)
+        team = _rule_team(self.caller, data.pop("team", None))
+        rule = services.approval_rule_create(team_id=team.pk, actor=self.caller.actor, **data)
+        return Response(
+            s.ApprovalRuleOut(approval_rule_for(self.caller, rule.pk, Capability.ADMIN)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class ApprovalRuleDetailView(ApiView):
+    @extend_schema(
+        operation_id="approval_rules_retrieve",
+        summary="One approval rule",
+        description="Reviewer tokens, reviewers and admins. Another team's rule is a 404.",
+        parameters=[RULE_ID],
+        responses={200: s.ApprovalRuleOut, **READ_ERRORS},
+    )
+    def get(self, request: Request, rule_id: int) -> Response:
+        return Response(
+            s.ApprovalRuleOut(approval_rule_for(self.caller, rule_id, Capability.REVIEW)).data
+        )
+
+    @extend_schema(
+        operation_id="approval_rules_update",
+        summary="Change some fields of an approval rule (team admins)",
+        description="Only the fields given change; 200 with the rule. The ledger keeps each "
+        "changed field's old and new value (`approval_rule.updated`); a PATCH that changes "
+        "nothing writes nothing. Approvals already waiting keep the rule's name and reason "
+        "as they were. " + _RULE_RULES,
+        parameters=[RULE_ID],
+        request=s.ApprovalRuleChangeIn,
+        responses={200: s.ApprovalRuleOut, **_errors(*_ALWAYS, 400, 403, 404, 413, 415)},
+    )
+    def patch(self, request: Request, rule_id: int) -> Response:
+        rule = approval_rule_for(self.caller, rule_id, Capability.ADMIN)
+        data = self.parse(s.ApprovalRuleChangeIn)
+        services.approval_rule_update(rule_id=rule.pk, actor=self.caller.actor, **data)
+        return Response(
+            s.ApprovalRuleOut(approval_rule_for(self.caller, rule.pk, Capability.ADMIN)).data
+        )
+
+    @extend_schema(
+        operation_id="approval_rules_destroy",
+        summary="Delete an approval rule (team admins)",
+        description="204. The ledger keeps the deleted rule (`approval_rule.deleted`); "
+        "approvals it held keep its name and reason.",
+        parameters=[RULE_ID],
+        responses={204: None, **_errors(*_ALWAYS, 403, 404)},
+    )
+    def delete(self, request: Request, rule_id: int) -> Response:
+        rule = approval_rule_for(self.caller, rule_id, Capability.ADMIN)
+        services.approval_rule_delete(rule_id=rule.pk, actor=self.caller.actor)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,9 +15,11 @@ from runs.errors import (
     NotFound,
     RunNotRunning,
     StaleEpoch,
+    ToolCallConflict,
 )
 from runs.ledger import ledger_append
 from runs.models import (
+    Approval,
     ExecutionRecord,
     ExecutionState,
     RecoveryPolicy,
@@ -73,6 +75,11 @@ def permit_request(
     but `awaiting_approval`, with a waiting `Approval` (`record.approval`): no permit exists
     until a reviewer approves it (DESIGN §10). Asked again, a held call answers the same
     record; one whose approval was rejected, expired or voided raises `ApprovalClosed`.
+
+    A `tool_call_id` names one call (DESIGN §5): asked again with the same tool and arguments
+    it is a retry and answers the same record; with another tool or other arguments it raises
+    `ToolCallConflict` and grants nothing. The check runs under the run lock, so of two
+    different asks racing for one id exactly one gets the permit.
     """
     schema = validate_arguments_schema(arguments_schema)
     validate_risk(risk)
@@ -83,6 +90,7 @@ def permit_request(
         if refusal is None:
             existing = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
             if existing is not None:
+                _refuse_another_call(run, existing, tool=tool, arguments=arguments or {})
                 if existing.permit_epoch != epoch:
                     raise IllegalTransition.for_run(
                         run,
@@ -135,6 +143,38 @@ def permit_request(
     assert refusal is not None
     _reject_late_write(run_id, kind="permit", epoch=epoch, error=refusal)
     raise refusal
+
+
+def _refuse_another_call(
+    run: Run, existing: ExecutionRecord, *, tool: str, arguments: dict[str, Any]
+) -> None:
+    """Raise `ToolCallConflict` unless this ask is the one `existing` was first asked as.
+
+    An approval may have replaced the record's arguments with a reviewer's edit; the id was
+    asked with the originals, which the approval keeps, and a client asking again after the
+    decision sends those.
+    """
+    asked = (
+        Approval.objects.filter(execution_record=existing)
+        .values_list("original_arguments", flat=True)
+        .first()
+    )
+    first_arguments = existing.arguments if asked is None else asked
+    if existing.tool == tool and first_arguments == arguments:
+        return
+    what = (
+        f"for tool {existing.tool!r}, not {tool!r}"
+        if existing.tool != tool
+        else f"for {tool!r} with other arguments"
+    )
+    raise ToolCallConflict.for_run(
+        run,
+        f"tool call {existing.tool_call_id} was first asked {what}; a tool_call_id names one "
+        "call and this one was granted nothing: give it its own id",
+        tool_call_id=existing.tool_call_id,
+        first_tool=existing.tool,
+        first_arguments=first_arguments,
+    )
 
 
 def _create_permit(

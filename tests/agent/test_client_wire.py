@@ -18,7 +18,7 @@ import pytest
 from agent_fakes import FakeApi
 from websockets.sync.server import Server, ServerConnection, serve
 
-from safestop_agent import AgentRun, ApiError, Refused, SafestopClient
+from safestop_agent import AgentRun, ApiError, Refused, SafestopClient, ToolCallConflict
 from safestop_agent.signals import stop_signal_in
 from safestop_agent.wire import error_from_response
 from tests.support.waiting import wait_until
@@ -183,6 +183,32 @@ def test_lease_held_is_an_api_error_but_not_a_stop_refusal(tiny_server: TinyServ
         api.acquire_lease("r", "w")
     assert not isinstance(caught.value, Refused)
     assert caught.value.code == "lease_held"
+
+
+def test_a_reused_tool_call_id_raises_tool_call_conflict_naming_the_first_call(
+    tiny_server: TinyServer,
+) -> None:
+    body = {
+        "error": "tool_call_conflict",
+        "detail": "tool call X1 was first asked for tool 'send_email', not 'lookup'",
+        "status": "running",
+        "stop_epoch": 1,
+        "tool_call_id": "X1",
+        "first_tool": "send_email",
+        "first_arguments": {"to": "a"},
+    }
+    tiny_server.answers["/api/v1/runs/r/permits/"] = (409, json.dumps(body).encode())
+    with SafestopClient(tiny_server.url, "t") as api, pytest.raises(ToolCallConflict) as caught:
+        api.request_permit(
+            "r", epoch=1, tool_call_id="X1", tool="lookup", side_effect="none", arguments={}
+        )
+    error = caught.value
+    assert not isinstance(error, Refused)  # not a stop: the run goes on
+    assert (error.tool_call_id, error.first_tool, error.first_arguments) == (
+        "X1",
+        "send_email",
+        {"to": "a"},
+    )
 
 
 def test_a_non_json_error_still_maps_to_an_api_error(tiny_server: TinyServer) -> None:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from agent_fakes import FakeApi, refusal
 
-from safestop_agent import AgentRun, Cancelled, SafestopClient
+from safestop_agent import AgentRun, Cancelled, SafestopClient, ToolCallConflict
 from tests.support.waiting import wait_until
 
 
@@ -385,3 +385,28 @@ def test_parallel_calls_keep_separate_outcomes_when_one_is_stopped(
     assert [type(e) for e in errors] == [Cancelled]
     assert results_for(fake_api, "call_read")[0]["execution_state"] == "succeeded"
     assert results_for(fake_api, "call_write")[0]["execution_state"] == "unknown"
+
+
+def test_a_tool_call_conflict_reports_nothing_onto_the_first_calls_record(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    """The id names another call, which may be running or done: marking it `not_started` would
+    rewrite that call's record. The conflict is raised; no outcome is reported; no body runs."""
+    fake_api.overrides["permits/"] = lambda request, body: httpx.Response(
+        409,
+        json={
+            "error": "tool_call_conflict",
+            "detail": "call_1 was first asked for send_email",
+            "tool_call_id": "call_1",
+            "first_tool": "send_email",
+            "first_arguments": {"to": "a"},
+        },
+    )
+    body_ran = False
+    with leased(client) as run:
+        with pytest.raises(ToolCallConflict) as caught:
+            with run.tool_call("lookup", {"q": "x"}, tool_call_id="call_1"):
+                body_ran = True
+    assert body_ran is False
+    assert caught.value.body["first_tool"] == "send_email"
+    assert results_for(fake_api, "call_1") == []

@@ -1,8 +1,9 @@
 """`safestop-agent` as its own distribution (agent/pyproject.toml), and the version check.
 
-The wheel test is the one an agent developer lives: build the wheel, install it into a fresh
-virtualenv that has no Django (only the wheel and its two dependencies, from the index), and run
-`examples/agent_example.py` with that interpreter against a live server.
+The package tests are the ones an agent developer lives: `python -m build agent` makes the
+sdist and the wheel; each is installed into a fresh virtualenv that has no Django (only the
+package and its two dependencies, from the index), and runs `examples/agent_example.py` with
+that interpreter against a live server.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -87,25 +90,63 @@ def _run(argv: list[str | Path], **options: Any) -> subprocess.CompletedProcess[
     return done
 
 
-def _build_wheel(tmp_path: Path) -> Path:
-    """Build from a copy of the two folders, so no build/ or egg-info is left in the repository."""
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _build_both(tmp_path_factory.mktemp("package"))
+
+
+def _build_both(tmp_path: Path) -> tuple[Path, Path]:
+    """`python -m build agent` — the sdist, then the wheel built from that sdist — in a copy of
+    the repository's two folders as a fresh clone has them (`agent/safestop_agent` is a link),
+    so no build/ or egg-info is left in the repository."""
     source = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist")
-    shutil.copytree(REPO / "agent", source / "agent", ignore=ignore)
+    shutil.copytree(REPO / "agent", source / "agent", ignore=ignore, symlinks=True)
     shutil.copytree(REPO / "safestop_agent", source / "safestop_agent", ignore=ignore)
+    assert (source / "agent" / "safestop_agent").is_symlink()
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", dist, source / "agent"])
+    _run([sys.executable, "-m", "build", "--outdir", dist, "agent"], cwd=source)
+    (sdist,) = dist.glob("safestop_agent-*.tar.gz")
     (wheel,) = dist.glob("safestop_agent-*.whl")
-    return wheel
+    # No stray copy of the code in agent/: the only way to it there is still the link.
+    stray = [
+        path
+        for path in (source / "agent").rglob("*.py")
+        if not path.is_relative_to(source / "agent" / "safestop_agent")
+    ]
+    assert not stray, stray
+    assert (source / "agent" / "safestop_agent").is_symlink()
+    return sdist, wheel
 
 
-def test_the_wheel_runs_the_example_in_a_venv_without_django(stack, tmp_path):
-    wheel = _build_wheel(tmp_path)
+def test_the_sdist_and_the_wheel_carry_the_whole_package(built):
+    sdist, wheel = built
+    assert sdist.name == f"safestop_agent-{safestop_agent.__version__}.tar.gz"
     assert wheel.name == f"safestop_agent-{safestop_agent.__version__}-py3-none-any.whl"
+    modules = sorted(
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "safestop_agent").rglob("*.py")
+        if "__pycache__" not in path.parts
+    )
+    with tarfile.open(sdist) as archive:
+        members = {member.name: member for member in archive.getmembers()}
+    root = sdist.name.removesuffix(".tar.gz")
+    for module in [*modules, "safestop_agent/py.typed"]:
+        member = members.get(f"{root}/{module}")
+        assert member is not None and member.isfile(), f"{module} missing from the sdist"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {*modules, "safestop_agent/py.typed"} <= names
+
+
+@pytest.mark.parametrize("kind", ["sdist", "wheel"])
+def test_the_package_runs_the_example_in_a_venv_without_django(kind, built, stack, tmp_path):
+    sdist, wheel = built
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", venv])
     python = venv / "bin" / "python"
-    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel])
+    package = sdist if kind == "sdist" else wheel
+    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", package])
 
     installed = _run([python, "-m", "pip", "list", "--format=json"], cwd=tmp_path)
     names = {entry["name"].lower() for entry in json.loads(installed.stdout)}

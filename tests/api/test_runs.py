@@ -7,7 +7,7 @@ import pytest
 from runs.api.models import Denial
 from runs.models import Step
 from tests.support.api import url
-from tests.support.scenarios import make_run
+from tests.support.scenarios import make_run, make_running
 
 pytestmark = pytest.mark.django_db
 
@@ -134,6 +134,34 @@ def test_detail(api, team, agent_token):
         "stop_epoch": 1,
         "stop_reason": None,
     }
+
+
+def test_detail_returns_the_result_given_to_run_complete(api, team, agent_token):
+    completed, lease = make_running(team)
+    result = {"deployed": "1.4.2", "checks": [1, 2], "note": None}
+    answer = api.post(
+        url(completed, "events/"),
+        {
+            "epoch": lease.epoch,
+            "events": [{"event_id": "e1", "type": "run.completed", "result": result}],
+        },
+        agent_token,
+    )
+    assert answer.json()["accepted"] == 1
+    body = api.get(url(completed), agent_token).json()
+    assert (body["status"], body["result"], body["failure"]) == ("completed", result, None)
+
+    failed, lease = make_running(team)
+    api.post(
+        url(failed, "events/"),
+        {
+            "epoch": lease.epoch,
+            "events": [{"event_id": "e1", "type": "run.failed", "error": "boom"}],
+        },
+        agent_token,
+    )
+    body = api.get(url(failed), agent_token).json()
+    assert (body["status"], body["result"], body["failure"]) == ("failed", None, {"error": "boom"})
 
 
 def test_another_teams_run_is_a_404_like_a_missing_one_and_is_counted(api, other_team, agent_token):

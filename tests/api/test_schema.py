@@ -31,6 +31,11 @@ DESIGN_PATHS = [
     ("post", "/api/v1/runs/{run_id}/steering/"),
     ("get", "/api/v1/ledger/"),
     ("get", "/api/v1/metrics/stop-quality/"),
+    ("get", "/api/v1/approval-rules/"),
+    ("post", "/api/v1/approval-rules/"),
+    ("get", "/api/v1/approval-rules/{rule_id}/"),
+    ("patch", "/api/v1/approval-rules/{rule_id}/"),
+    ("delete", "/api/v1/approval-rules/{rule_id}/"),
 ]
 
 
@@ -46,6 +51,27 @@ def test_the_schema_has_every_row_of_the_contract(client):
         "type": "http",
         "scheme": "bearer",
     }
+
+
+def test_the_permit_409_names_tool_call_conflict_and_the_first_call(client):
+    document = client.get("/api/schema/?format=json").json()
+    operation = document["paths"]["/api/v1/runs/{run_id}/permits/"]["post"]
+    assert "tool_call_conflict" in operation["description"]
+    conflict = operation["responses"]["409"]
+    assert "tool_call_conflict" in conflict["description"]
+    name = conflict["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    properties = document["components"]["schemas"][name]["properties"]
+    assert {"error", "tool_call_id", "first_tool", "first_arguments"} <= properties.keys()
+
+
+def test_a_run_s_detail_has_its_result_and_rule_bodies_are_closed(client):
+    document = client.get("/api/schema/?format=json").json()
+    detail = document["paths"]["/api/v1/runs/{run_id}/"]["get"]["responses"]["200"]
+    name = detail["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert {"result", "failure"} <= document["components"]["schemas"][name]["properties"].keys()
+    create = document["paths"]["/api/v1/approval-rules/"]["post"]["requestBody"]
+    name = create["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert document["components"]["schemas"][name]["additionalProperties"] is False
 
 
 def test_the_schema_validates_without_warnings(tmp_path):

@@ -333,6 +333,7 @@ def _api_base_body(name: str, world: dict[str, Any]) -> dict[str, Any]:
         "resolutions": {"target": "tool_call", "id": "x", "decision": "applied", "evidence": "x"},
         "steering": {"text": "hi"},
         "approval-decide": {"decision": "reject"},
+        "approval-rules": {"name": "fuzz_rule", "tool_glob": "t*"},
     }.get(name, {})
 
 

@@ -59,6 +59,31 @@ export class Refused extends ApiError {
   override name = "Refused";
 }
 
+/**
+ * `409 tool_call_conflict`: this `toolCallId` was first asked for another tool or other
+ * arguments. The server granted nothing and names the first ask. Not a stop, never retried: two
+ * calls were given one id (derive it from the framework's call id, never from a position).
+ */
+export class ToolCallConflict extends ApiError {
+  override name = "ToolCallConflict";
+  static readonly CODE = "tool_call_conflict";
+
+  get toolCallId(): string | undefined {
+    const value = this.field("tool_call_id");
+    return typeof value === "string" ? value : undefined;
+  }
+
+  get firstTool(): string | undefined {
+    const value = this.field("first_tool");
+    return typeof value === "string" ? value : undefined;
+  }
+
+  /** The arguments the id was first asked with, as the server sent them. */
+  get firstArguments(): unknown {
+    return this.field("first_arguments");
+  }
+}
+
 /** `426 client_too_old`: the server needs a newer client than this one. */
 export class ClientTooOld extends ApiError {
   override name = "ClientTooOld";

@@ -59,6 +59,7 @@ export {
   REFUSAL_CODES,
   Refused,
   RunStoppedError,
+  ToolCallConflict,
   TransportError,
 } from "./errors.js";
 export type { Logger } from "./signals.js";

@@ -27,6 +27,7 @@ import {
   REFUSAL_CODES,
   Refused,
   RunStoppedError,
+  ToolCallConflict,
 } from "./errors.js";
 import { HeartbeatLoop, PushListener, quietLogger, type Logger } from "./signals.js";
 import type {
@@ -535,6 +536,8 @@ export class AgentRun {
     } catch (error) {
       if (error instanceof Refused) throw this.refused(error);
       if (error instanceof ApprovalRejectedError) throw error; // the server settled the call
+      // The id is another call's: a "not_started" report would land on that call's record.
+      if (error instanceof ToolCallConflict) throw error;
       if (error instanceof ApiError) {
         const closed = closedApproval(error);
         if (closed) throw closed;

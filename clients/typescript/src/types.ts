@@ -45,6 +45,10 @@ export interface RunInfo {
   stop_epoch: number;
   stop_reason: string | null;
   resume_from: string | null;
+  /** What `run.complete(...)` was given (`getRun` only; null until completed). */
+  result?: JsonValue;
+  /** What `run.fail(...)` was given (`getRun` only). */
+  failure?: JsonValue;
   [field: string]: JsonValue | undefined;
 }
 

@@ -5,7 +5,14 @@
  * `TransportError`, so callers can tell "no answer" from "no".
  */
 
-import { ApiError, ClientTooOld, REFUSAL_CODES, Refused, TransportError } from "./errors.js";
+import {
+  ApiError,
+  ClientTooOld,
+  REFUSAL_CODES,
+  Refused,
+  ToolCallConflict,
+  TransportError,
+} from "./errors.js";
 import type {
   ApprovalInfo,
   ApprovalStatus,
@@ -252,6 +259,9 @@ export function errorFromAnswer(status: number, body: unknown, text = ""): ApiEr
     detail = typeof fields["detail"] === "string" ? fields["detail"] : "";
   }
   if (status === 409 && REFUSAL_CODES.has(code)) return new Refused(status, code, detail, body);
+  if (status === 409 && code === ToolCallConflict.CODE) {
+    return new ToolCallConflict(status, code, detail, body);
+  }
   if (code === ClientTooOld.CODE) return new ClientTooOld(status, code, detail, body);
   return new ApiError(status, code, detail, body);
 }

@@ -23,6 +23,7 @@ import {
   ApprovalRejectedError,
   RunStoppedError,
   SafestopClient,
+  ToolCallConflict,
   type ApprovalInfo,
   type JsonObject,
 } from "../src/index.js";
@@ -384,6 +385,36 @@ describe("approvals", () => {
     await assert.rejects(run.enqueueOutbox("webhook", "http://127.0.0.1:9/hook", {}), RunStoppedError);
     await run.finish();
     await runStatus(runId, "stopped_cleanly");
+  });
+});
+
+describe("tool call ids", () => {
+  test("one id asked for another call: ToolCallConflict, the body never runs, the first call keeps its outcome", async () => {
+    const runId = await newRun("TS id reused");
+    const run = await leased(runId);
+    const sent = await run.toolCall("send_email", { to: "a" }, () => "sent", {
+      sideEffect: "write",
+      toolCallId: "X1",
+    });
+    assert.equal(sent, "sent");
+    let ran = false;
+    const conflict = await settled(
+      run.toolCall("lookup", { q: "x" }, () => (ran = true), { toolCallId: "X1" }),
+    );
+    assert.ok(conflict instanceof ToolCallConflict, String(conflict));
+    assert.equal(conflict.firstTool, "send_email");
+    assert.deepEqual(conflict.firstArguments, { to: "a" });
+    assert.equal(ran, false);
+    await reviewer.cancel(runId, "user_stop", "look at the calls");
+    await settled(run.toolCall("after", {}, () => undefined));
+    await run.finish();
+    await runStatus(runId, "stopped_cleanly");
+    const calls = toolCallsIn(await reviewer.stopPacket(runId));
+    // The refused ask reported nothing onto X1: the email is still known to have been sent.
+    assert.deepEqual(
+      calls.map((c) => [c["tool_call_id"], c["tool"], c["execution_state"]]),
+      [["X1", "send_email", "succeeded"]],
+    );
   });
 });
 

@@ -10,6 +10,7 @@ import {
   ClientTooOld,
   Refused,
   SafestopClient,
+  ToolCallConflict,
   ToolCallRecord,
   TransportError,
   decisionFromApproval,
@@ -67,6 +68,10 @@ test("errors: refusals, a client too old, and no answer", async () => {
   const answers: Array<[number, object]> = [
     [409, { error: "stale_epoch", detail: "stopped", status: "cancel_requested", stop_epoch: 2 }],
     [426, { error: "client_too_old", detail: "upgrade", minimum_version: "9.0.0" }],
+    [
+      409,
+      { error: "tool_call_conflict", detail: "other call", tool_call_id: "X1", first_tool: "send_email", first_arguments: { to: "a" } },
+    ],
   ];
   const seen: Array<string | undefined> = [];
   const server = createServer((request, response) => {
@@ -85,7 +90,13 @@ test("errors: refusals, a client too old, and no answer", async () => {
     const old = await client.getRun("run_1").catch((error: unknown) => error);
     assert.ok(old instanceof ClientTooOld);
     assert.equal(old.minimumVersion, "9.0.0");
-    assert.deepEqual(seen, ["0.2.0", "0.2.0"]);
+    const conflict = await client.getRun("run_1").catch((error: unknown) => error);
+    assert.ok(conflict instanceof ToolCallConflict);
+    assert.ok(!(conflict instanceof Refused), "a conflict is not a stop");
+    assert.equal(conflict.toolCallId, "X1");
+    assert.equal(conflict.firstTool, "send_email");
+    assert.deepEqual(conflict.firstArguments, { to: "a" });
+    assert.deepEqual(seen, ["0.2.0", "0.2.0", "0.2.0"]);
     assert.equal(client.pushUrl("run_1"), `ws://127.0.0.1:${port}/ws/agent/runs/run_1/`);
   } finally {
     server.close();
