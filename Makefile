@@ -73,7 +73,7 @@ test-fast: install services
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy console runs handoff notifications safestop_agent
+	$(VENV)/bin/mypy console accounts runs handoff notifications safestop_agent
 	$(VENV)/bin/lint-imports
 
 migrations-check: install

@@ -1,0 +1,16 @@
+"""Sign-in through the organisation's IdP and its SCIM provisioning endpoint (DESIGN §16)."""
+
+from __future__ import annotations
+
+from django.urls import path, re_path
+
+from accounts import oidc, scim
+
+app_name = "accounts"
+
+urlpatterns = [
+    path("login/sso/", oidc.StartView.as_view(), name="sso_start"),
+    path("login/sso/callback/", oidc.CallbackView.as_view(), name="sso_callback"),
+    re_path(r"^scim/v2/Users/?$", scim.users, name="scim_users"),
+    re_path(r"^scim/v2/Users/(?P<user_id>[^/]+)/?$", scim.user, name="scim_user"),
+]
