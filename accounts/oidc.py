@@ -54,7 +54,12 @@ DISCOVERY_TTL_SECONDS = 3600.0
 
 
 class DiscoveryError(Exception):
-    pass
+    """No usable discovery document: `code` is `idp_unreachable`, or `issuer_mismatch` when the
+    document names another issuer."""
+
+    def __init__(self, detail: str, code: str = "idp_unreachable") -> None:
+        super().__init__(detail)
+        self.code = code
 
 
 _discovery_cache: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -82,7 +87,9 @@ def discovery() -> dict[str, Any]:
     if not isinstance(document, dict):
         raise DiscoveryError(f"{url}: not a JSON object")
     if str(document.get("issuer", "")).rstrip("/") != issuer:
-        raise DiscoveryError(f"{url} names issuer {document.get('issuer')!r}, not {issuer!r}")
+        raise DiscoveryError(
+            f"{url} names issuer {document.get('issuer')!r}, not {issuer!r}", "issuer_mismatch"
+        )
     for key in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
         if not isinstance(document.get(key), str):
             raise DiscoveryError(f"{url} has no {key}")
@@ -147,7 +154,7 @@ class OIDCBackend(OIDCAuthenticationBackend):
         except SignInRefused as exc:
             _refuse(request, exc.code, exc.detail)
         except DiscoveryError as exc:
-            _refuse(request, "idp_unreachable", str(exc))
+            _refuse(request, exc.code, str(exc))
         except requests.HTTPError as exc:
             # The token endpoint refused the code: expired, replayed, or not issued to us.
             response = exc.response
@@ -161,6 +168,31 @@ class OIDCBackend(OIDCAuthenticationBackend):
         except (jwt.PyJWTError, ValueError, KeyError, TypeError) as exc:
             _refuse(request, "token_invalid", f"{type(exc).__name__}: {exc}")
         return None
+
+    def retrieve_matching_jwk(self, token: Any) -> Any:
+        """The IdP's signing key for this token: the one with its `kid` (and `alg`, when the key
+        names one). A token without a `kid` is accepted only when the IdP has one signing key
+        (the library assumes every token carries a `kid`)."""
+        response = requests.get(
+            self.OIDC_OP_JWKS_ENDPOINT, timeout=oidc_setting("OIDC_TIMEOUT", 10)
+        )
+        response.raise_for_status()
+        keys = response.json().get("keys", [])
+        header = jwt.get_unverified_header(token)
+        kid, alg = header.get("kid"), header.get("alg")
+        candidates = [
+            key
+            for key in keys
+            if isinstance(key, dict)
+            and key.get("use", "sig") == "sig"
+            and key.get("alg", alg) == alg
+            and (kid is None or key.get("kid") == kid)
+        ]
+        if len(candidates) != 1:
+            raise SignInRefused(
+                "token_invalid", f"{len(candidates)} signing keys match kid {kid!r} alg {alg!r}"
+            )
+        return jwt.PyJWK(candidates[0])
 
     def _verify_jws(self, payload: Any, key: Any) -> Any:
         """The signature, and what the library leaves unchecked: the audience is us (and, with
@@ -228,6 +260,10 @@ REFUSAL_MESSAGES = {
         "Ask an administrator to check the identity provider's groups claim."
     ),
     "idp_unreachable": _("The identity provider could not be reached. Try again in a minute."),
+    "issuer_mismatch": _(
+        "The answer did not come from the identity provider this console trusts. Start again; "
+        "if it keeps happening, tell an administrator."
+    ),
     "idp_error": _("The identity provider did not sign you in."),
     "state_mismatch": _(
         "This sign-in link was already used, has expired, or was started in another browser. "
@@ -253,8 +289,8 @@ class StartView(OIDCAuthenticationRequestView):
         try:
             self.OIDC_OP_AUTH_ENDPOINT = discovery()["authorization_endpoint"]
         except DiscoveryError as exc:
-            _refuse(request, "idp_unreachable", str(exc))
-            return _refused_page(request, "idp_unreachable", status=503)
+            _refuse(request, exc.code, str(exc))
+            return _refused_page(request, exc.code, status=503)
         self.OIDC_RP_CLIENT_ID = conf.client_id()
         return super().get(request)
 

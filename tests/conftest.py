@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.support.stack",  # receiver (the demo's), stack
     "tests.support.live_sockets",  # fresh_channel_layer
     "tests.support.proctree",  # own_tree
+    "tests.support.oidc",  # oidc_provider, sso (a real OpenID provider)
 ]
 
 # What `make test-fast` leaves out (`-m "not browser and not slow"`) beside the tests marked slow
