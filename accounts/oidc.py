@@ -325,9 +325,10 @@ class CallbackView(OIDCAuthenticationCallbackView):
         request = self.request
         if request.user.is_authenticated:
             auth.logout(request)
-        code = getattr(request, "safestop_sso_refusal", None) or "failed"
-        if code == "failed":
-            logger.warning("sso.refused reason=failed detail=authentication returned no user")
+        code = getattr(request, "safestop_sso_refusal", None)
+        if code is None:
+            _refuse(request, "failed", "authentication returned no user")
+            code = "failed"
         status = 503 if code == "idp_unreachable" else 400 if code == "state_mismatch" else 403
         return _refused_page(request, code, status=status)
 

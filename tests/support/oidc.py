@@ -109,6 +109,20 @@ class Provider:
         return str(token.json()["id_token"])
 
 
+def _impostor_discovery() -> Any:
+    import flask
+
+    real = flask.request.host_url.rstrip("/")
+    return flask.jsonify(
+        {
+            "issuer": real,
+            "authorization_endpoint": f"{real}/oauth2/authorize",
+            "token_endpoint": f"{real}/oauth2/token",
+            "jwks_uri": f"{real}/jwks",
+        }
+    )
+
+
 @contextmanager
 def start_provider(*, access_token_max_age: timedelta = timedelta(hours=1)) -> Iterator[Provider]:
     import werkzeug.serving
@@ -118,6 +132,8 @@ def start_provider(*, access_token_max_age: timedelta = timedelta(hours=1)) -> I
     app = provider_app(require_nonce=True, access_token_max_age=access_token_max_age)
     recorded: list[dict[str, str]] = []
     _record_token_requests(app, recorded)
+    # An impostor's discovery document under another issuer URL, naming the real issuer.
+    app.add_url_rule("/impostor/.well-known/openid-configuration", "impostor", _impostor_discovery)
     server = werkzeug.serving.make_server("localhost", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
