@@ -121,6 +121,13 @@ def _refuse(request: HttpRequest, code: str, detail: str = "") -> None:
     request.safestop_sso_refusal = code  # type: ignore[attr-defined]
 
 
+def is_idp_sign_in(request: HttpRequest, credentials: dict[str, Any] | None = None) -> bool:
+    """`AXES_WHITELIST_CALLABLE`: the IdP's callback is not a password guess. The IdP throttles
+    its own sign-in; counting our refusals (no mapped group, a stale link) against the address
+    would lock a whole office's password sign-in after five of them."""
+    return bool(credentials and "nonce" in credentials)
+
+
 class OIDCBackend(OIDCAuthenticationBackend):
     """Signs in the person the IdP vouches for, as the (issuer, subject) link's user."""
 

@@ -257,6 +257,7 @@ AXES_CLIENT_IP_CALLABLE = "runs.api.ratelimit.client_address"
 AXES_ENABLE_ACCESS_FAILURE_LOG = True  # each failure with its time: /metrics counts them
 AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are not ours to keep
 AXES_SENSITIVE_PARAMETERS = ["password"]
+AXES_WHITELIST_CALLABLE = "accounts.oidc.is_idp_sign_in"  # the IdP's callback guesses nothing
 
 # Signing in with the organisation's OpenID Connect provider (DESIGN §16; docs/OPERATIONS.md,
 # "Single sign-on"). Unset issuer: password sign-in only, as in development. The endpoints come
