@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.urls import path, re_path
+from django.urls import path
 
 from accounts import oidc, scim
 
@@ -11,6 +11,7 @@ app_name = "accounts"
 urlpatterns = [
     path("login/sso/", oidc.StartView.as_view(), name="sso_start"),
     path("login/sso/callback/", oidc.CallbackView.as_view(), name="sso_callback"),
-    re_path(r"^scim/v2/Users/?$", scim.users, name="scim_users"),
-    re_path(r"^scim/v2/Users/(?P<user_id>[^/]+)/?$", scim.user, name="scim_user"),
+    # No trailing slash: SCIM clients send none (RFC 7644 §3.2 paths).
+    path("scim/v2/Users", scim.users, name="scim_users"),
+    path("scim/v2/Users/<str:user_id>", scim.user, name="scim_user"),
 ]
