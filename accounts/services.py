@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from importlib import import_module
 from typing import Any
 
@@ -297,6 +298,11 @@ def on_user_logged_in(sender: Any, request: Any = None, user: Any = None, **kwar
     if user is None or not session_key:
         return
     SignedInSession.objects.get_or_create(session_key=session_key, defaults={"user": user})
+    # Rows of sessions that have expired by now (their cookies' age): kept from growing.
+    SignedInSession.objects.filter(
+        user=user,
+        created_at__lt=timezone.now() - timedelta(seconds=settings.SESSION_COOKIE_AGE),
+    ).delete()
 
 
 # --------------------------------------------------------------------------------------------

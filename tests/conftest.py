@@ -31,6 +31,7 @@ SLOW_FIXTURES = frozenset(
         "stack_for_command",
         "spawn_dispatcher",
         "celery_env",
+        "oidc_provider",  # a real OpenID provider in a thread (tests/support/oidc.py)
     }
 )
 SLOW_FOLDERS = frozenset({"faults", "agent_e2e"})

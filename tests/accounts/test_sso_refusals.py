@@ -46,6 +46,7 @@ def test_a_token_issued_to_another_client_is_refused(client, sso, caplog, monkey
     assert not IdentityLink.objects.exists()
 
 
+@pytest.mark.slow  # its own provider
 def test_an_expired_token_is_refused(client, settings, db, caplog):
     with start_provider(access_token_max_age=timedelta(minutes=-10)) as provider:
         for name, value in sso_settings(provider).items():
