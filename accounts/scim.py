@@ -1,6 +1,6 @@
 """A small SCIM 2.0 endpoint (RFC 7643/7644) for the IdP's provisioning: find a user, read it,
 and deactivate or reactivate it. Users are created by their first sign-in (keyed by issuer and
-subject), so there is no POST; an IdP that tries gets a SCIM error saying so.
+subject), so there is no POST; an IdP that tries gets a 405 SCIM error saying so.
 
 Both request shapes the big IdPs send for "deactivate" are accepted:
 - Entra ID: `{"Operations": [{"op": "Replace", "path": "active", "value": "False"}]}`
@@ -170,7 +170,7 @@ def users(request: HttpRequest) -> HttpResponse:
         _authorise(request)
         if request.method == "POST":
             raise ScimError(
-                501, "users are created by their first sign-in through the identity provider"
+                405, "users are created by their first sign-in through the identity provider"
             )
         if request.method != "GET":
             raise ScimError(405, f"{request.method} is not supported here")
