@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "handoff",
     "notifications",
     "gateway",
+    "accounts",
     "console",
 ]
 
@@ -127,6 +128,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "accounts.oidc.SessionRefresh",  # an IdP sign-in is re-checked every 15 minutes
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -245,7 +247,8 @@ AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
 # Attempts live in the database, so every web process sees the same count.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    "accounts.backends.PasswordBackend",  # superusers only with SAFESTOP_PASSWORD_LOGIN=off
+    "accounts.oidc.OIDCBackend",  # the organisation's IdP (DESIGN §16), when configured
 ]
 AXES_FAILURE_LIMIT = int(os.environ.get("SAFESTOP_LOGIN_FAILURE_LIMIT", 5))
 SAFESTOP_LOGIN_COOLOFF_SECONDS = int(os.environ.get("SAFESTOP_LOGIN_COOLOFF_SECONDS", 300))
@@ -262,6 +265,35 @@ AXES_CLIENT_IP_CALLABLE = "runs.api.ratelimit.client_address"
 AXES_ENABLE_ACCESS_FAILURE_LOG = True  # each failure with its time: /metrics counts them
 AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are not ours to keep
 AXES_SENSITIVE_PARAMETERS = ["password"]
+AXES_WHITELIST_CALLABLE = "accounts.oidc.is_idp_sign_in"  # the IdP's callback guesses nothing
+
+# Signing in with the organisation's OpenID Connect provider (DESIGN §16; docs/OPERATIONS.md,
+# "Single sign-on"). Unset issuer: password sign-in only, as in development. The endpoints come
+# from the issuer's discovery document (accounts/oidc.py), so these are all an operator sets.
+SAFESTOP_OIDC_ISSUER = os.environ.get("SAFESTOP_OIDC_ISSUER", "").strip().rstrip("/")
+SAFESTOP_OIDC_CLIENT_ID = os.environ.get("SAFESTOP_OIDC_CLIENT_ID", "")
+SAFESTOP_OIDC_CLIENT_SECRET = os.environ.get("SAFESTOP_OIDC_CLIENT_SECRET", "")
+SAFESTOP_OIDC_GROUPS_CLAIM = os.environ.get("SAFESTOP_OIDC_GROUPS_CLAIM", "groups")
+SAFESTOP_OIDC_PROVIDER_NAME = os.environ.get("SAFESTOP_OIDC_PROVIDER_NAME", "")
+# A JSON object, IdP group → "team:role": seeds the admins' table at start (accounts.services).
+SAFESTOP_OIDC_GROUP_ROLES = os.environ.get("SAFESTOP_OIDC_GROUP_ROLES", "")
+SAFESTOP_PASSWORD_LOGIN = env_bool("SAFESTOP_PASSWORD_LOGIN", True)
+# The IdP's SCIM client authenticates with this bearer token; unset, /scim/v2/ answers 404.
+SAFESTOP_SCIM_TOKEN = os.environ.get("SAFESTOP_SCIM_TOKEN", "")
+if SAFESTOP_OIDC_ISSUER and not SAFESTOP_OIDC_CLIENT_ID:
+    refuse_to_start("SAFESTOP_OIDC_ISSUER is set but SAFESTOP_OIDC_CLIENT_ID is not")
+# mozilla-django-oidc: authorization code + PKCE S256, nonce, the ID token kept for the IdP's
+# logout, and the session re-checked through the IdP every SAFESTOP_OIDC_RECHECK_SECONDS.
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_USE_NONCE = True
+OIDC_STORE_ID_TOKEN = True
+OIDC_RP_SIGN_ALGO = os.environ.get("SAFESTOP_OIDC_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = os.environ.get("SAFESTOP_OIDC_SCOPES", "openid email profile")
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = int(os.environ.get("SAFESTOP_OIDC_RECHECK_SECONDS", 900))
+OIDC_AUTHENTICATION_CALLBACK_URL = "accounts:sso_callback"
+OIDC_TIMEOUT = 10
+OIDC_CREATE_USER = True
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
 import console.converters  # noqa: F401  (registers <run_id:...>)
+from accounts.oidc import logout
 from console.views import (
     approvals,
     audit,
+    auth,
     bulk,
     handoffs,
     needs_me,
@@ -24,14 +25,9 @@ from console.views import (
 app_name = "console"
 
 urlpatterns = [
-    path(
-        "login/",
-        auth_views.LoginView.as_view(
-            template_name="registration/login.html", redirect_authenticated_user=True
-        ),
-        name="login",
-    ),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("login/", auth.LoginPage.as_view(), name="login"),
+    # Also ends the IdP's session when the sign-in came from it (RP-initiated logout).
+    path("logout/", logout, name="logout"),
     path("", runs.runs_list, name="runs"),
     path("home/", needs_me.home, name="home"),
     path("needs-me/", needs_me.needs_me, name="needs_me"),

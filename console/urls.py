@@ -27,5 +27,7 @@ urlpatterns = [
     path(
         "metrics", include("console.metrics")
     ),  # Prometheus text; urlpatterns live in console.metrics
+    # /login/sso/ (the IdP's code flow) and /scim/v2/ (its provisioning): accounts/urls.py
+    path("", include("accounts.urls")),
     path("", include("console.ui_urls")),
 ]

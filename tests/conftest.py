@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.support.live_sockets",  # fresh_channel_layer
     "tests.support.proctree",  # own_tree
     "tests.support.ledger",  # ledger_anchor_dir (autouse), a flush that may empty the ledger
+    "tests.support.oidc",  # oidc_provider, sso (a real OpenID provider)
 ]
 
 # What `make test-fast` leaves out (`-m "not browser and not slow"`) beside the tests marked slow
@@ -31,6 +32,7 @@ SLOW_FIXTURES = frozenset(
         "stack_for_command",
         "spawn_dispatcher",
         "celery_env",
+        "oidc_provider",  # a real OpenID provider in a thread (tests/support/oidc.py)
     }
 )
 SLOW_FOLDERS = frozenset({"faults", "agent_e2e"})

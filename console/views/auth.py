@@ -1,4 +1,5 @@
-"""Signing in: what the login page answers once django-axes has locked a user or an address."""
+"""Signing in: the login page (the organisation's IdP when configured, passwords for development
+and break glass) and what it answers once django-axes has locked a user or an address."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from axes.models import AccessFailureLog
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -49,6 +51,25 @@ def login_cool_off(request: HttpRequest | None = None) -> timedelta:
     lockouts = max(1, failures // settings.AXES_FAILURE_LIMIT)
     return min(base * 2 ** min(lockouts - 1, 30), ceiling)
 
+from accounts import conf
+
+
+def sign_in_choices() -> dict[str, Any]:
+    """What the login page offers: the IdP's button when one is configured, and whether the
+    password form is for everyone or only for superusers (break glass)."""
+    return {
+        "sso_provider": conf.provider_name() if conf.sso_enabled() else "",
+        "password_for_everyone": conf.password_login_for_everyone(),
+    }
+
+
+class LoginPage(LoginView):
+    template_name = "registration/login.html"
+    redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        return {**super().get_context_data(**kwargs), **sign_in_choices()}
+
 
 def login_locked_out(
     request: HttpRequest,
@@ -70,6 +91,7 @@ def login_locked_out(
             "locked_out": True,
             "retry_minutes": math.ceil(seconds / 60) if seconds else None,
             "next": request.POST.get("next", ""),
+            **sign_in_choices(),
         },
         status=429,
     )

@@ -21,6 +21,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from accounts.services import group_roles_seed
+
 
 class Command(BaseCommand):
     help = (
@@ -38,6 +40,13 @@ class Command(BaseCommand):
         host, port, demo = options["host"], options["port"], not options["no_demo"]
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("Database migrated.")
+        # SAFESTOP_OIDC_GROUP_ROLES seeds the admins' group → team-role table (DESIGN §16).
+        seeded = group_roles_seed()
+        if seeded.created or seeded.updated or seeded.removed:
+            self.stdout.write(
+                f"IdP group roles: {len(seeded.created)} added, {len(seeded.updated)} changed, "
+                f"{len(seeded.removed)} removed."
+            )
         if demo:
             call_command("demo_setup")
 
