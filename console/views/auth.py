@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from accounts import conf
 from runs.api.ratelimit import client_address
 
 # Lockouts further back than this no longer lengthen the next one.
@@ -50,8 +51,6 @@ def login_cool_off(request: HttpRequest | None = None) -> timedelta:
     # Attempts made while locked count as failures too: hammering a locked pair lengthens it.
     lockouts = max(1, failures // settings.AXES_FAILURE_LIMIT)
     return min(base * 2 ** min(lockouts - 1, 30), ceiling)
-
-from accounts import conf
 
 
 def sign_in_choices() -> dict[str, Any]:
