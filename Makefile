@@ -105,7 +105,7 @@ test: install services chromium nginx axe mcp-servers
 
 # What a developer runs while working (under two minutes): no browser, no live servers, no other
 # processes, no races (tests/conftest.py says what counts as slow).
-test-fast: install services
+test-fast: install services mcp-servers
 	$(PYTEST) $(XDIST) -m "not browser and not slow" $(PYTEST_ARGS)
 
 lint: install

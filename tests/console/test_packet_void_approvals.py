@@ -8,8 +8,7 @@ import pytest
 from runs import services
 from runs.actors import Actor
 from runs.models import RunStatus
-from tests.support.run_factories import run_interrupt
-from tests.support.scenarios import AGENT, SYSTEM, new_run, start
+from tests.support.scenarios import AGENT, new_run, run_interrupt, start
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +49,7 @@ def test_the_stop_packet_page_lists_the_approvals_the_stop_voided(as_reviewer, t
 
 def test_the_interruption_packet_lists_the_approvals_the_interruption_voided(as_reviewer, team):
     run, _lease, approval = _waiting_approval(team)
-    run_interrupt(run_id=run.pk, reason="dependency_failure", actor=SYSTEM, detail="db down")
+    run_interrupt(run_id=run.pk)
     run.refresh_from_db()
     assert run.status == RunStatus.INTERRUPTED
     html = as_reviewer.get(f"/runs/{run.pk}/packet/").content.decode()
