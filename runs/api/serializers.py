@@ -883,6 +883,12 @@ class StopPacketOut(serializers.Serializer):
     unconfirmed_side_effects = serializers.ListField(child=serializers.DictField())
     unapplied_steering = serializers.ListField(child=serializers.DictField())
     late_writes_rejected = StrictIntegerField()
+    cost = serializers.DictField(
+        required=False,
+        help_text="cost_usd_until_stop, tokens_until_stop, unpriced_tokens_until_stop, "
+        "late_cost_usd / late_tokens / late_unpriced_tokens (reported after the stop request), "
+        "by_model, and budget ({name, limit}) when a budget stopped the run",
+    )
     packet_created_at = serializers.DateTimeField()
     run_status = serializers.ChoiceField(
         choices=RunStatus.choices, help_text="the run's status now"

@@ -65,6 +65,14 @@ def budget_note(run: Run, budget: str) -> str:
     return f"budget {budget} exhausted: {used} of {limit}"
 
 
+def budget_from_note(note: str) -> str:
+    """The budget a `budget_note` names ("" for any other note)."""
+    words = note.split()
+    if len(words) >= 3 and words[0] == "budget" and words[2].rstrip(":") == "exhausted":
+        return words[1] if words[1] in BUDGET_NAMES else ""
+    return ""
+
+
 def _budget_exceeded(run: Run, *, now: Any, adding_tool_call: bool = False) -> str:
     if exhausted_budget(run, adding_tool_call=adding_tool_call):
         return StopReason.BUDGET_EXHAUSTED
