@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 
 from runs.models import (
     Approval,
@@ -19,6 +19,7 @@ from runs.models import (
     OutboxItem,
     Run,
     RunStatus,
+    Usage,
 )
 
 
@@ -245,3 +246,23 @@ def approval_figures(
         "void": counts[ApprovalStatus.VOID],
         "waiting": counts[ApprovalStatus.WAITING],
     }
+
+
+def usage_totals(*, team_ids: list[int] | None = None) -> list[dict[str, Any]]:
+    """For /metrics: every usage row ever kept, summed per (team, agent, model): `cost` (None
+    when every call of the group was unpriced), `unpriced` tokens, and the four token counts.
+    One aggregate query."""
+    tokens = F("input_tokens") + F("output_tokens")
+    return list(
+        team_filter(Usage.objects.all(), team_ids, "run__team_id")
+        .values(team=F("run__team__slug"), agent=F("run__agent"), model_name=F("model"))
+        .annotate(
+            cost=Sum("cost_usd"),
+            unpriced=Sum(tokens, filter=Q(cost_usd__isnull=True), default=0),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            cache_read=Sum("cache_read_tokens"),
+            cache_write=Sum("cache_write_tokens"),
+        )
+        .order_by("team", "agent", "model_name")
+    )
