@@ -266,3 +266,21 @@ def usage_totals(*, team_ids: list[int] | None = None) -> list[dict[str, Any]]:
         )
         .order_by("team", "agent", "model_name")
     )
+
+
+def usage_by_model(*, run_id: str) -> QuerySet[Any, Any]:
+    """One run's calls per model (lazy: one query, when read): `cost` None when every call of
+    that model was unpriced."""
+    tokens = F("input_tokens") + F("output_tokens")
+    return (
+        Usage.objects.filter(run_id=run_id)
+        .values("model")
+        .annotate(
+            calls=Count("pk"),
+            cost=Sum("cost_usd"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            unpriced=Sum(tokens, filter=Q(cost_usd__isnull=True), default=0),
+        )
+        .order_by("model")
+    )

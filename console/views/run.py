@@ -43,7 +43,7 @@ from runs.models import (
     Run,
     RunStatus,
 )
-from runs.selectors import approvals_list
+from runs.selectors import approvals_list, usage_by_model
 
 TEMPLATE = "console/run.html"
 
@@ -87,6 +87,9 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "drain_deadline_seconds": settings.SAFESTOP_DRAIN_DEADLINE_SECONDS,
         # Lazy: one query, only in the regions that show it (the summary).
         "waiting_approvals": approvals_list(team_ids=None, run_id=run.pk),
+        "run_tokens": run.input_tokens + run.output_tokens,
+        # Lazy too, and read only when the run reported usage.
+        "cost_by_model": usage_by_model(run_id=run.pk),
     }
     context.update(extra)
     return context
