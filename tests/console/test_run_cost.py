@@ -75,3 +75,36 @@ def test_a_run_without_usage_shows_no_cost_table(as_viewer, team):
 )
 def test_usd_never_rounds_a_cost_to_zero(value, text):
     assert usd(value) == text
+
+
+def test_the_packet_page_shows_spend_up_to_the_stop_and_late_spend(as_viewer, team):
+    run = new_run(team, max_tokens=100)
+    lease = start(run)
+
+    def spend(event_id: str, tokens: int, cost: float) -> None:
+        services.events_ingest(
+            run_id=run.pk,
+            epoch=1,
+            actor=AGENT,
+            events=[
+                {
+                    "event_id": event_id,
+                    "type": "usage",
+                    "model": "gpt-4o",
+                    "input_tokens": tokens,
+                    "output_tokens": 0,
+                    "cost_usd": cost,
+                }
+            ],
+        )
+
+    spend("a", 100, 0.5)  # reaches the token budget: the run is stopped
+    spend("late", 7, 0.25)
+    services.run_drained(
+        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT, observations=[]
+    )
+    body = as_viewer.get(f"/runs/{run.pk}/packet/", follow=True).content.decode()
+    cost = body.split('data-testid="packet-cost"')[1].split("</div>")[0]
+    assert "$0.50" in cost and "100 tokens" in cost and "budget max_tokens (100) exhausted" in cost
+    late = body.split('data-testid="packet-late-spend"')[1].split("</div>")[0]
+    assert "$0.25" in late and "7 tokens" in late
