@@ -6,9 +6,12 @@ from decimal import Decimal
 
 import genai_prices
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
+from runs import services
 from runs.models import EventReceipt, Run, Usage
-from tests.runs.factories import make_running, reload
+from tests.runs.factories import SYSTEM, make_running, reload
 from tests.support.api import stop, url
 
 pytestmark = pytest.mark.django_db
@@ -241,3 +244,23 @@ def test_a_run_with_no_usage_costs_zero_with_nothing_unpriced(api, team, agent_t
     assert (detail["cost_usd"], detail["unpriced_tokens"]) == (0, 0)
     assert detail["tokens"] == {"input": 0, "output": 0, "total": 0}
     assert Run.objects.get(pk=run.pk).cost_usd == 0
+
+
+def test_a_usage_batch_costs_the_same_statements_whatever_its_size(team):
+    """The usage rows go in the batch's one multi-row INSERT and the totals in its one run
+    UPDATE: 100 calls cost no more statements than 1 (no round trip per event)."""
+
+    def statements(run, count: int) -> int:
+        events = [
+            usage(f"{run.pk}-{n}", model="gpt-4o", input_tokens=10, output_tokens=1)
+            for n in range(count)
+        ]
+        with CaptureQueriesContext(connection) as queries:
+            services.events_ingest(run_id=run.pk, epoch=1, events=events, actor=SYSTEM)
+        return len(queries)
+
+    one, _ = make_running(team)
+    hundred, _ = make_running(team)
+    statements(make_running(team)[0], 1)  # the price table loads once per process
+    assert statements(hundred, 100) == statements(one, 1)
+    assert reload(hundred).input_tokens == 1000
