@@ -35,7 +35,7 @@ from runs.api.ratelimit import (
     denial_counts,
 )
 from runs.models import TokenRole
-from runs.selectors import queue_depths
+from runs.selectors import queue_depths, usage_totals
 from runs.tokens import api_token_authenticate
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -153,6 +153,7 @@ def render_metrics(
     *,
     denials: dict[str, int] | None = None,
     logins: dict[str, int] | None = None,
+    usage: list[dict[str, Any]] | None = None,
 ) -> str:
     out = _Exposition()
     out.family(
@@ -285,6 +286,9 @@ def render_metrics(
         "Work waiting now, by queue.",
         [({"queue": name}, value) for name, value in sorted(depths.items())],
     )
+    # cost (DESIGN §13): counters since the first usage event, not windowed
+    if usage is not None:
+        _cost_families(out, usage)
     # guessing: refused API credentials and console sign-ins
     if denials is not None:
         out.family(
@@ -310,6 +314,51 @@ def render_metrics(
     return out.text()
 
 
+def _cost_families(out: _Exposition, usage: list[dict[str, Any]]) -> None:
+    out.family(
+        "safestop_cost_usd_total",
+        "counter",
+        "USD spent by priced model calls, by team, agent and model (unpriced calls are not in "
+        "it: see safestop_unpriced_tokens_total).",
+        [
+            ({"team": row["team"], "agent": row["agent"], "model": row["model_name"]}, row["cost"])
+            for row in usage
+            if row["cost"] is not None
+        ],
+    )
+    out.family(
+        "safestop_unpriced_tokens_total",
+        "counter",
+        "Tokens of model calls no price was found for (their cost is unknown, not 0).",
+        [
+            (
+                {"team": row["team"], "agent": row["agent"], "model": row["model_name"]},
+                row["unpriced"],
+            )
+            for row in usage
+            if row["unpriced"]
+        ],
+    )
+    by_team: dict[str, dict[str, int]] = {}
+    for row in usage:
+        counts = by_team.setdefault(row["team"], dict.fromkeys(_TOKEN_TYPES, 0))
+        for kind in _TOKEN_TYPES:
+            counts[kind] += row[kind]
+    out.family(
+        "safestop_tokens_total",
+        "counter",
+        "Model tokens reported, by team and type (input counts the cached ones too).",
+        [
+            ({"team": team, "type": kind}, counts[kind])
+            for team, counts in sorted(by_team.items())
+            for kind in _TOKEN_TYPES
+        ],
+    )
+
+
+_TOKEN_TYPES = ("input", "output", "cache_read", "cache_write")
+
+
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     try:
@@ -332,7 +381,14 @@ def metrics(request: HttpRequest) -> HttpResponse:
     slugs = None if team_ids is None else team_slugs(team_ids=team_ids)
     denials = denial_counts(since=until - window, team_slugs=slugs)
     logins = login_failures(since=until - window) if team_ids is None else None
-    text = render_metrics(figures, depths, window, denials=denials, logins=logins)
+    text = render_metrics(
+        figures,
+        depths,
+        window,
+        denials=denials,
+        logins=logins,
+        usage=usage_totals(team_ids=team_ids),
+    )
     response = HttpResponse(text, content_type=CONTENT_TYPE)
     response["Cache-Control"] = "no-store"
     return response

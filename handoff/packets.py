@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
+
+from django.db.models import Count, F, Q, Sum
 
 from handoff.models import StopPacket
 from runs.models import (
@@ -21,10 +24,13 @@ from runs.models import (
     SteeringStatus,
     Step,
     StepStatus,
+    StopReason,
     StopRequest,
+    Usage,
     is_unconfirmed_side_effect,
 )
 from runs.services import run_dirty_reasons
+from runs.services.budget import budget_from_note, exhausted_budget
 
 
 def _iso(value: Any) -> str | None:
@@ -124,7 +130,67 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "approvals_void_at_stop": _approvals_void_at_stop(run, stop_request),
         "reported_after_stop": list(run.late_reports),
         "late_writes_rejected": run.late_writes_rejected,
+        "cost": _cost_part(run, stop_request),
     }
+
+
+def _usd(value: Decimal | None) -> float:
+    return float(value or 0)
+
+
+def _cost_part(run: Run, stop_request: StopRequest) -> dict[str, Any]:
+    """What the run spent up to the stop request, and what was reported after it (late spend:
+    calls already under way, or a worker that kept going). Unpriced tokens are counted apart:
+    their cost is unknown, not 0. `budget` names the budget that stopped the run, if one did."""
+    tokens = F("input_tokens") + F("output_tokens")
+    late = Q(at__gt=stop_request.requested_at)
+    unpriced = Q(cost_usd__isnull=True)
+    usages = Usage.objects.filter(run=run)
+    totals = usages.aggregate(
+        cost=Sum("cost_usd", filter=~late),
+        tokens=Sum(tokens, filter=~late),
+        unpriced=Sum(tokens, filter=~late & unpriced),
+        late_cost=Sum("cost_usd", filter=late),
+        late_tokens=Sum(tokens, filter=late),
+        late_unpriced=Sum(tokens, filter=late & unpriced),
+    )
+    by_model = [
+        {
+            "model": row["model"],
+            "calls": row["calls"],
+            "cost_usd": _usd(row["cost"]),
+            "input_tokens": row["input"],
+            "output_tokens": row["output"],
+            "unpriced_tokens": row["unpriced"] or 0,
+        }
+        for row in usages.values("model")
+        .annotate(
+            calls=Count("pk"),
+            cost=Sum("cost_usd"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            unpriced=Sum(tokens, filter=unpriced),
+        )
+        .order_by("model")
+    ]
+    budget = ""
+    if run.stop_reason == StopReason.BUDGET_EXHAUSTED:
+        budget = budget_from_note(stop_request.note) or exhausted_budget(run)
+    return {
+        "cost_usd_until_stop": _usd(totals["cost"]),
+        "tokens_until_stop": totals["tokens"] or 0,
+        "unpriced_tokens_until_stop": totals["unpriced"] or 0,
+        "late_cost_usd": _usd(totals["late_cost"]),
+        "late_tokens": totals["late_tokens"] or 0,
+        "late_unpriced_tokens": totals["late_unpriced"] or 0,
+        "by_model": by_model,
+        "budget": _budget_part(run, budget) if budget else None,
+    }
+
+
+def _budget_part(run: Run, budget: str) -> dict[str, Any]:
+    limit: Any = getattr(run, budget)
+    return {"name": budget, "limit": float(limit) if isinstance(limit, Decimal) else limit}
 
 
 def interruption_packet(run: Run) -> dict[str, Any]:

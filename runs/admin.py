@@ -42,6 +42,7 @@ from runs.models import (
     StopReason,
     StopRequest,
     Team,
+    Usage,
 )
 from runs.tokens import api_token_revoke
 
@@ -250,6 +251,24 @@ class ArtifactAdmin(ReadOnlyAdmin):
 class CheckpointAdmin(ReadOnlyAdmin):
     list_display = ["label", "run", "step_seq", "epoch", "created_at"]
     search_fields = ["label", "run__id"]
+    list_select_related = ["run"]
+
+
+@admin.register(Usage)
+class UsageAdmin(ReadOnlyAdmin):
+    list_display = [
+        "run",
+        "model",
+        "provider",
+        "input_tokens",
+        "output_tokens",
+        "cost_usd",
+        "price_source",
+        "price_version",
+        "at",
+    ]
+    list_filter = ["price_source", "provider"]
+    search_fields = ["run__id", "model", "event_id"]
     list_select_related = ["run"]
 
 

@@ -152,6 +152,16 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Cost (DESIGN §13). The budgets, then the totals the events batch keeps incrementally, under
+    # the run lock and in the usage rows' own transaction, so they always equal the rows' sums.
+    # Kept after every other column: the events batch reads a prefix of them (`Model.from_db`).
+    max_cost_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    # Tokens (input + output) of calls no price was found for: their cost is unknown, never $0.
+    unpriced_tokens = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         indexes = [
@@ -640,6 +650,47 @@ class EventReceipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.outcome}"
+
+
+class PriceSource(models.TextChoices):
+    PROVIDER = "provider", "Reported by the provider"
+    TABLE = "table", "Price table"
+    TEAM = "team", "Team price"
+    UNPRICED = "unpriced", "Unpriced"
+
+
+class Usage(models.Model):
+    """One model call's tokens and what it cost (DESIGN §13), from a `usage` event.
+
+    Priced once, when it arrives: `price_source` says where the cost came from and
+    `price_version` which table, so a newer price table never changes a stored cost. An unknown
+    model is `unpriced` with `cost_usd` null, never $0.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="usages", db_index=False)
+    event_id = models.CharField(max_length=120)
+    epoch = models.PositiveIntegerField()
+    step_key = models.CharField(max_length=120, blank=True)
+    model = models.CharField(max_length=200)
+    provider = models.CharField(max_length=100, blank=True)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cache_read_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, null=True, blank=True)
+    price_source = models.CharField(max_length=16, choices=PriceSource.choices)
+    price_version = models.CharField(max_length=60, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # also the (run, ...) index every per-run read uses
+            models.UniqueConstraint(fields=["run", "event_id"], name="usage_unique_run_event")
+        ]
+        indexes = [models.Index(fields=["run", "at"], name="usage_run_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.model} {self.input_tokens}+{self.output_tokens}"
 
 
 class RejectedWrite(models.Model):

@@ -17,6 +17,7 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
+    Sum,
     TextField,
 )
 from django.db.models.functions import Cast, Left, Length
@@ -31,6 +32,7 @@ from runs.models import (
     OutboxItem,
     Run,
     RunStatus,
+    Usage,
 )
 
 
@@ -294,3 +296,41 @@ def bulk_run_statuses(results: Any) -> dict[str, str]:
     """Each bulk-stop result's run and its status now, in one query (for `bulk_result_state`)."""
     run_ids = [result.run_id for result in results]
     return dict(Run.objects.filter(pk__in=run_ids).values_list("pk", "status"))
+
+
+def usage_totals(*, team_ids: list[int] | None = None) -> list[dict[str, Any]]:
+    """For /metrics: every usage row ever kept, summed per (team, agent, model): `cost` (None
+    when every call of the group was unpriced), `unpriced` tokens, and the four token counts.
+    One aggregate query."""
+    tokens = F("input_tokens") + F("output_tokens")
+    return list(
+        team_filter(Usage.objects.all(), team_ids, "run__team_id")
+        .values(team=F("run__team__slug"), agent=F("run__agent"), model_name=F("model"))
+        .annotate(
+            cost=Sum("cost_usd"),
+            unpriced=Sum(tokens, filter=Q(cost_usd__isnull=True), default=0),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            cache_read=Sum("cache_read_tokens"),
+            cache_write=Sum("cache_write_tokens"),
+        )
+        .order_by("team", "agent", "model_name")
+    )
+
+
+def usage_by_model(*, run_id: str) -> QuerySet[Any, Any]:
+    """One run's calls per model (lazy: one query, when read): `cost` None when every call of
+    that model was unpriced."""
+    tokens = F("input_tokens") + F("output_tokens")
+    return (
+        Usage.objects.filter(run_id=run_id)
+        .values("model")
+        .annotate(
+            calls=Count("pk"),
+            cost=Sum("cost_usd"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            unpriced=Sum(tokens, filter=Q(cost_usd__isnull=True), default=0),
+        )
+        .order_by("model")
+    )

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from decimal import Decimal
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -53,6 +54,7 @@ from .errors import (
 )
 from .retry import retry
 from .signals import HeartbeatLoop, PushListener
+from .usage import usage_fields
 from .wire import (
     EventAnswer,
     ExecutionState,
@@ -837,6 +839,37 @@ class AgentRun:
         optional = {"uri": uri, "content": content, "checksum": checksum, "step_key": step_key}
         fields.update({k: v for k, v in optional.items() if v is not None})
         return self.event("artifact.added", **fields)
+
+    def report_usage(
+        self,
+        *,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        provider: str | None = None,
+        cache_read_tokens: int | None = None,
+        cache_write_tokens: int | None = None,
+        cost_usd: float | Decimal | None = None,
+        step_key: str | None = None,
+    ) -> EventAnswer:
+        """Report one model call's tokens (`cost_usd` only if the provider said what it cost).
+
+        The server prices the call and counts it against the run's cost and token budgets;
+        reaching one stops the run. `step_key` defaults to the step open in this thread.
+        """
+        return self.event(
+            "usage",
+            **usage_fields(
+                model=model,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                provider=provider,
+                cache_read_tokens=cache_read_tokens,
+                cache_write_tokens=cache_write_tokens,
+                cost_usd=cost_usd,
+                step_key=step_key or self.current_step_key(),
+            ),
+        )
 
     def steering_applied(self, message_id: int | str) -> EventAnswer:
         """Say steering message `message_id` (the `id` that `steer()` answered) was applied.

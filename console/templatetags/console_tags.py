@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django import template
@@ -119,6 +120,23 @@ def state_tag(value: str, kind: str) -> str:
     tone = TONES.get(kind, {}).get(value or "", "muted")
     text = (value or "live").replace("_", " ")
     return format_html('<span class="tag tag--{}">{}</span>', tone, text)
+
+
+@register.filter
+def usd(value: Any) -> str:
+    """A cost in US dollars: cents from $1 up, else up to six decimals ($0.0035), never
+    rounded to $0 when it is not 0."""
+    if value is None or value == "":
+        return "—"
+    amount = Decimal(str(value))
+    if amount == 0:
+        return "$0.00"
+    if abs(amount) >= 1:
+        return f"${amount:,.2f}"
+    if abs(amount) < Decimal("0.000001"):
+        return "<$0.000001"
+    whole, _, fraction = f"{amount:.6f}".partition(".")
+    return f"${whole}.{fraction.rstrip('0').ljust(2, '0')}"
 
 
 @register.filter

@@ -44,7 +44,7 @@ from runs.models import (
     Run,
     RunStatus,
 )
-from runs.selectors import approvals_list
+from runs.selectors import approvals_list, usage_by_model
 
 TEMPLATE = "console/run.html"
 
@@ -90,6 +90,9 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "waiting_approvals": approvals_list(team_ids=None, run_id=run.pk),
         # A run opened through the MCP gateway names its client and upstream (one query).
         "mcp_session": McpSession.objects.filter(run=run).order_by("-started_at").first(),
+        "run_tokens": run.input_tokens + run.output_tokens,
+        # Lazy too, and read only when the run reported usage.
+        "cost_by_model": usage_by_model(run_id=run.pk),
     }
     context.update(extra)
     return context

@@ -6,6 +6,7 @@ input can reach the database and fail there (a 500) instead of being refused her
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -110,6 +111,21 @@ class BudgetIn(serializers.Serializer):
     max_tool_calls = StrictIntegerField(
         min_value=0, max_value=INT32_MAX, required=False, allow_null=True
     )
+    max_cost_usd = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        allow_null=True,
+        help_text="USD; the run is stopped (budget_exhausted) once its cost reaches it",
+    )
+    max_tokens = StrictIntegerField(
+        min_value=1,
+        max_value=INT64_MAX,
+        required=False,
+        allow_null=True,
+        help_text="input + output tokens; the run is stopped (budget_exhausted) once it reaches it",
+    )
 
 
 class RunCreateIn(serializers.Serializer):
@@ -142,6 +158,19 @@ class BudgetOut(serializers.Serializer):
     max_seconds = StrictIntegerField(allow_null=True)
     max_tool_calls = StrictIntegerField(allow_null=True)
     tool_calls_used = StrictIntegerField(source="tool_calls_count")
+    max_cost_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=6, coerce_to_string=False, allow_null=True
+    )
+    max_tokens = StrictIntegerField(allow_null=True)
+
+
+class TokensOut(serializers.Serializer):
+    input = StrictIntegerField(source="input_tokens")
+    output = StrictIntegerField(source="output_tokens")
+    total = serializers.SerializerMethodField()
+
+    def get_total(self, run: Any) -> int:
+        return int(run.input_tokens + run.output_tokens)
 
 
 class RunOut(serializers.Serializer):
@@ -158,6 +187,16 @@ class RunOut(serializers.Serializer):
     resume_from = serializers.SerializerMethodField()
     budget = serializers.SerializerMethodField()
     late_writes_rejected = StrictIntegerField()
+    cost_usd = serializers.DecimalField(
+        max_digits=20,
+        decimal_places=10,
+        coerce_to_string=False,
+        help_text="USD spent by the priced calls; `unpriced_tokens` are not in it",
+    )
+    tokens = serializers.SerializerMethodField()
+    unpriced_tokens = StrictIntegerField(
+        help_text="input + output tokens of calls no price was found for (their cost is unknown)"
+    )
     created_by = StrictCharField()
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -178,6 +217,10 @@ class RunOut(serializers.Serializer):
     @extend_schema_field(BudgetOut)
     def get_budget(self, run: Any) -> dict[str, Any]:
         return BudgetOut(run).data
+
+    @extend_schema_field(TokensOut)
+    def get_tokens(self, run: Any) -> dict[str, Any]:
+        return TokensOut(run).data
 
 
 class RunDetailOut(RunOut):
@@ -929,6 +972,12 @@ class StopPacketOut(serializers.Serializer):
     unconfirmed_side_effects = serializers.ListField(child=serializers.DictField())
     unapplied_steering = serializers.ListField(child=serializers.DictField())
     late_writes_rejected = StrictIntegerField()
+    cost = serializers.DictField(
+        required=False,
+        help_text="cost_usd_until_stop, tokens_until_stop, unpriced_tokens_until_stop, "
+        "late_cost_usd / late_tokens / late_unpriced_tokens (reported after the stop request), "
+        "by_model, and budget ({name, limit}) when a budget stopped the run",
+    )
     packet_created_at = serializers.DateTimeField()
     run_status = serializers.ChoiceField(
         choices=RunStatus.choices, help_text="the run's status now"

@@ -294,6 +294,8 @@ class RunsView(ApiView):
             steps=[PlannedStep(**step) for step in data.get("steps", [])],
             max_seconds=budget.get("max_seconds"),
             max_tool_calls=budget.get("max_tool_calls"),
+            max_cost_usd=budget.get("max_cost_usd"),
+            max_tokens=budget.get("max_tokens"),
             idempotency_key=data.get("idempotency_key", ""),
         )
         run = run_selectors.runs_for_teams(None).get(pk=run.pk)
@@ -506,7 +508,9 @@ class EventsView(ApiView):
         operation_id="events_ingest",
         summary="Report a batch of events; each gets its own answer",
         description="Types: step.started, step.completed, step.failed, artifact.added, checkpoint.saved, "
-        "steering.applied, run.suspended, run.completed, run.failed. Each event is answered "
+        "steering.applied, run.suspended, run.completed, run.failed, usage (one model call's "
+        "tokens: model, provider?, input_tokens, output_tokens, cache_read_tokens?, "
+        "cache_write_tokens?, cost_usd?, step_key?). Each event is answered "
         "`accepted`, `duplicate` (its `event_id` was seen before) or `rejected` with a `code` "
         "(stale_epoch, run_not_running, unknown_event_type, unknown_step, invalid, ...). "
         f"At most {s.MAX_EVENTS_PER_BATCH} events per batch.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.db import IntegrityError, transaction
 
@@ -33,6 +34,8 @@ def run_create(
     steps: list[PlannedStep] | None = None,
     max_seconds: int | None = None,
     max_tool_calls: int | None = None,
+    max_cost_usd: Decimal | None = None,
+    max_tokens: int | None = None,
     idempotency_key: str = "",
 ) -> Run:
     run, _created = run_create_or_get(
@@ -43,6 +46,8 @@ def run_create(
         steps=steps,
         max_seconds=max_seconds,
         max_tool_calls=max_tool_calls,
+        max_cost_usd=max_cost_usd,
+        max_tokens=max_tokens,
         idempotency_key=idempotency_key,
     )
     return run
@@ -57,6 +62,8 @@ def run_create_or_get(
     steps: list[PlannedStep] | None = None,
     max_seconds: int | None = None,
     max_tool_calls: int | None = None,
+    max_cost_usd: Decimal | None = None,
+    max_tokens: int | None = None,
     idempotency_key: str = "",
 ) -> tuple[Run, bool]:
     """Create a run; with an idempotency key, a retry returns the first run (created=False)."""
@@ -72,6 +79,8 @@ def run_create_or_get(
                 agent=agent,
                 max_seconds=max_seconds,
                 max_tool_calls=max_tool_calls,
+                max_cost_usd=max_cost_usd,
+                max_tokens=max_tokens,
                 created_by=actor.name,
                 idempotency_key=idempotency_key,
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import connection, transaction
@@ -39,13 +40,18 @@ from runs.models import (
     Step,
     StepKind,
     StepStatus,
+    StopReason,
+    Usage,
 )
+from runs.pricing import price_call
 from runs.services._base import (
     _live_lease,
     _lock_run,
     _move,
     _release_lease,
 )
+from runs.services.budget import budget_note, exhausted_spend_budget
+from runs.services.lifecycle import _stop_locked
 
 
 @dataclass
@@ -98,6 +104,7 @@ EVENT_TYPES = (
     "run.suspended",
     "run.completed",
     "run.failed",
+    "usage",
 )
 
 
@@ -162,9 +169,22 @@ def events_ingest(
             any(answer.status == "accepted" for answer in answers)
             and run.status not in TERMINAL_STATUSES
         )
+        # Usage that reaches a cost or token budget stops the run in this same transaction,
+        # under the lock that counted it: no permit can slip in between.
+        budget = (
+            exhausted_spend_budget(run) if batch.spent and run.status == RunStatus.RUNNING else ""
+        )
         batch.flush(touch=touch)
         if touch:
             notify.run_changed(run, kind="events")
+        if budget:
+            _stop_locked(
+                run,
+                reason=StopReason.BUDGET_EXHAUSTED,
+                note=budget_note(run, budget),
+                actor=Actor.system("budget"),
+                now=now,
+            )
     return answers
 
 
@@ -182,7 +202,20 @@ def _step_keys(events: Iterable[dict[str, Any]]) -> set[str]:
 
 # `Model.from_db` takes a subset of the columns in the model's field order; the rest are
 # deferred (loaded on first access, under the same lock).
-_RUN_FIELDS = ("id", "team_id", "status", "stop_epoch", "change_seq")
+# The cost columns are last in the model, so these stay in its field order.
+_RUN_FIELDS = (
+    "id",
+    "team_id",
+    "status",
+    "stop_epoch",
+    "change_seq",
+    "max_cost_usd",
+    "max_tokens",
+    "cost_usd",
+    "input_tokens",
+    "output_tokens",
+    "unpriced_tokens",
+)
 _STEP_FIELDS = (
     "id",
     "run_id",
@@ -196,7 +229,10 @@ _STEP_FIELDS = (
     "started_at",
     "finished_at",
 )
-_LOCK_SQL = 'SELECT id, team_id, status, stop_epoch, change_seq FROM "runs_run" WHERE id = %s'
+_LOCK_SQL = (
+    "SELECT id, team_id, status, stop_epoch, change_seq, max_cost_usd, max_tokens, cost_usd, "
+    'input_tokens, output_tokens, unpriced_tokens FROM "runs_run" WHERE id = %s'
+)
 # The token is re-read in the statement that takes the lock: no round trip of its own.
 _TOKEN_SQL = (
     ' AND EXISTS (SELECT 1 FROM "runs_apitoken" t WHERE t.id = %s AND t.team_id = "runs_run".team_id'
@@ -339,6 +375,8 @@ class _Batch:
         self.receipts: list[tuple[Any, ...]] = []
         self.artifacts: list[Artifact] = []
         self.checkpoints: list[Checkpoint] = []
+        self.usages: list[Usage] = []
+        self.spent = False  # a usage event was accepted: the cost budgets need a look
         self.run_fields: set[str] = set()
 
     def get(self, key: str) -> Step | None:
@@ -386,7 +424,7 @@ class _Batch:
         else:
             self._flush_orm()
         self._new, self._changed, self.receipts = [], {}, []
-        self.artifacts, self.checkpoints, self.run_fields = [], [], set()
+        self.artifacts, self.checkpoints, self.usages, self.run_fields = [], [], [], set()
 
     def _flush_orm(self) -> None:
         if self._new:
@@ -402,6 +440,8 @@ class _Batch:
             Artifact.objects.bulk_create(self.artifacts)
         if self.checkpoints:
             Checkpoint.objects.bulk_create(self.checkpoints)
+        if self.usages:
+            Usage.objects.bulk_create(self.usages)
         if self.run_fields:
             self.run.save(update_fields=sorted(self.run_fields))
 
@@ -414,6 +454,7 @@ class _Batch:
                 _receipts_insert(self.receipts),
                 _rows_insert(Artifact, _ARTIFACT_COLUMNS, self.artifacts),
                 _rows_insert(Checkpoint, _CHECKPOINT_COLUMNS, self.checkpoints),
+                _rows_insert(Usage, _USAGE_COLUMNS, self.usages),
                 _run_update(self.run, self.run_fields),
             )
             if statement is not None
@@ -559,6 +600,24 @@ _CHECKPOINT_COLUMNS = (
     ("state", "jsonb"),
     ("epoch", "integer"),
     ("created_at", "timestamptz"),
+)
+
+
+_USAGE_COLUMNS = (
+    ("run_id", "varchar"),
+    ("event_id", "varchar"),
+    ("epoch", "integer"),
+    ("step_key", "varchar"),
+    ("model", "varchar"),
+    ("provider", "varchar"),
+    ("input_tokens", "bigint"),
+    ("output_tokens", "bigint"),
+    ("cache_read_tokens", "bigint"),
+    ("cache_write_tokens", "bigint"),
+    ("cost_usd", "numeric"),
+    ("price_source", "varchar"),
+    ("price_version", "varchar"),
+    ("at", "timestamptz"),
 )
 
 
@@ -822,6 +881,126 @@ def _on_run_failed(
     )
 
 
+# One call's counts: no model reads or writes this many tokens in one call, and no call costs
+# this much; a larger figure is a bug in the reporter (a cumulative total, a unit mix-up), and
+# counting it would stop runs on budgets they never spent.
+MAX_CALL_TOKENS = 100_000_000
+MAX_CALL_COST_USD = Decimal(10_000)
+_COST_PLACES = Decimal("1e-10")  # Usage.cost_usd's scale: stored sums equal the rows' sums
+_TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def _tokens(event: dict[str, Any], key: str, *, required: bool) -> int:
+    value = event.get(key)
+    if value is None:
+        if required:
+            raise _EventRejected("invalid", f"usage needs {key}")
+        return 0
+    if type(value) is not int:  # not bool, not 12.5, not "12"
+        raise _EventRejected("invalid", f"{key} must be a whole number of tokens")
+    if value < 0:
+        raise _EventRejected("invalid", f"{key} must not be negative")
+    if value > MAX_CALL_TOKENS:
+        raise _EventRejected(
+            "invalid", f"{key} {value} is more than one call can use ({MAX_CALL_TOKENS})"
+        )
+    return value
+
+
+def _cost(event: dict[str, Any]) -> Decimal | None:
+    value = event.get("cost_usd")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise _EventRejected("invalid", "cost_usd must be a number")
+    try:
+        cost = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise _EventRejected("invalid", "cost_usd must be a number") from None
+    if not cost.is_finite():
+        raise _EventRejected("invalid", "cost_usd must be a finite number")
+    if cost < 0:
+        raise _EventRejected("invalid", "cost_usd must not be negative")
+    if cost > MAX_CALL_COST_USD:
+        raise _EventRejected(
+            "invalid", f"cost_usd {cost} is more than one call can cost ({MAX_CALL_COST_USD})"
+        )
+    return cost.quantize(_COST_PLACES)
+
+
+def _name(event: dict[str, Any], key: str, limit: int) -> str:
+    value = event.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _EventRejected("invalid", f"{key} must be a string")
+    value = value.strip()
+    if len(value) > limit:
+        # Refused, not cut: a cut name could price as another model.
+        raise _EventRejected("invalid", f"{key} is longer than {limit} characters")
+    return value
+
+
+def _on_usage(
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+) -> None:
+    """One model call's tokens, priced now (DESIGN §13). A fact: accepted after a stop too (the
+    bill still comes), and then counted as late spend. Everything is checked before anything
+    is kept, so a rejected event changes no row and no total."""
+    cost = _cost(event)
+    model = _name(event, "model", 200)
+    if not model:
+        raise _EventRejected(
+            "invalid", "cost_usd needs a model" if cost is not None else "usage needs a model"
+        )
+    provider = _name(event, "provider", 100)
+    counts = {key: _tokens(event, key, required=key in _TOKEN_FIELDS[:2]) for key in _TOKEN_FIELDS}
+    if counts["cache_read_tokens"] + counts["cache_write_tokens"] > counts["input_tokens"]:
+        raise _EventRejected(
+            "invalid",
+            "cache_read_tokens + cache_write_tokens exceed input_tokens "
+            "(input_tokens counts every input token, cached or not)",
+        )
+    step_key = _text(event, "step_key", limit=120)
+    price = price_call(
+        model=model,
+        provider=provider,
+        input_tokens=counts["input_tokens"],
+        output_tokens=counts["output_tokens"],
+        cache_read_tokens=counts["cache_read_tokens"],
+        cache_write_tokens=counts["cache_write_tokens"],
+        reported_cost_usd=cost,
+        at=now,
+    )
+    priced = None if price.cost_usd is None else price.cost_usd.quantize(_COST_PLACES)
+    batch.usages.append(
+        Usage(
+            run=run,
+            event_id=str(event["event_id"]),
+            epoch=epoch,
+            step_key=step_key,
+            model=model,
+            provider=provider,
+            cost_usd=priced,
+            price_source=price.source,
+            price_version=price.version,
+            at=now,
+            **counts,
+        )
+    )
+    run.input_tokens += counts["input_tokens"]
+    run.output_tokens += counts["output_tokens"]
+    fields = ["input_tokens", "output_tokens"]
+    if priced is None:
+        run.unpriced_tokens += counts["input_tokens"] + counts["output_tokens"]
+        fields.append("unpriced_tokens")
+    else:
+        run.cost_usd += priced
+        fields.append("cost_usd")
+    batch.run_fields.update(fields)
+    batch.spent = True
+
+
 _EVENT_HANDLERS = {
     "step.started": _on_step_started,
     "step.completed": _on_step_finished(StepStatus.COMPLETED),
@@ -832,6 +1011,7 @@ _EVENT_HANDLERS = {
     "run.suspended": _on_run_suspended,
     "run.completed": _on_run_completed,
     "run.failed": _on_run_failed,
+    "usage": _on_usage,
 }
 
 

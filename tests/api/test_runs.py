@@ -26,7 +26,13 @@ def test_create_answers_201_with_id_status_and_epoch(api, agent_token):
     assert run["stop_epoch"] == 1
     assert run["id"].startswith("run_")
     assert run["team"] == "acme"
-    assert run["budget"] == {"max_seconds": 600, "max_tool_calls": 20, "tool_calls_used": 0}
+    assert run["budget"] == {
+        "max_seconds": 600,
+        "max_tool_calls": 20,
+        "tool_calls_used": 0,
+        "max_cost_usd": None,
+        "max_tokens": None,
+    }
     assert run["created_by"] == "agent-1"
     assert list(Step.objects.filter(run_id=run["id"]).values_list("key", "kind")) == [
         ("plan", "model_call"),

@@ -274,3 +274,70 @@ def test_metrics_and_the_stop_quality_api_agree(client, reviewer_token, scenario
         value(samples, "safestop_stop_latency_samples", to="stopped")
         == figures["stop_latency"]["to_stopped"]["count"]
     )
+
+
+# --------------------------------------------------------------------------------------------
+# cost (DESIGN §13)
+
+
+def test_cost_and_tokens_are_counted_per_team_agent_model_and_type(
+    client, team, other_team, reviewer_token
+):
+    def report(run, *events):
+        services.events_ingest(
+            run_id=run.pk,
+            epoch=1,
+            actor=SYSTEM,
+            events=[{"type": "usage", **event} for event in events],
+        )
+
+    ours, _ = make_running(team)
+    report(
+        ours,
+        {
+            "event_id": "a",
+            "model": "gpt-4o",
+            "input_tokens": 100,
+            "output_tokens": 10,
+            "cost_usd": 0.25,
+        },
+        {
+            "event_id": "b",
+            "model": "gpt-4o",
+            "input_tokens": 50,
+            "output_tokens": 5,
+            "cache_read_tokens": 20,
+            "cost_usd": 0.5,
+        },
+        {"event_id": "c", "model": "acme-llm", "input_tokens": 7, "output_tokens": 3},
+    )
+    theirs, _ = make_running(other_team)
+    report(
+        theirs,
+        {"event_id": "d", "model": "gpt-4o", "input_tokens": 1, "output_tokens": 1, "cost_usd": 9},
+    )
+    samples = parse(client.get(URL, **reviewer_token.header).content.decode())
+    cost = "safestop_cost_usd_total"
+    assert value(samples, cost, team="acme", agent="report-bot", model="gpt-4o") == 0.75
+    # An unpriced model has no cost sample (not 0); its tokens are counted apart.
+    assert (
+        cost,
+        frozenset({("team", "acme"), ("agent", "report-bot"), ("model", "acme-llm")}),
+    ) not in samples
+    assert (
+        value(
+            samples,
+            "safestop_unpriced_tokens_total",
+            team="acme",
+            agent="report-bot",
+            model="acme-llm",
+        )
+        == 10
+    )
+    tokens = "safestop_tokens_total"
+    assert value(samples, tokens, team="acme", type="input") == 157
+    assert value(samples, tokens, team="acme", type="output") == 18
+    assert value(samples, tokens, team="acme", type="cache_read") == 20
+    assert value(samples, tokens, team="acme", type="cache_write") == 0
+    # A reviewer token sees its own team only.
+    assert not any(dict(labels).get("team") == "globex" for _name, labels in samples)
