@@ -3,8 +3,8 @@ page and of the approvals inbox while runs change every second, and the focus st
 it reached through several refreshes; a decision's message is still shown after the run's
 frames have refreshed the approval page for five seconds.
 
-Changes come from another thread (the agent's API or the services, as the simulator does), so
-each one is a real frame from the live server.
+Changes come from another thread through the agent's API, as the simulator's do: the live
+server's channel layer is its own, so only a change made through it reaches the browser.
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from django.db import connections
 from playwright.sync_api import Page, expect
 
-from runs import services
-from runs.models import Approval, Team
 from tests.browser.test_console import collect_errors, create_run, login, wait_live
-from tests.support.browser import in_thread
-from tests.support.scenarios import AGENT, new_run, start
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -44,38 +39,45 @@ def every_second(change: Callable[[], object], stop: threading.Event) -> threadi
     """Make one change a second until `stop`, from a thread of its own."""
 
     def loop() -> None:
-        try:
-            while not stop.wait(1.0):
-                change()
-        finally:
-            connections.close_all()
+        while not stop.wait(1.0):
+            change()
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     return thread
 
 
-def ask_approval(run_id: str, epoch: int) -> Approval:
-    record, _created = services.permit_request(
-        run_id=run_id,
-        epoch=epoch,
-        tool_call_id=f"refund_{next(_calls)}",
-        tool="payments.refund",
-        actor=AGENT,
-        side_effect="write",
-        arguments={"amount": 120, "order": "1042"},
-        needs_approval=True,
-        summary="Refund order 1042 (charged twice)",
-        risk="high",
+def ask_approval(api: httpx.Client, run_id: str, epoch: int) -> str:
+    """The agent asks to refund, and a reviewer must approve first: the approval's id."""
+    response = api.post(
+        f"/api/v1/runs/{run_id}/permits/",
+        json={
+            "epoch": epoch,
+            "tool_call_id": f"refund_{next(_calls)}",
+            "tool": "payments.refund",
+            "side_effect": "write",
+            "arguments": {"amount": 120, "order": "1042"},
+            "needs_approval": True,
+            "summary": "Refund order 1042 (charged twice)",
+            "risk": "high",
+        },
     )
-    return Approval.objects.get(execution_record_id=record.pk)
+    assert response.status_code == 202, response.text
+    return response.json()["approval"]["id"]
 
 
-def held_payment(team: Team) -> tuple[Approval, int]:
-    """A new running run waiting for a refund's approval, and its lease's epoch."""
-    run = new_run(team, title="Refund the duplicate charge", agent="billing-bot")
-    lease = start(run)
-    return ask_approval(run.pk, lease.epoch), lease.epoch
+def held_payment(api: httpx.Client) -> tuple[str, str, int]:
+    """A new running run waiting for a refund's approval: the approval, the run, the epoch."""
+    run_id = create_run(api, "Refund the duplicate charge")
+    lease = api.post(f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "w", "ttl_seconds": 60})
+    assert lease.status_code in (200, 201), lease.text
+    epoch = lease.json()["epoch"]
+    return ask_approval(api, run_id, epoch), run_id, epoch
+
+
+def agent(url: str, headers: httpx.Headers) -> httpx.Client:
+    """A client of the agent's own, for a thread (one client is not shared between threads)."""
+    return httpx.Client(base_url=url, headers=dict(headers), timeout=10)
 
 
 def tab_into(page: Page, selector: str, limit: int = 150) -> None:
@@ -121,9 +123,7 @@ def test_tabbing_reaches_the_runs_rows_and_stays_while_runs_change(
     counter = itertools.count()
 
     def change() -> None:
-        with httpx.Client(
-            base_url=live_stack.url, headers=dict(agent_api.headers), timeout=10
-        ) as api:
+        with agent(live_stack.url, agent_api.headers) as api:
             made = create_run(api, f"arriving {next(counter)}")
             api.post(f"/api/v1/runs/{made}/lease/", json={"worker_id": "w", "ttl_seconds": 60})
 
@@ -139,17 +139,22 @@ def test_tabbing_reaches_the_runs_rows_and_stays_while_runs_change(
 
 
 def test_tabbing_reaches_the_approvals_rows_and_stays_while_approvals_change(
-    page: Page, live_stack, team, bob
+    page: Page, live_stack, agent_api, bob
 ) -> None:
     for _ in range(2):
-        in_thread(held_payment, team)
+        held_payment(agent_api)
     errors = collect_errors(page)
     login(page, live_stack.url, "bob")
     page.goto(f"{live_stack.url}/approvals/")
     wait_live(page)
     page.evaluate(COUNT_LIVE)
     stop = threading.Event()
-    churn = every_second(lambda: held_payment(team), stop)
+
+    def change() -> None:
+        with agent(live_stack.url, agent_api.headers) as api:
+            held_payment(api)
+
+    churn = every_second(change, stop)
     try:
         page.wait_for_function("() => window.__liveSwaps >= 1", timeout=LIVE_TIMEOUT)
         tab_into(page, "#approvals-region tr[data-approval-id] a.run-title")
@@ -161,13 +166,12 @@ def test_tabbing_reaches_the_approvals_rows_and_stays_while_approvals_change(
 
 
 def test_a_decisions_message_is_still_shown_five_seconds_later(
-    page: Page, live_stack, team, bob
+    page: Page, live_stack, agent_api, bob
 ) -> None:
-    approval, epoch = in_thread(held_payment, team)
-    run_id = approval.run_id
+    approval, run_id, epoch = held_payment(agent_api)
     errors = collect_errors(page)
     login(page, live_stack.url, "bob")
-    page.goto(f"{live_stack.url}/approvals/{approval.public_id}/")
+    page.goto(f"{live_stack.url}/approvals/{approval}/")
     wait_live(page)
     page.evaluate(COUNT_LIVE)
     page.get_by_test_id("approve-open").click()
@@ -176,9 +180,14 @@ def test_a_decisions_message_is_still_shown_five_seconds_later(
     expect(message).to_contain_text("Approved as it was", timeout=LIVE_TIMEOUT)
     shown_at = time.monotonic()
     stop = threading.Event()
+
     # The run goes on asking: each request is a frame for this run, and each refreshes the
     # approval's status, which brings the (decided) outcome panel along out of band.
-    churn = every_second(lambda: ask_approval(run_id, epoch), stop)
+    def change() -> None:
+        with agent(live_stack.url, agent_api.headers) as api:
+            ask_approval(api, run_id, epoch)
+
+    churn = every_second(change, stop)
     try:
         page.wait_for_function("() => window.__liveSwaps >= 5", timeout=LIVE_TIMEOUT)
         time.sleep(max(0.0, 5.0 - (time.monotonic() - shown_at)))
