@@ -72,8 +72,12 @@
     }
   });
   if (window.Idiomorph) {
-    // A value someone is typing into the focused field stays theirs.
-    Idiomorph.defaults.ignoreActiveValue = true;
+    // A value someone is typing into the focused field stays theirs. (Not idiomorph's
+    // ignoreActiveValue: it skips the children of any focused element, and after a Stop the
+    // focus rests on the run's status, which must still change.)
+    Idiomorph.defaults.callbacks.beforeNodeMorphed = function (node) {
+      return !(liveSwap && node === document.activeElement && /^(INPUT|TEXTAREA|SELECT)$/.test(node.tagName));
+    };
     // A message (`data-flash`: "Approved as it was…") is the answer to what the person did: a
     // live refresh, rendered without it, must not take it away. A person's own next request
     // replaces its region and the message with it.
