@@ -12,7 +12,7 @@ from django.test import Client
 from runs import services
 from runs.actors import Actor
 from runs.models import ApprovalRule, LedgerEntry, Membership, Role
-from tests.runs.factories import make_running
+from tests.support.scenarios import make_running
 
 pytestmark = pytest.mark.django_db
 

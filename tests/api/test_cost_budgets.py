@@ -9,8 +9,8 @@ import pytest
 
 from runs import services
 from runs.models import Run, StopRequest
-from tests.runs.factories import SYSTEM
 from tests.support.api import url
+from tests.support.scenarios import SYSTEM
 
 pytestmark = pytest.mark.django_db
 

@@ -22,8 +22,8 @@ from runs import services
 from runs.actors import Actor
 from runs.errors import ToolCallConflict
 from runs.models import ExecutionRecord, LedgerEntry
-from tests.runs.factories import make_running
 from tests.support.api import url
+from tests.support.scenarios import make_running
 from tests.support.stack import racer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from django.test.utils import CaptureQueriesContext
 
 from runs import services
 from runs.models import EventReceipt, Run, Usage
-from tests.runs.factories import SYSTEM, make_running, reload
 from tests.support.api import stop, url
+from tests.support.scenarios import SYSTEM, make_running, reload
 
 pytestmark = pytest.mark.django_db
 
