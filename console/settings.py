@@ -409,6 +409,9 @@ SPECTACULAR_SETTINGS = {
         "EventOutcomeEnum": ["accepted", "duplicate", "rejected"],
         # an approval rule's side effect: "write", or blank for any call
         "RuleSideEffectEnum": "runs.api.serializers.RULE_SIDE_EFFECTS",
+        # "transport" names three choice sets: an outbox item's, a rule's, an MCP upstream's
+        "OutboxTransportEnum": ["webhook", "email"],
+        "McpTransportEnum": "gateway.models.Transport",
     },
 }
 
