@@ -38,7 +38,10 @@ SOURCE_SUFFIXES = {".py", ".js", ".html", ".conf", ".css"}
 FILE_SUFFIXES = (".py", ".js", ".md", ".conf", ".toml", ".html", ".css", ".json", ".yml")
 # Backticked words that name something other than code, and are not found in it as such.
 # The MCP protocol's own method names, which the gateway answers or sends (the SDK spells them).
-NOT_CODE: frozenset[str] = frozenset({"initialize", "tools/call", "notifications/cancelled"})
+# And the first word of a log line the page quotes (the format string carries more after it).
+NOT_CODE: frozenset[str] = frozenset(
+    {"initialize", "tools/call", "notifications/cancelled", "sso.refused"}
+)
 # Short names of the libraries' own API the page uses, and what they stand for (checked too).
 LIBRARY_NAMES = {"transaction.on_commit": "django.db.transaction.on_commit"}
 
