@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, Page, expect
 from runs import services
 from runs.actors import Actor
 from runs.models import Approval, ApprovalStatus, ExecutionState, Lease, Team
-from tests.support.browser import in_thread
+from tests.support.browser import in_thread, login, wait_live
 from tests.support.scenarios import AGENT, new_run, start
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -32,21 +32,6 @@ SCHEMA = {
     "properties": {"amount": {"type": "number", "maximum": 500}, "order": {"type": "string"}},
     "required": ["amount", "order"],
 }
-
-
-def login(page: Page, url: str, username: str) -> None:
-    page.goto(f"{url}/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(f"pw-{username}")
-    page.get_by_role("button", name="Sign in").click()
-    # A reviewer with something waiting lands on /needs-me/, anyone else on the runs page.
-    expect(page).to_have_url(re.compile(re.escape(url) + r"/(needs-me/)?$"))
-
-
-def wait_live(page: Page) -> None:
-    expect(page.locator("[data-live-indicator]").first).to_have_attribute(
-        "data-state", "live", timeout=LIVE_TIMEOUT
-    )
 
 
 def collect_errors(page: Page) -> list[str]:
