@@ -18,7 +18,7 @@ from gateway.models import McpUpstream, Transport
 from gateway.services import upstream_create, upstream_delete
 from runs.access import Capability
 from runs.api.permissions import WrongRole
-from runs.api.views import ApiView
+from runs.api.views import READ_ERRORS, WRITE_ERRORS, ApiView
 from runs.errors import InvalidInput, NotFound
 from runs.models import Team
 
@@ -78,7 +78,7 @@ class UpstreamsView(ApiView):
     @extend_schema(
         operation_id="mcp_upstreams_list",
         summary="The MCP upstreams of the teams the caller administers (no secrets)",
-        responses={200: UpstreamListOut},
+        responses={200: UpstreamListOut, **READ_ERRORS},
     )
     def get(self, request: Request) -> Response:
         self.caller.require(Capability.ADMIN)
@@ -88,7 +88,7 @@ class UpstreamsView(ApiView):
         operation_id="mcp_upstreams_create",
         summary="Register an upstream MCP server (team admins); its secrets are never shown again",
         request=UpstreamIn,
-        responses={201: UpstreamOut},
+        responses={201: UpstreamOut, **WRITE_ERRORS},
     )
     def post(self, request: Request) -> Response:
         data = self.parse(UpstreamIn)
@@ -115,7 +115,7 @@ class UpstreamDetailView(ApiView):
     @extend_schema(
         operation_id="mcp_upstreams_destroy",
         summary="Remove an upstream (team admins); open sessions keep their connection",
-        responses={204: None},
+        responses={204: None, **WRITE_ERRORS},
     )
     def delete(self, request: Request, upstream_id: str) -> Response:
         self.caller.require(Capability.ADMIN)

@@ -33,7 +33,9 @@ def login_cool_off(request: HttpRequest | None = None) -> timedelta:
     base = timedelta(seconds=settings.SAFESTOP_LOGIN_COOLOFF_SECONDS)
     ceiling = timedelta(seconds=settings.SAFESTOP_LOGIN_COOLOFF_MAX_SECONDS)
     username = request.POST.get("username", "") if request is not None else ""
-    if not username or request is None:
+    # Axes asks this on every sign-in *and* sign-out, with whatever the form carried: a name no
+    # user can have (a NUL, past the column) is never looked up (PostgreSQL refuses a NUL).
+    if not username or request is None or "\x00" in username or len(username) > 150:
         return base
     address = getattr(request, "axes_ip_address", None) or client_address(request)
     since = timezone.now() - LOCKOUT_MEMORY

@@ -89,3 +89,12 @@ def test_failed_sign_ins_are_counted_in_metrics(bob, as_staff):
     text = as_staff.get("/metrics").content.decode()
     assert f'safestop_login_failures{{outcome="failed"}} {LIMIT + 1}' in text
     assert 'safestop_login_failures{outcome="locked_out"}' in text
+
+
+def test_a_sign_out_whose_form_carries_a_nul_username_is_not_a_500(client, bob) -> None:
+    """django-axes asks the lock's length on sign-out too, with the posted form: a NUL in it
+    must not reach PostgreSQL (found by tests/faults/test_fuzz_inputs.py)."""
+    client.force_login(bob)
+    response = client.post("/logout/", {"username": "bo\x00b"})
+    assert response.status_code == 302
+    assert "_auth_user_id" not in client.session
