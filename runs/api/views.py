@@ -644,7 +644,10 @@ class BulkStopView(ApiView):
         "stop that team's runs), `not_found` (an id that does not exist or is not yours), "
         "`failed`. Runs of teams you are not in are never touched. 201 for a new bulk stop, 200 "
         "for a retry with the same `idempotency_key` (the first one's answer). More than 10,000 "
-        "runs to stop at once: 400 `bulk_too_large` unless `confirm: true`. Agent tokens stop "
+        "runs to stop at once: 400 `bulk_too_large` unless `confirm: true`. A confirm naming "
+        "`preview_id` stops exactly the previewed runs (runs that began to match since are "
+        "counted in `new_since_preview`); another caller's preview is 404, one older than "
+        "SAFESTOP_BULK_PREVIEW_SECONDS 409 `preview_expired`. Agent tokens stop "
         "only their team's runs, only for budget_exhausted, timeout or dependency_failure; "
         "admin_kill needs an admin (of each run's team).",
         request=s.BulkStopIn,
@@ -655,7 +658,7 @@ class BulkStopView(ApiView):
                 serializers=[s.BulkStopOut, s.BulkPreviewOut],
                 resource_type_field_name=None,
             ),
-            **_errors(*_ALWAYS, 400, 403, 413, 415),
+            **_errors(*_ALWAYS, 400, 403, 404, 409, 413, 415),
         },
     )
     def post(self, request: Request) -> Response:
