@@ -79,10 +79,12 @@ async function runStatus(runId: string, wanted: string): Promise<string> {
 }
 
 async function waitingApproval(runId: string): Promise<ApprovalInfo> {
-  return waitFor(async () => {
+  const listed = await waitFor(async () => {
     const waiting = await reviewer.listApprovals({ status: "waiting", run: runId });
     return waiting.length === 1 ? waiting[0] : undefined;
   }, `an approval waiting on ${runId}`);
+  // A list item carries a summary of the arguments; the detail has them whole.
+  return reviewer.getApproval(listed.id);
 }
 
 /** What a promise settled with (its value, or the error it rejected with), handled at once. */
