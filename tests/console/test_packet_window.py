@@ -441,6 +441,16 @@ def test_stop_packet_snapshot_is_exactly_the_stop_state(team, bob):
         "approvals_void_at_stop": [],
         "reported_after_stop": [],
         "late_writes_rejected": 0,
+        "cost": {
+            "cost_usd_until_stop": 0.0,
+            "tokens_until_stop": 0,
+            "unpriced_tokens_until_stop": 0,
+            "late_cost_usd": 0.0,
+            "late_tokens": 0,
+            "late_unpriced_tokens": 0,
+            "by_model": [],
+            "budget": None,
+        },
     }
     assert stop_request.stopped_at is not None and calls["call_deploy"].observed_at is not None
     stored = run.stop_packets.get().snapshot
