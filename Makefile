@@ -13,9 +13,19 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers adapter-matrix
+# The .mo files are built here from the committed .po files (never committed themselves).
+.PHONY: messages messages-update install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers adapter-matrix
 
 install: $(VENV)/.installed
+	bash scripts/messages.sh compile >/dev/null
+
+# Compile the message catalogs (locale/); `messages-update` re-extracts the strings from the code
+# (then translate the new entries: tests/i18n fails on any left empty or fuzzy).
+messages: $(VENV)/.installed
+	bash scripts/messages.sh compile
+
+messages-update: $(VENV)/.installed
+	bash scripts/messages.sh update
 
 $(VENV)/.installed: pyproject.toml agent/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)

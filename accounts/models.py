@@ -72,3 +72,16 @@ class SignedInSession(models.Model):
 
     def __str__(self) -> str:
         return f"session of {self.user_id}"
+
+
+class UserSettings(models.Model):
+    """What one person chose for the console: its language (blank: the browser's)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="console_settings"
+    )
+    language = models.CharField(max_length=16, blank=True, choices=settings.LANGUAGES)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"settings of {self.user_id}"

@@ -20,7 +20,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts import conf
-from accounts.models import GroupRole, GroupRoleSource, IdentityLink, SignedInSession
+from accounts.models import (
+    GroupRole,
+    GroupRoleSource,
+    IdentityLink,
+    SignedInSession,
+    UserSettings,
+)
 from handoff.models import Handoff
 from handoff.services import OPEN_HANDOFF, handoff_assign
 from runs.access import ROLE_CAPABILITIES
@@ -294,7 +300,10 @@ def _profile_update(user: Any, claims: dict[str, Any]) -> None:
 def on_user_logged_in(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
     """`user_logged_in` (wired in accounts.apps): remember the session, so deactivating the user
     can end it at once."""
-    session_key = getattr(getattr(request, "session", None), "session_key", None)
+    session = getattr(request, "session", None)
+    if user is not None and session is not None:
+        preferences_to_session(session=session, user=user)
+    session_key = getattr(session, "session_key", None)
     if user is None or not session_key:
         return
     SignedInSession.objects.get_or_create(session_key=session_key, defaults={"user": user})
@@ -303,6 +312,48 @@ def on_user_logged_in(sender: Any, request: Any = None, user: Any = None, **kwar
         user=user,
         created_at__lt=timezone.now() - timedelta(seconds=settings.SESSION_COOKIE_AGE),
     ).delete()
+
+
+def user_time_zone(*, user: Any) -> str:
+    """The time zone of the user's first team (by id); UTC with no team."""
+    zone = (
+        Team.objects.filter(memberships__user=user)
+        .order_by("id")
+        .values_list("time_zone", flat=True)
+        .first()
+    )
+    return zone or "UTC"
+
+
+def preferences_to_session(*, session: Any, user: Any) -> None:
+    """Copy the user's language and team time zone into the session at sign-in, so the
+    middleware reads them with the session instead of a query per request."""
+    from console.middleware import SESSION_LANGUAGE, SESSION_TIME_ZONE
+
+    language = (
+        UserSettings.objects.filter(user=user).values_list("language", flat=True).first() or ""
+    )
+    if language:
+        session[SESSION_LANGUAGE] = language
+    else:
+        session.pop(SESSION_LANGUAGE, None)
+    session[SESSION_TIME_ZONE] = user_time_zone(user=user)
+
+
+def user_language_set(*, user: Any, language: str) -> UserSettings:
+    """Save the user's console language ("" = follow the browser)."""
+    if language and language not in {code for code, _name in settings.LANGUAGES}:
+        raise ValueError(f"unknown language {language!r}")
+    user_settings, _created = UserSettings.objects.update_or_create(
+        user=user, defaults={"language": language}
+    )
+    return user_settings
+
+
+def user_language(*, user: Any) -> str:
+    """The language to write to this user in (notifications): their choice, else English."""
+    chosen = UserSettings.objects.filter(user=user).values_list("language", flat=True).first()
+    return chosen or settings.LANGUAGE_CODE
 
 
 # --------------------------------------------------------------------------------------------

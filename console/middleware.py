@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import zoneinfo
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.middleware.locale import LocaleMiddleware
+from django.utils import timezone, translation
 from django.views.defaults import page_not_found, permission_denied
 
 from runs.api.errors import (
@@ -138,3 +142,69 @@ def _as_json(response: HttpResponse) -> HttpResponse:
     if getattr(response, "_has_been_logged", False):
         replacement._has_been_logged = True  # type: ignore[attr-defined]
     return replacement
+
+
+# The session keys the sign-in fills from the user's settings and team (accounts.services), so
+# choosing the language and the time zone costs no query per request.
+SESSION_LANGUAGE = "safestop_language"
+SESSION_TIME_ZONE = "safestop_time_zone"
+# Chinese tags Django's own Accept-Language lookup does not send to zh-hans by itself: a bare
+# `zh` (most browsers set to Chinese send `zh-CN,zh`, some only `zh`) and the regions that
+# write Simplified Chinese.
+LANGUAGE_CODES = frozenset(code for code, _name in settings.LANGUAGES)
+SIMPLIFIED_CHINESE_TAGS = frozenset({"zh", "zh-cn", "zh-sg", "zh-my", "zh-hans", "zh-hans-cn"})
+
+
+def language_from_accept_header(header: str) -> str | None:
+    """zh-hans when the browser's first Chinese-or-English choice is Simplified Chinese."""
+    from django.utils.translation import get_supported_language_variant
+    from django.utils.translation.trans_real import parse_accept_lang_header
+
+    for tag, _quality in parse_accept_lang_header(header):
+        tag = tag.lower()
+        if tag in SIMPLIFIED_CHINESE_TAGS:
+            return "zh-hans"
+        if tag == "*":
+            return None
+        try:
+            return get_supported_language_variant(tag)
+        except LookupError:
+            continue
+    return None
+
+
+class UserLocale(LocaleMiddleware):
+    """The language and time zone of one request.
+
+    Language: the signed-in user's own choice (saved on the user, copied into the session at
+    sign-in and when they switch), else the language cookie (the sign-in page's switch), else
+    the browser's Accept-Language, else English. Time zone: the user's team's, else UTC.
+    """
+
+    def process_request(self, request: HttpRequest) -> None:
+        session = getattr(request, "session", None)
+        chosen = session.get(SESSION_LANGUAGE) if session is not None else None
+        language = chosen if chosen in LANGUAGE_CODES else None
+        if language is None:
+            cookie = request.COOKIES.get(settings.LANGUAGE_COOKIE_NAME)
+            language = cookie if cookie in LANGUAGE_CODES else None
+        if language is None:
+            language = (
+                language_from_accept_header(request.headers.get("Accept-Language", ""))
+                or settings.LANGUAGE_CODE
+            )
+        translation.activate(language)
+        request.LANGUAGE_CODE = translation.get_language()  # type: ignore[attr-defined]
+        zone = session.get(SESSION_TIME_ZONE) if session is not None else None
+        if zone:
+            try:
+                timezone.activate(zoneinfo.ZoneInfo(zone))
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                timezone.deactivate()
+        else:
+            timezone.deactivate()
+
+    def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        response = super().process_response(request, response)
+        timezone.deactivate()
+        return response

@@ -128,6 +128,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # after authentication: a signed-in user's own language wins over the cookie and the
+    # browser's Accept-Language; times follow the user's team's time zone
+    "console.middleware.UserLocale",
     "accounts.oidc.SessionRefresh",  # an IdP sign-in is re-checked every 15 minutes
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -147,6 +150,8 @@ TEMPLATES = [
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
+                "django.template.context_processors.i18n",
+                "django.template.context_processors.tz",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "console.views.needs_me.nav",
@@ -295,7 +300,12 @@ OIDC_AUTHENTICATION_CALLBACK_URL = "accounts:sso_callback"
 OIDC_TIMEOUT = 10
 OIDC_CREATE_USER = True
 
-LANGUAGE_CODE = "en-us"
+# English stays the default (a browser that asks for neither language gets English); Simplified
+# Chinese for `Accept-Language: zh-CN`, `zh`, `zh-Hans`, `zh-SG` (console.middleware.UserLocale
+# maps the bare and regional codes Django's own lookup does not).
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 from django.views.generic import RedirectView
+from django.views.i18n import JavaScriptCatalog
 
 import console.converters  # noqa: F401  (registers <run_id:...>)
 from accounts.oidc import logout
@@ -13,6 +14,7 @@ from console.views import (
     auth,
     bulk,
     handoffs,
+    language,
     needs_me,
     notifications,
     packets,
@@ -26,6 +28,10 @@ app_name = "console"
 
 urlpatterns = [
     path("login/", auth.LoginPage.as_view(), name="login"),
+    path("language/", language.language_set, name="language"),
+    # The console's scripts' strings (static/console/*.js call gettext()), in the reader's
+    # language; the script is same-origin, as the Content-Security-Policy wants.
+    path("jsi18n/", JavaScriptCatalog.as_view(domain="djangojs"), name="jsi18n"),
     # Also ends the IdP's session when the sign-in came from it (RP-initiated logout).
     path("logout/", logout, name="logout"),
     path("", runs.runs_list, name="runs"),

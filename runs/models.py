@@ -12,15 +12,33 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
 
 
 def new_run_id() -> str:
     return "run_" + secrets.token_hex(6)
 
 
+def validate_time_zone(value: str) -> None:
+    """An IANA time zone name (`Asia/Shanghai`, `UTC`)."""
+    import zoneinfo
+
+    from django.core.exceptions import ValidationError
+
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValidationError(
+            _("%(zone)s is not a time zone name such as Asia/Shanghai or UTC."),
+            params={"zone": value},
+        ) from None
+
+
 class Team(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=120)
+    # The console shows this team's times in it (the middleware activates it per reader).
+    time_zone = models.CharField(max_length=64, default="UTC", validators=[validate_time_zone])
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

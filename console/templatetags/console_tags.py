@@ -10,25 +10,29 @@ from typing import Any
 
 from django import template
 from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.translation import gettext, pgettext_lazy
+
+from console.labels import label_for
 
 register = template.Library()
 
 # Every run state has its own colour and glyph; the label is always written out too, so colour
 # is never the only signal (colour-blind readers, printouts).
-RUN_STATES: dict[str, tuple[str, str]] = {
-    "pending": ("○", "Pending"),
-    "running": ("●", "Running"),
-    "suspended": ("‖", "Suspended"),
-    "interrupted": ("◆", "Interrupted"),
-    "cancel_requested": ("◔", "Cancel requested"),
-    "draining": ("◑", "Draining"),
-    "stopped_cleanly": ("■", "Stopped cleanly"),
-    "stopped_dirty": ("▲", "Stopped dirty"),
-    "handed_off": ("➜", "Handed off"),
-    "completed": ("✓", "Completed"),
-    "failed": ("✕", "Failed"),
-    "cancelled": ("⊘", "Cancelled"),
+RUN_STATES: dict[str, tuple[str, Any]] = {
+    "pending": ("○", pgettext_lazy("run state", "Pending")),
+    "running": ("●", pgettext_lazy("run state", "Running")),
+    "suspended": ("‖", pgettext_lazy("run state", "Suspended")),
+    "interrupted": ("◆", pgettext_lazy("run state", "Interrupted")),
+    "cancel_requested": ("◔", pgettext_lazy("run state", "Cancel requested")),
+    "draining": ("◑", pgettext_lazy("run state", "Draining")),
+    "stopped_cleanly": ("■", pgettext_lazy("run state", "Stopped cleanly")),
+    "stopped_dirty": ("▲", pgettext_lazy("run state", "Stopped dirty")),
+    "handed_off": ("➜", pgettext_lazy("run state", "Handed off")),
+    "completed": ("✓", pgettext_lazy("run state", "Completed")),
+    "failed": ("✕", pgettext_lazy("run state", "Failed")),
+    "cancelled": ("⊘", pgettext_lazy("run state", "Cancelled")),
 }
 
 # Tones for the states of the run's children (see .tag--* in console.css).
@@ -118,7 +122,7 @@ def status_chip(status: str, size: str = "") -> str:
 @register.simple_tag
 def state_tag(value: str, kind: str) -> str:
     tone = TONES.get(kind, {}).get(value or "", "muted")
-    text = (value or "live").replace("_", " ")
+    text = label_for(value or "live")
     return format_html('<span class="tag tag--{}">{}</span>', tone, text)
 
 
@@ -141,7 +145,13 @@ def usd(value: Any) -> str:
 
 @register.filter
 def human(value: Any) -> str:
-    return str(value or "").replace("_", " ")
+    """A code (`stopped_dirty`, `lease_expired`) as words in the reader's language."""
+    return label_for(value)
+
+
+@register.filter
+def role_label(value: Any) -> str:
+    return label_for(value)
 
 
 @register.filter
@@ -229,31 +239,41 @@ def ago(value: Any, css: str = "") -> str:
         '<time class="{}" datetime="{}" data-ago title="{}">{}</time>',
         css,
         moment.isoformat(),
-        moment.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        _local(moment),
         _age_text(seconds),
     )
 
 
+def _local(moment: datetime, *, milliseconds: bool = False) -> str:
+    """`moment` in the reader's time zone (their team's; the middleware activates it), named."""
+    local = timezone.localtime(moment) if timezone.is_aware(moment) else moment
+    text = local.strftime("%Y-%m-%d %H:%M:%S")
+    if milliseconds:
+        text += f".{local.microsecond // 1000:03d}"
+    return f"{text} {local.tzname() or ''}".strip()
+
+
 def _age_text(seconds: float) -> str:
+    """'12 s ago' in the reader's language (as console.js's ageText, through its catalog)."""
     if seconds < 1:
-        return "just now"
+        return gettext("just now")
     if seconds < 60:
-        return f"{seconds:.0f} s ago"
+        return gettext("%(n)s s ago") % {"n": f"{seconds:.0f}"}
     if seconds < 3600:
-        return f"{seconds // 60:.0f} min ago"
+        return gettext("%(n)s min ago") % {"n": f"{seconds // 60:.0f}"}
     if seconds < 86400:
-        return f"{seconds // 3600:.0f} h ago"
-    return f"{seconds // 86400:.0f} d ago"
+        return gettext("%(n)s h ago") % {"n": f"{seconds // 3600:.0f}"}
+    return gettext("%(n)s d ago") % {"n": f"{seconds // 86400:.0f}"}
 
 
 def _left_text(seconds: float) -> str:
-    """'in 24 s', 'in 14 min 29 s', 'in 2 h 5 min' (as console.js's leftText)."""
+    """'in 24 s', 'in 14 min 29 s', 'in 2 h 5 min' (as console.js's leftText): '还剩 24 秒' …"""
     whole = math.ceil(seconds)
     if whole < 60:
-        return f"in {whole} s"
+        return gettext("in %(s)s s") % {"s": whole}
     if whole < 3600:
-        return f"in {whole // 60} min {whole % 60} s"
-    return f"in {whole // 3600} h {whole % 3600 // 60} min"
+        return gettext("in %(min)s min %(s)s s") % {"min": whole // 60, "s": whole % 60}
+    return gettext("in %(h)s h %(min)s min") % {"h": whole // 3600, "min": whole % 3600 // 60}
 
 
 @register.simple_tag
@@ -268,27 +288,25 @@ def countdown(value: Any, offset_seconds: Any = 0) -> str:
 
     end = moment + timedelta(seconds=float(offset_seconds or 0))
     left = (end - timezone.now()).total_seconds()
-    text = _left_text(left) if left > 0 else f"passed, {_age_text(-left)}"
+    text = _left_text(left) if left > 0 else gettext("passed, %(ago)s") % {"ago": _age_text(-left)}
     return format_html(
         '<time class="{}" datetime="{}" data-countdown data-offset="{}" title="{}">{}</time>',
         "" if left > 0 else "is-late",
         moment.isoformat(),
         float(offset_seconds or 0),
-        end.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        _local(end),
         text,
     )
 
 
 @register.simple_tag
 def stamp(value: Any) -> str:
-    """An absolute UTC time, precise to the millisecond, for the record."""
+    """An absolute time in the reader's team's time zone, precise to the millisecond."""
     moment = _as_datetime(value)
     if moment is None:
         return "—"
     return format_html(
-        '<time datetime="{}">{}</time>',
-        moment.isoformat(),
-        moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC",
+        '<time datetime="{}">{}</time>', moment.isoformat(), _local(moment, milliseconds=True)
     )
 
 
