@@ -314,6 +314,12 @@ def on_user_logged_in(sender: Any, request: Any = None, user: Any = None, **kwar
     ).delete()
 
 
+# The session keys the sign-in fills from the user's settings and team, so the console's
+# middleware chooses the language and the time zone without a query per request.
+SESSION_LANGUAGE = "safestop_language"
+SESSION_TIME_ZONE = "safestop_time_zone"
+
+
 def user_time_zone(*, user: Any) -> str:
     """The time zone of the user's first team (by id); UTC with no team."""
     zone = (
@@ -328,8 +334,6 @@ def user_time_zone(*, user: Any) -> str:
 def preferences_to_session(*, session: Any, user: Any) -> None:
     """Copy the user's language and team time zone into the session at sign-in, so the
     middleware reads them with the session instead of a query per request."""
-    from console.middleware import SESSION_LANGUAGE, SESSION_TIME_ZONE
-
     language = (
         UserSettings.objects.filter(user=user).values_list("language", flat=True).first() or ""
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 from django.utils import timezone
-from django.utils.translation import gettext
+from django.utils.translation import gettext, gettext_lazy
 
 from handoff.models import ResolutionDecision
 from runs.argument_schemas import MAX_JSON_DEPTH, json_too_deep
@@ -27,10 +27,10 @@ from runs.services import BulkFilter
 # drain_deadline the system's own: none is offered to a person. The server's rules are
 # `runs.access.stop_reason_refusal`; this list is only what the console offers.
 HUMAN_STOP_REASONS = [
-    (StopReason.USER_STOP.value, "User stop"),
-    (StopReason.DEPENDENCY_FAILURE.value, "Dependency failure"),
+    (StopReason.USER_STOP.value, gettext_lazy("User stop")),
+    (StopReason.DEPENDENCY_FAILURE.value, gettext_lazy("Dependency failure")),
 ]
-ADMIN_STOP_REASONS = [(StopReason.ADMIN_KILL.value, "Admin kill (admins only)")]
+ADMIN_STOP_REASONS = [(StopReason.ADMIN_KILL.value, gettext_lazy("Admin kill (admins only)"))]
 
 
 class StopForm(forms.Form):
@@ -39,7 +39,7 @@ class StopForm(forms.Form):
         required=False,
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="Why, in a sentence. It goes into the stop packet and the ledger.",
+        help_text=gettext_lazy("Why, in a sentence. It goes into the stop packet and the ledger."),
     )
 
     def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
@@ -60,7 +60,7 @@ class CloseNoteForm(forms.Form):
     note = forms.CharField(
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2}),
-        error_messages={"required": "Say why the run is closed."},
+        error_messages={"required": gettext_lazy("Say why the run is closed.")},
     )
 
 
@@ -74,7 +74,11 @@ class HandoffFilterForm(forms.Form):
 
     assignee = forms.CharField(required=False, max_length=150)
     sort = forms.ChoiceField(
-        required=False, choices=[("oldest", "Oldest first"), ("newest", "Newest first")]
+        required=False,
+        choices=[
+            ("oldest", gettext_lazy("Oldest first")),
+            ("newest", gettext_lazy("Newest first")),
+        ],
     )
     mine = forms.CharField(required=False, max_length=1)  # the "Handed to me" tab: assignee=me
 
@@ -87,21 +91,25 @@ class HandoffAssignForm(forms.Form):
 
 class SteeringForm(forms.Form):
     text = forms.CharField(
-        max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}), label="Message to the agent"
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label=gettext_lazy("Message to the agent"),
     )
 
 
 class SteeringDecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("carry_over", "Carry over"), ("discard", "Discard")])
+    decision = forms.ChoiceField(
+        choices=[("carry_over", gettext_lazy("Carry over")), ("discard", "Discard")]
+    )
 
 
 class ResumeForm(forms.Form):
     checkpoint = forms.ChoiceField(
-        required=False, choices=[("", "Where it stopped (latest resume point)")]
+        required=False, choices=[("", gettext_lazy("Where it stopped (latest resume point)"))]
     )
     carry_over_steering = forms.BooleanField(
         required=False,
-        label="Carry over unapplied steering messages (otherwise they are discarded)",
+        label=gettext_lazy("Carry over unapplied steering messages (otherwise they are discarded)"),
     )
     note = forms.CharField(
         required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
@@ -110,26 +118,32 @@ class ResumeForm(forms.Form):
     def __init__(self, *args: Any, checkpoints: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["checkpoint"].choices = [  # type: ignore[attr-defined]
-            ("", "Where it stopped (latest resume point)"),
+            ("", gettext("Where it stopped (latest resume point)")),
             *[(label, label) for label in checkpoints or []],
         ]
 
 
 class ResolutionForm(forms.Form):
     target = forms.ChoiceField(
-        choices=[("tool_call", "Tool call"), ("outbox", "Outbox item"), ("worker", "Worker")]
+        choices=[
+            ("tool_call", gettext_lazy("Tool call")),
+            ("outbox", gettext_lazy("Outbox item")),
+            ("worker", "Worker"),
+        ]
     )
     target_id = forms.CharField(max_length=120)
     decision = forms.ChoiceField(choices=ResolutionDecision.choices, widget=forms.RadioSelect)
     evidence = forms.CharField(
         max_length=5000,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="How you know: a query result, a ticket, a log line.",
+        help_text=gettext_lazy("How you know: a query result, a ticket, a log line."),
     )
 
 
 class RunFilterForm(forms.Form):
-    status = forms.ChoiceField(required=False, choices=[("", "Any status"), *RunStatus.choices])
+    status = forms.ChoiceField(
+        required=False, choices=[("", gettext_lazy("Any status")), *RunStatus.choices]
+    )
     agent = forms.CharField(required=False, max_length=120)
     team = forms.CharField(required=False, max_length=64)
     q = forms.CharField(required=False, max_length=200, label="Search")
@@ -146,7 +160,7 @@ def _aware(value: datetime | None) -> datetime | None:
         aware = timezone.make_aware(value) if timezone.is_naive(value) else value
         return aware.astimezone(UTC)
     except (OverflowError, ValueError):
-        raise forms.ValidationError("This date is out of range.") from None
+        raise forms.ValidationError(gettext("This date is out of range.")) from None
 
 
 class AuditFilterForm(forms.Form):
@@ -187,10 +201,10 @@ class QualityPeriodForm(forms.Form):
         required=False,
         initial="7d",
         choices=[
-            ("24h", "Last 24 hours"),
-            ("7d", "Last 7 days"),
-            ("30d", "Last 30 days"),
-            ("90d", "Last 90 days"),
+            ("24h", gettext_lazy("Last 24 hours")),
+            ("7d", gettext_lazy("Last 7 days")),
+            ("30d", gettext_lazy("Last 30 days")),
+            ("90d", gettext_lazy("Last 90 days")),
             ("custom", "Custom"),
         ],
     )
@@ -205,11 +219,13 @@ class QualityPeriodForm(forms.Form):
         since, until = data.get("since"), data.get("until")
         if data.get("period") == "custom" or (since and until):
             if not since or not until:
-                raise forms.ValidationError("A custom period needs both dates.")
+                raise forms.ValidationError(gettext("A custom period needs both dates."))
             if since > until:
-                raise forms.ValidationError("The start date is after the end date.")
+                raise forms.ValidationError(gettext("The start date is after the end date."))
             if until >= date.max:  # the window ends the day after `until`
-                raise forms.ValidationError(f"The end date must be before {date.max}.")
+                raise forms.ValidationError(
+                    gettext("The end date must be before %(max)s.") % {"max": date.max}
+                )
         return data
 
     def window(self) -> tuple[datetime, datetime, str]:
@@ -258,7 +274,9 @@ class ApprovalFilterForm(forms.Form):
     team = forms.CharField(required=False, max_length=64)
     agent = forms.CharField(required=False, max_length=120)
     tool = forms.CharField(required=False, max_length=200)
-    risk = forms.ChoiceField(required=False, choices=[("", "Any risk"), *ApprovalRisk.choices])
+    risk = forms.ChoiceField(
+        required=False, choices=[("", gettext_lazy("Any risk")), *ApprovalRisk.choices]
+    )
     run = forms.CharField(required=False, max_length=32)
 
 
@@ -275,7 +293,11 @@ class ApprovalRuleForm(forms.Form):
     applies_to = forms.ChoiceField(choices=ApprovalAppliesTo.choices, initial=ApprovalAppliesTo.ANY)
     tool_glob = forms.CharField(required=False, max_length=200, strip=False)
     side_effect = forms.ChoiceField(
-        required=False, choices=[("", "Any call"), (SideEffect.WRITE.value, "Writes only")]
+        required=False,
+        choices=[
+            ("", gettext_lazy("Any call")),
+            (SideEffect.WRITE.value, gettext_lazy("Writes only")),
+        ],
     )
     agent_glob = forms.CharField(required=False, max_length=200, strip=False)
     transport = forms.CharField(required=False, max_length=16)
@@ -295,7 +317,9 @@ class ApprovalRuleForm(forms.Form):
         data = super().clean() or {}
         unknown = sorted(set(self.data) - set(self.fields) - self.ALLOWED_EXTRA)
         if unknown:
-            raise forms.ValidationError(f"unknown field: {', '.join(unknown)}")
+            raise forms.ValidationError(
+                gettext("unknown field: %(join)s") % {"join": ", ".join(unknown)}
+            )
         return data
 
     def rule_fields(self) -> dict[str, Any]:
@@ -316,7 +340,9 @@ class ApprovalDecisionForm(forms.Form):
         try:
             value = json.loads(text)
         except ValueError as error:
-            raise forms.ValidationError(f"not valid JSON: {error}") from None
+            raise forms.ValidationError(
+                gettext("not valid JSON: %(error)s") % {"error": error}
+            ) from None
         except RecursionError:
             value = None  # nested past the parser's own limit: refused just below
         if value is None or json_too_deep(value):
@@ -325,13 +351,13 @@ class ApprovalDecisionForm(forms.Form):
                 % {"limit": MAX_JSON_DEPTH}
             )
         if not isinstance(value, dict):
-            raise forms.ValidationError("the arguments must be a JSON object ({...})")
+            raise forms.ValidationError(gettext("the arguments must be a JSON object ({...})"))
         return value
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if data.get("decision") == "reject" and data.get("arguments") is not None:
-            raise forms.ValidationError("a rejection carries a message, not arguments")
+            raise forms.ValidationError(gettext("a rejection carries a message, not arguments"))
         return data
 
 
@@ -360,7 +386,9 @@ class BulkSelectionForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if data.get("scope") == "selected" and not data.get("ids"):
-            raise forms.ValidationError("Tick at least one run, or stop all matching runs.")
+            raise forms.ValidationError(
+                gettext("Tick at least one run, or stop all matching runs.")
+            )
         return data
 
     def bulk_filter(self) -> BulkFilter:
@@ -382,7 +410,9 @@ class BulkStopForm(BulkSelectionForm):
         required=False,
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="Why, in a sentence. It goes into every run's stop packet and the ledger.",
+        help_text=gettext_lazy(
+            "Why, in a sentence. It goes into every run's stop packet and the ledger."
+        ),
     )
     # Made when the preview is shown: a second click (or a resent form) answers the first bulk
     # stop instead of making another.

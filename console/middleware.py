@@ -14,6 +14,7 @@ from django.middleware.locale import LocaleMiddleware
 from django.utils import timezone, translation
 from django.views.defaults import page_not_found, permission_denied
 
+from accounts.services import SESSION_LANGUAGE, SESSION_TIME_ZONE
 from runs.api.errors import (
     DATABASE_RETRY_AFTER_SECONDS,
     DATABASE_UNAVAILABLE,
@@ -144,10 +145,6 @@ def _as_json(response: HttpResponse) -> HttpResponse:
     return replacement
 
 
-# The session keys the sign-in fills from the user's settings and team (accounts.services), so
-# choosing the language and the time zone costs no query per request.
-SESSION_LANGUAGE = "safestop_language"
-SESSION_TIME_ZONE = "safestop_time_zone"
 # Chinese tags Django's own Accept-Language lookup does not send to zh-hans by itself: a bare
 # `zh` (most browsers set to Chinese send `zh-CN,zh`, some only `zh`) and the regions that
 # write Simplified Chinese.

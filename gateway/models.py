@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from runs.models import Run, Team
 
 
 class Transport(models.TextChoices):
-    STDIO = "stdio", "stdio command"
-    HTTP = "http", "streamable HTTP"
+    STDIO = "stdio", _("stdio command")
+    HTTP = "http", _("streamable HTTP")
 
 
 class McpUpstream(models.Model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from runs.models import Run
 
@@ -29,15 +30,15 @@ class StopPacket(models.Model):
 
 
 class ResolutionTarget(models.TextChoices):
-    TOOL_CALL = "tool_call", "Tool call"
-    OUTBOX = "outbox", "Outbox item"
-    WORKER = "worker", "Fenced worker"
+    TOOL_CALL = "tool_call", _("Tool call")
+    OUTBOX = "outbox", _("Outbox item")
+    WORKER = "worker", _("Fenced worker")
 
 
 class ResolutionDecision(models.TextChoices):
-    APPLIED = "applied", "Applied"
-    NOT_APPLIED = "not_applied", "Not applied"
-    COMPENSATED = "compensated", "Compensated"
+    APPLIED = "applied", _("Applied")
+    NOT_APPLIED = "not_applied", _("Not applied")
+    COMPENSATED = "compensated", _("Compensated")
 
 
 class Resolution(models.Model):
@@ -63,11 +64,11 @@ class Resolution(models.Model):
 
 
 class HandoffStatus(models.TextChoices):
-    OPEN = "open", "Open"
-    ACCEPTED = "accepted", "Accepted"
-    COMPLETED = "completed", "Completed"
-    RETURNED = "returned", "Returned to automation"
-    CLOSED = "closed", "Closed"
+    OPEN = "open", _("Open")
+    ACCEPTED = "accepted", _("Accepted")
+    COMPLETED = "completed", _("Completed")
+    RETURNED = "returned", _("Returned to automation")
+    CLOSED = "closed", _("Closed")
 
 
 class Handoff(models.Model):

@@ -8,13 +8,17 @@ a logged-in reviewer, so a mail scanner or a chat unfurler opening it changes no
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
 from django.urls import reverse
+from django.utils import translation
+from django.utils.translation import gettext, ngettext
 
 from notifications.models import Event
+from runs.labels import label_for
 from runs.models import LedgerEntry, Run, StopReason
 
 
@@ -28,6 +32,15 @@ class Notice:
     agent: str
     run_id: str | None
     message: dict[str, Any]
+    # Builds `message` again in the active language: each recipient reads it in theirs
+    # (notifications.services.deliveries_enqueue calls it once per language).
+    render: Callable[[], dict[str, Any]] | None = field(default=None, compare=False, repr=False)
+
+    def message_in(self, language: str) -> dict[str, Any]:
+        """The message in `language`, marked with it (the e-mail's own words follow it)."""
+        with translation.override(language):
+            message = self.render() if self.render is not None else self.message
+        return {**message, "language": language}
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,19 @@ def event_for_entry(entry: LedgerEntry, run: Run | None) -> Notice | None:
     """The notice a ledger entry calls for, or None (the common case, decided without a query)."""
     if entry.action not in _WATCHED or run is None:
         return None
+    notice = _notice_for(entry, run)
+    if notice is None:
+        return None
+    return replace(notice, render=lambda: _message_for(entry, run))
+
+
+def _message_for(entry: LedgerEntry, run: Run) -> dict[str, Any]:
+    notice = _notice_for(entry, run)
+    assert notice is not None
+    return notice.message
+
+
+def _notice_for(entry: LedgerEntry, run: Run) -> Notice | None:
     payload = entry.payload or {}
     action = entry.action
     if action.startswith("approval."):
@@ -79,7 +105,7 @@ def event_for_entry(entry: LedgerEntry, run: Run | None) -> Notice | None:
 
 
 def _run_facts(run: Run) -> list[tuple[str, str]]:
-    return [("Run", f"{run.title} ({run.pk})"), ("Agent", run.agent)]
+    return [(gettext("Run"), f"{run.title} ({run.pk})"), (gettext("Agent"), run.agent)]
 
 
 def _notice(event: str, key: str, run: Run, message: Message) -> Notice:
@@ -95,28 +121,30 @@ def _notice(event: str, key: str, run: Run, message: Message) -> Notice:
 
 def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
     approval_id = str(payload.get("approval_id", ""))
-    subject = str(payload.get("subject", "")) or "a held side effect"
+    named = str(payload.get("subject", ""))
+    subject = named or gettext("a held side effect")
     deadline = str(payload.get("deadline", ""))
     link = public_url(reverse("console:approval", args=[approval_id]))
-    facts = [*_run_facts(run), ("Approval", approval_id)]
+    facts = [*_run_facts(run), (gettext("Approval"), approval_id)]
     if deadline:
-        facts.append(("Expires", deadline))
+        facts.append((gettext("Expires"), deadline))
     if action == "approval.requested":
         event = Event.APPROVAL_WAITING
-        facts.insert(0, ("Waiting for", subject))
+        facts.insert(0, (gettext("Waiting for"), subject))
         if payload.get("risk"):
-            facts.append(("Risk", str(payload["risk"])))
+            facts.append((gettext("Risk"), label_for(payload["risk"])))
         if payload.get("why"):
-            facts.append(("Why held", str(payload["why"])[:200]))
+            facts.append((gettext("Why held"), str(payload["why"])[:200]))
         message = Message(
-            title=f"Approval waiting: {subject}",
+            title=gettext("Approval waiting: %(subject)s") % {"subject": subject},
             text=(
-                f"The agent {run.agent} is waiting for a reviewer to approve or reject "
-                f"{subject}. Nothing runs until someone decides; with no decision it expires "
-                "as a rejection."
+                gettext(
+                    "The agent %(agent)s is waiting for a reviewer to approve or reject %(subject)s. Nothing runs until someone decides; with no decision it expires as a rejection."
+                )
+                % {"agent": run.agent, "subject": subject}
             ),
             link=link,
-            link_label="Review the approval",
+            link_label=gettext("Review the approval"),
             facts=facts,
             run_id=run.pk,
             approval_id=approval_id,
@@ -124,15 +152,17 @@ def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
     elif action == "approval.escalated":
         event = Event.APPROVAL_ESCALATED
         message = Message(
-            title=f"Approval still waiting: {subject}"
-            if subject != "a held side effect"
-            else "Approval still waiting",
+            title=gettext("Approval still waiting: %(subject)s") % {"subject": subject}
+            if named
+            else gettext("Approval still waiting"),
             text=(
-                "No reviewer has decided this approval yet and its rule escalates it now. "
-                "Approve or reject it before it expires."
+                gettext(
+                    "No reviewer has decided this approval yet and its rule escalates it now. "
+                    "Approve or reject it before it expires."
+                )
             ),
             link=link,
-            link_label="Review the approval",
+            link_label=gettext("Review the approval"),
             facts=facts,
             run_id=run.pk,
             approval_id=approval_id,
@@ -140,13 +170,15 @@ def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
     else:
         event = Event.APPROVAL_EXPIRED
         message = Message(
-            title="Approval expired",
+            title=gettext("Approval expired"),
             text=(
-                "No reviewer decided before the deadline, so the held call was refused and will "
-                "not run. Check whether the run still needs a person."
+                gettext(
+                    "No reviewer decided before the deadline, so the held call was refused and will "
+                    "not run. Check whether the run still needs a person."
+                )
             ),
             link=link,
-            link_label="See the approval",
+            link_label=gettext("See the approval"),
             facts=facts,
             run_id=run.pk,
             approval_id=approval_id,
@@ -158,33 +190,37 @@ def _stopped_dirty_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run)
     reasons = [str(reason) for reason in payload.get("dirty_reasons", [])]
     stop_request = payload.get("stop_request_id") or f"seq{entry.run_seq}"
     link = public_url(reverse("console:packet_latest", args=[run.pk]))
-    unknown = ", ".join(reason.replace("_", " ") for reason in reasons) or "unknown outcomes"
-    facts = [*_run_facts(run), ("Unknown", unknown)]
+    unknown = ", ".join(label_for(reason) for reason in reasons) or gettext("unknown outcomes")
+    facts = [*_run_facts(run), (gettext("Unknown"), unknown)]
     if entry.reason == StopReason.DRAIN_DEADLINE:
         event = Event.DRAIN_DEADLINE_PASSED
         message = Message(
-            title=f"Drain deadline passed: {run.title}",
+            title=gettext("Drain deadline passed: %(title)s") % {"title": run.title},
             text=(
-                "The worker did not confirm it had stopped before the drain deadline. It was "
-                "fenced off and the run is stopped dirty: resolve each unknown in the stop "
-                "packet before anyone resumes it."
+                gettext(
+                    "The worker did not confirm it had stopped before the drain deadline. It was "
+                    "fenced off and the run is stopped dirty: resolve each unknown in the stop "
+                    "packet before anyone resumes it."
+                )
             ),
             link=link,
-            link_label="Open the stop packet",
+            link_label=gettext("Open the stop packet"),
             facts=facts,
             run_id=run.pk,
         )
     else:
         event = Event.RUN_STOPPED_DIRTY
-        facts.append(("Stop reason", entry.reason or "—"))
+        facts.append((gettext("Stop reason"), label_for(entry.reason) if entry.reason else "—"))
         message = Message(
-            title=f"Run stopped dirty: {run.title}",
+            title=gettext("Run stopped dirty: %(title)s") % {"title": run.title},
             text=(
-                f"The run stopped with outcomes nobody knows yet ({unknown}). Check what really "
-                "happened and resolve each unknown in the stop packet before resuming."
+                gettext(
+                    "The run stopped with outcomes nobody knows yet (%(unknown)s). Check what really happened and resolve each unknown in the stop packet before resuming."
+                )
+                % {"unknown": unknown}
             ),
             link=link,
-            link_label="Open the stop packet",
+            link_label=gettext("Open the stop packet"),
             facts=facts,
             run_id=run.pk,
         )
@@ -201,14 +237,21 @@ def _interrupted_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -
         return None  # nothing unconfirmed: the run page says enough
     event = Event.RUN_INTERRUPTED
     message = Message(
-        title=f"Run interrupted with {len(in_flight)} unconfirmed write(s): {run.title}",
+        title=ngettext(
+            "Run interrupted with %(n)s unconfirmed write: %(title)s",
+            "Run interrupted with %(n)s unconfirmed writes: %(title)s",
+            len(in_flight),
+        )
+        % {"n": len(in_flight), "title": run.title},
         text=(
-            f"The worker was lost ({entry.reason or 'interrupted'}) while calls were running; "
-            "their outcomes are unknown. Check them before resuming or closing the run."
+            gettext(
+                "The worker was lost (%(interrupted)s) while calls were running; their outcomes are unknown. Check them before resuming or closing the run."
+            )
+            % {"interrupted": label_for(entry.reason or "interrupted")}
         ),
         link=public_url(reverse("console:run", args=[run.pk])),
-        link_label="Open the run",
-        facts=[*_run_facts(run), ("Unconfirmed", ", ".join(in_flight[:10]))],
+        link_label=gettext("Open the run"),
+        facts=[*_run_facts(run), (gettext("Unconfirmed"), ", ".join(in_flight[:10]))],
         run_id=run.pk,
     )
     epoch = payload.get("stop_epoch", entry.run_seq)
@@ -229,18 +272,26 @@ def _handoff_notice(payload: dict[str, Any], run: Run) -> Notice:
 def handoff_message(
     run: Run, *, handoff_id: Any, assignee: str | None, reminder: bool, waited: str = ""
 ) -> Message:
-    who = f" to {assignee}" if assignee else ""
-    facts = [*_run_facts(run), ("Handoff", str(handoff_id))]
+    who = gettext(" to %(assignee)s") % {"assignee": assignee} if assignee else ""
+    facts = [*_run_facts(run), (gettext("Handoff"), str(handoff_id))]
     if waited:
-        facts.append(("Waiting for", waited))
+        facts.append((gettext("Waiting for"), waited))
     return Message(
-        title=("Handoff still waiting: " if reminder else "Handoff waiting: ") + run.title,
+        title=(
+            gettext("Handoff still waiting: %(title)s")
+            if reminder
+            else gettext("Handoff waiting: %(title)s")
+        )
+        % {"title": run.title},
         text=(
-            f"The run was handed off{who} and waits for a person to accept it and take over "
-            "from its stop packet." + (" Nobody has accepted it yet." if reminder else "")
+            gettext(
+                "The run was handed off%(who)s and waits for a person to accept it and take over from its stop packet."
+            )
+            % {"who": who}
+            + (gettext(" Nobody has accepted it yet.") if reminder else "")
         ),
         link=public_url(reverse("console:handoffs") + f"#handoff-{handoff_id}"),
-        link_label="Open the handoffs",
+        link_label=gettext("Open the handoffs"),
         facts=facts,
         run_id=run.pk,
     )
@@ -249,16 +300,26 @@ def handoff_message(
 def ledger_broken_message(
     *, entry_id: int, run_id: str | None, run_seq: int, problem: str
 ) -> Message:
-    where = f"run {run_id}, entry #{run_seq}" if run_id else f"global entry #{run_seq}"
+    where = (
+        gettext("run %(run_id)s, entry #%(run_seq)s") % {"run_id": run_id, "run_seq": run_seq}
+        if run_id
+        else gettext("global entry #%(run_seq)s") % {"run_seq": run_seq}
+    )
     return Message(
-        title="Ledger chain broken",
+        title=gettext("Ledger chain broken"),
         text=(
-            f"The periodic verification found a broken hash chain ({where}): {problem}. The "
-            "audit record may have been altered: investigate before trusting it."
+            gettext(
+                "The periodic verification found a broken hash chain (%(where)s): %(problem)s. The audit record may have been altered: investigate before trusting it."
+            )
+            % {"where": where, "problem": problem}
         ),
         link=public_url(reverse("console:audit")),
-        link_label="Open the audit page",
-        facts=[("Entry", str(entry_id)), ("Where", where), ("Problem", problem)],
+        link_label=gettext("Open the audit page"),
+        facts=[
+            (gettext("Entry"), str(entry_id)),
+            (gettext("Where"), where),
+            (gettext("Problem"), problem),
+        ],
         run_id=run_id or "",
     )
 
@@ -266,12 +327,14 @@ def ledger_broken_message(
 def sample_message(channel_name: str) -> Message:
     """What "Send test" delivers."""
     return Message(
-        title="Test notification from safestop",
+        title=gettext("Test notification from safestop"),
         text=(
-            f"This is a test of the channel {channel_name!r}. Real notifications say what "
-            "happened and what a person must do, with a link to the console page."
+            gettext(
+                "This is a test of the channel %(repr)s. Real notifications say what happened and what a person must do, with a link to the console page."
+            )
+            % {"repr": f"“{channel_name}”"}
         ),
         link=public_url(reverse("console:runs")),
-        link_label="Open the console",
-        facts=[("Channel", channel_name)],
+        link_label=gettext("Open the console"),
+        facts=[(gettext("Channel"), channel_name)],
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
 from notifications.models import ChannelKind, Event
 
@@ -18,6 +19,7 @@ class ChannelForm(forms.Form):
         choices=Event.choices, widget=forms.CheckboxSelectMultiple, required=False
     )
     agent_glob = forms.CharField(max_length=120, required=False)
+    language = forms.ChoiceField(choices=settings.LANGUAGES, required=False)
 
     def __init__(self, *args: Any, teams: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -33,6 +35,7 @@ class ChannelEditForm(forms.Form):
     )
     agent_glob = forms.CharField(max_length=120, required=False)
     enabled = forms.BooleanField(required=False)
+    language = forms.ChoiceField(choices=settings.LANGUAGES, required=False)
 
 
 class SubscriptionForm(forms.Form):

@@ -12,19 +12,20 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
 
 from runs.models import Run, Team
 
 
 class Event(models.TextChoices):
-    APPROVAL_WAITING = "approval.waiting", "An approval is waiting"
-    APPROVAL_ESCALATED = "approval.escalated", "An approval is still waiting (escalated)"
-    APPROVAL_EXPIRED = "approval.expired", "An approval expired"
-    RUN_STOPPED_DIRTY = "run.stopped_dirty", "A run stopped dirty"
-    RUN_INTERRUPTED = "run.interrupted", "A run was interrupted with calls in flight"
-    HANDOFF_WAITING = "handoff.waiting", "A handoff is waiting"
-    DRAIN_DEADLINE_PASSED = "drain.deadline_passed", "A drain deadline passed"
-    LEDGER_BROKEN = "ledger.broken", "The ledger chain is broken"
+    APPROVAL_WAITING = "approval.waiting", _("An approval is waiting")
+    APPROVAL_ESCALATED = "approval.escalated", _("An approval is still waiting (escalated)")
+    APPROVAL_EXPIRED = "approval.expired", _("An approval expired")
+    RUN_STOPPED_DIRTY = "run.stopped_dirty", _("A run stopped dirty")
+    RUN_INTERRUPTED = "run.interrupted", _("A run was interrupted with calls in flight")
+    HANDOFF_WAITING = "handoff.waiting", _("A handoff is waiting")
+    DRAIN_DEADLINE_PASSED = "drain.deadline_passed", _("A drain deadline passed")
+    LEDGER_BROKEN = "ledger.broken", _("The ledger chain is broken")
 
 
 ALL_EVENTS: list[str] = list(Event.values)
@@ -32,10 +33,10 @@ TEST_EVENT = "test"
 
 
 class ChannelKind(models.TextChoices):
-    WEBHOOK = "webhook", "Signed webhook"
-    SLACK = "slack", "Slack (incoming webhook)"
-    EMAIL = "email", "Email"
-    APPRISE = "apprise", "Other (Apprise URL: Teams, Discord, Telegram, …)"
+    WEBHOOK = "webhook", _("Signed webhook")
+    SLACK = "slack", _("Slack (incoming webhook)")
+    EMAIL = "email", _("Email")
+    APPRISE = "apprise", _("Other (Apprise URL: Teams, Discord, Telegram, …)")
 
 
 def _all_events() -> list[str]:
@@ -56,6 +57,8 @@ class NotificationChannel(models.Model):
     # fnmatch pattern over the run's agent; blank means every agent.
     agent_glob = models.CharField(max_length=120, blank=True)
     enabled = models.BooleanField(default=True)
+    # The language its messages are written in (a channel is read by many people: its own).
+    language = models.CharField(max_length=16, choices=settings.LANGUAGES, default="en")
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

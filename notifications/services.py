@@ -29,6 +29,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from handoff.models import Handoff, HandoffStatus
 from notifications.events import (
@@ -105,12 +106,14 @@ def deliveries_enqueue(notice: Notice) -> int:
         channel
         for channel in NotificationChannel.objects.filter(
             team_id=notice.team_id, enabled=True
-        ).only("pk", "events", "agent_glob")
+        ).only("pk", "events", "agent_glob", "language")
         if _wants(channel.events, channel.agent_glob, notice)
     ]
     subscriptions = [
         subscription
-        for subscription in _live_subscriptions(notice.team_id).only("pk", "events", "agent_glob")
+        for subscription in _live_subscriptions(notice.team_id)
+        .only("pk", "events", "agent_glob")
+        .annotate(language=F("user__console_settings__language"))
         if _wants(subscription.events, subscription.agent_glob, notice)
     ]
     if not channels and not subscriptions:
@@ -121,11 +124,25 @@ def deliveries_enqueue(notice: Notice) -> int:
         "run_id": notice.run_id,
         "event": notice.event,
         "event_key": notice.key[:200],
-        "message": notice.message,
         "next_attempt_at": now,
     }
-    rows = [Delivery(channel_id=channel.pk, **common) for channel in channels]
-    rows += [Delivery(subscription_id=sub.pk, **common) for sub in subscriptions]
+    # Each recipient reads it in their language: a channel's own, a subscriber's chosen one.
+    messages: dict[str, dict[str, Any]] = {}
+
+    def message_in(language: str | None) -> dict[str, Any]:
+        language = language or settings.LANGUAGE_CODE
+        if language not in messages:
+            messages[language] = notice.message_in(language)
+        return messages[language]
+
+    rows = [
+        Delivery(channel_id=channel.pk, **common, message=message_in(channel.language))
+        for channel in channels
+    ]
+    rows += [
+        Delivery(subscription_id=sub.pk, **common, message=message_in(sub.language))
+        for sub in subscriptions
+    ]
     Delivery.objects.bulk_create(rows, ignore_conflicts=True)
     return len(rows)
 
@@ -369,6 +386,15 @@ class CreatedChannel:
     secret: str  # the signing secret, to show once ("" for kinds that sign nothing)
 
 
+def _clean_language(language: str) -> str:
+    """A channel's language: one the console speaks; blank is the default (English)."""
+    if not language:
+        return settings.LANGUAGE_CODE
+    if language not in {code for code, _name in settings.LANGUAGES}:
+        raise InvalidInput(f"unknown language {language!r}", field="language")
+    return language
+
+
 def channel_create(
     *,
     team: Team,
@@ -378,6 +404,7 @@ def channel_create(
     actor: Actor,
     events: Iterable[str] = ALL_EVENTS,
     agent_glob: str = "",
+    language: str = "",
 ) -> CreatedChannel:
     name, target = name.strip(), target.strip()
     if not name:
@@ -397,6 +424,7 @@ def channel_create(
             secret=secret,
             events=_clean_events(events),
             agent_glob=_clean_glob(agent_glob),
+            language=_clean_language(language),
             created_by=actor.name,
         )
         _ledger(channel, "notification_channel.created", actor)
@@ -412,6 +440,7 @@ def channel_update(
     events: Iterable[str],
     agent_glob: str,
     enabled: bool,
+    language: str = "",
 ) -> NotificationChannel:
     """Change a channel. The secret stays; an empty target keeps the current one (a Slack or
     Apprise URL is never sent back to the browser, so the form shows it blank)."""
@@ -440,7 +469,11 @@ def channel_update(
         channel.events = _clean_events(events)
         channel.agent_glob = _clean_glob(agent_glob)
         channel.enabled = enabled
-        channel.save(update_fields=["name", "target", "events", "agent_glob", "enabled"])
+        if language:
+            channel.language = _clean_language(language)
+        channel.save(
+            update_fields=["name", "target", "events", "agent_glob", "enabled", "language"]
+        )
         _ledger(channel, "notification_channel.updated", actor, enabled=enabled)
     return channel
 
@@ -475,7 +508,15 @@ def channel_send_test(*, channel_id: int, actor: Actor) -> tuple[Delivery, Answe
         channel=channel,
         event=TEST_EVENT,
         event_key=f"{TEST_EVENT}:{uuid.uuid4().hex}",
-        message=sample_message(channel.name).as_json(),
+        message=Notice(
+            event=TEST_EVENT,
+            key="",
+            team_id=channel.team_id,
+            agent="",
+            run_id=None,
+            message={},
+            render=lambda: sample_message(channel.name).as_json(),
+        ).message_in(channel.language or settings.LANGUAGE_CODE),
         status=DeliveryStatus.SENDING,
         attempts=1,
         next_attempt_at=now,
@@ -544,13 +585,16 @@ def handoffs_remind_waiting(*, now: Any = None, limit: int = 200) -> int:
     for handoff in waiting:
         run = handoff.run
         minutes = int((now - handoff.created_at).total_seconds() // 60)
-        message = handoff_message(
-            run,
-            handoff_id=handoff.pk,
-            assignee=handoff.assignee.get_username() if handoff.assignee else None,
-            reminder=True,
-            waited=f"{minutes} min",
-        )
+
+        def build(run: Any = run, handoff: Any = handoff, minutes: int = minutes) -> Any:
+            return handoff_message(
+                run,
+                handoff_id=handoff.pk,
+                assignee=handoff.assignee.get_username() if handoff.assignee else None,
+                reminder=True,
+                waited=gettext("%(n)s min") % {"n": minutes},
+            ).as_json()
+
         notices.append(
             Notice(
                 event=Event.HANDOFF_WAITING,
@@ -558,7 +602,8 @@ def handoffs_remind_waiting(*, now: Any = None, limit: int = 200) -> int:
                 team_id=run.team_id,
                 agent=run.agent,
                 run_id=run.pk,
-                message=message.as_json(),
+                message=build(),
+                render=build,
             )
         )
     return _enqueue_new(notices)
@@ -594,12 +639,15 @@ def ledger_check(verification_id: int | None = None) -> ChainBreak | None:
     logger.error("ledger chain broken at entry %s: %s", broken.entry_id, broken.problem)
     slug = ledger_entry_team(entry_id=broken.entry_id, run_id=broken.run_id)
     teams = Team.objects.filter(slug=slug) if slug else Team.objects.all()
-    message = ledger_broken_message(
-        entry_id=broken.entry_id,
-        run_id=broken.run_id,
-        run_seq=broken.run_seq,
-        problem=broken.problem,
-    ).as_json()
+
+    def build() -> dict[str, Any]:
+        return ledger_broken_message(
+            entry_id=broken.entry_id,
+            run_id=broken.run_id,
+            run_seq=broken.run_seq,
+            problem=broken.problem,
+        ).as_json()
+
     _enqueue_new(
         [
             Notice(
@@ -608,7 +656,8 @@ def ledger_check(verification_id: int | None = None) -> ChainBreak | None:
                 team_id=team_id,
                 agent="",
                 run_id=None,
-                message=message,
+                message=build(),
+                render=build,
             )
             for team_id in teams.values_list("pk", flat=True)
         ]

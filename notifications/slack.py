@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext
 from slack_sdk.signature import SignatureVerifier
 
 from notifications.models import SlackLink, SlackLinkCode, SlackRequestSeen
@@ -89,7 +90,7 @@ def slack_link_code_issue(*, slack_user_id: str) -> str:
     """A new one-time code for this Slack member (any earlier one stops working). Only call it
     for a member id taken from a request Slack signed, and show the code to that member only."""
     if not SLACK_MEMBER_ID.fullmatch(slack_user_id):
-        raise InvalidInput("not a Slack member id", field="slack_user_id")
+        raise InvalidInput(gettext("not a Slack member id"), field="slack_user_id")
     code = "".join(secrets.choice(_CODE_ALPHABET) for _ in range(_CODE_LENGTH))
     now = timezone.now()
     with transaction.atomic():
@@ -114,8 +115,10 @@ def slack_link_confirm(*, user: Any, code: str) -> SlackLink:
         )
         if issued is None:
             raise InvalidInput(
-                "that code is wrong or has expired: click Approve or Reject in Slack again "
-                "for a new one",
+                gettext(
+                    "that code is wrong or has expired: click Approve or Reject in Slack again "
+                    "for a new one"
+                ),
                 field="code",
             )
         slack_user_id = issued.slack_user_id
@@ -158,7 +161,7 @@ def slack_link_remove(*, user_id: int, actor: Actor) -> bool:
 def slack_link_get(*, link_id: int) -> SlackLink:
     link = SlackLink.objects.select_related("user").filter(pk=link_id).first()
     if link is None:
-        raise NotFound(f"no Slack link {link_id}")
+        raise NotFound(gettext("no Slack link %(link_id)s") % {"link_id": link_id})
     return link
 
 
@@ -222,11 +225,9 @@ def _link_offer(slack_user: str) -> str:
     code = slack_link_code_issue(slack_user_id=slack_user)
     page = settings.SAFESTOP_PUBLIC_URL.rstrip("/") + reverse("console:notification_subscriptions")
     minutes = int(LINK_CODE_LIFETIME.total_seconds() // 60)
-    return (
-        "Your Slack account is not linked to safestop, so nothing was decided. To link it, sign "
-        f"in at {page} and enter the code {code} under Slack (valid {minutes} minutes, once). "
-        "Then click again."
-    )
+    return gettext(
+        "Your Slack account is not linked to safestop, so nothing was decided. To link it, sign in at %(page)s and enter the code %(code)s under Slack (valid %(minutes)s minutes, once). Then click again."
+    ) % {"page": page, "code": code, "minutes": minutes}
 
 
 def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
@@ -245,10 +246,10 @@ def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
     try:
         approval_id = services.parse_approval_id(action.value)
     except DomainError:
-        return SlackAnswer(200, response_url, _ephemeral("That approval does not exist."))
+        return SlackAnswer(200, response_url, _ephemeral(gettext("That approval does not exist.")))
     approval = Approval.objects.filter(pk=approval_id).select_related("team").first()
     if approval is None:
-        return SlackAnswer(200, response_url, _ephemeral("That approval does not exist."))
+        return SlackAnswer(200, response_url, _ephemeral(gettext("That approval does not exist.")))
     link = SlackLink.objects.filter(slack_user_id=action.slack_user).select_related("user").first()
     user = link.user if link is not None and link.user.is_active else None
     if user is None:
@@ -263,8 +264,10 @@ def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
             200,
             response_url,
             _ephemeral(
-                f"You may not decide approvals of team {approval.team.slug}: "
-                "that needs a reviewer. Nothing was changed."
+                gettext(
+                    "You may not decide approvals of team %(slug)s: that needs a reviewer. Nothing was changed."
+                )
+                % {"slug": approval.team.slug}
             ),
         )
     try:
@@ -272,10 +275,15 @@ def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
             approval_id=approval.pk,
             decision=decision,
             actor=Actor.for_user(user),
-            message=f"decided in Slack by {user.get_username()}",
+            message=gettext("decided in Slack by %(get_username)s")
+            % {"get_username": user.get_username()},
         )
     except DomainError as exc:
-        return SlackAnswer(200, response_url, _ephemeral(f"Not decided: {exc.detail}"))
+        return SlackAnswer(
+            200,
+            response_url,
+            _ephemeral(gettext("Not decided: %(detail)s") % {"detail": exc.detail}),
+        )
     return SlackAnswer(200, response_url, _outcome(decided, user.get_username()))
 
 

@@ -30,6 +30,8 @@ from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.core.serializers.json import DjangoJSONEncoder
 from django.template.loader import render_to_string
+from django.utils import translation
+from django.utils.translation import gettext
 from standardwebhooks.webhooks import Webhook
 
 from notifications.apprise_targets import ALLOW_LIST, apprise_guarded, apprise_refusal
@@ -86,7 +88,7 @@ def validate_target(kind: str, target: str) -> None:
         if refusal is not None:
             raise InvalidInput(refusal, field="target")
     else:
-        raise InvalidInput("kind must be webhook, slack, email or apprise", field="kind")
+        raise InvalidInput(gettext("kind must be webhook, slack, email or apprise"), field="kind")
 
 
 def mask_target(kind: str, target: str) -> str:
@@ -105,12 +107,15 @@ def mask_target(kind: str, target: str) -> str:
 def send(*, kind: str, target: str, secret: str, outgoing: Outgoing) -> Answer:
     sender = _SENDERS.get(kind)
     if sender is None:
-        return Answer.refused(f"no channel kind {kind!r}")
+        return Answer.refused(gettext("no channel kind %(repr)s") % {"repr": repr(kind)})
     try:
-        return sender(target, secret, outgoing)
+        # The message was written in its recipient's language (`message["language"]`): the
+        # words the e-mail and the Slack buttons add follow it.
+        with translation.override(outgoing.message.get("language") or settings.LANGUAGE_CODE):
+            return sender(target, secret, outgoing)
     except Exception as exc:  # a bug here must not kill the sender loop; the next try may work
         logger.exception("notification transport %s crashed on %s", kind, outgoing.id)
-        return Answer.later(f"transport crashed: {type(exc).__name__}")
+        return Answer.later(gettext("transport crashed: %(name)s") % {"name": type(exc).__name__})
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +126,7 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
     try:
         validate_outbox_destination("webhook", url)
     except InvalidInput as refused:
-        return Answer.refused(f"not sent: {refused.detail}")
+        return Answer.refused(gettext("not sent: %(detail)s") % {"detail": refused.detail})
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **headers}
     try:
         with httpx.Client(
@@ -129,17 +134,19 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
         ) as client:
             response = client.post(url, content=body, headers=headers)
     except (httpx.UnsupportedProtocol, httpx.InvalidURL, httpx.LocalProtocolError) as exc:
-        return Answer.refused(f"not sent: {type(exc).__name__}")
+        return Answer.refused(gettext("not sent: %(name)s") % {"name": type(exc).__name__})
     except httpx.TransportError as exc:
         # Refused, timed out or dropped: the target may come back, so try again later. The
         # exception text is left out on purpose: it can quote the URL (a Slack token).
-        return Answer.later(f"no answer: {type(exc).__name__}")
+        return Answer.later(gettext("no answer: %(name)s") % {"name": type(exc).__name__})
     status = response.status_code
     excerpt = response.text[:EXCERPT_BYTES]
     if 200 <= status < 300:
         return Answer(True, False, status, excerpt)
     if 300 <= status < 400:
-        return Answer.refused(f"HTTP {status}: redirect not followed", status, excerpt)
+        return Answer.refused(
+            gettext("HTTP %(status)s: redirect not followed") % {"status": status}, status, excerpt
+        )
     if status in (408, 425, 429) or status >= 500:
         return Answer.later(f"HTTP {status}", status, excerpt)
     return Answer.refused(f"HTTP {status}", status, excerpt)
@@ -160,7 +167,7 @@ def webhook_body(outgoing: Outgoing) -> bytes:
 
 def _webhook(target: str, secret: str, outgoing: Outgoing) -> Answer:
     if not secret:
-        return Answer.refused("the channel has no signing secret")
+        return Answer.refused(gettext("the channel has no signing secret"))
     body = webhook_body(outgoing)
     # Signed at each attempt with the attempt's time: a receiver refuses stale timestamps.
     now = datetime.now(tz=UTC)
@@ -204,7 +211,7 @@ def slack_blocks(
         blocks.append(SectionBlock(fields=facts))
     elements: list[Any] = [
         ButtonElement(
-            text=str(message.get("link_label") or "Open in safestop")[:75],
+            text=str(message.get("link_label") or gettext("Open in safestop"))[:75],
             url=str(message.get("link", "")),
             action_id="open_console",
         )
@@ -242,14 +249,14 @@ def slack_actions(outgoing: Outgoing) -> list[dict[str, Any]]:
             "type": "button",
             "action_id": "approve",
             "style": "primary",
-            "text": {"type": "plain_text", "text": "Approve"},
+            "text": {"type": "plain_text", "text": gettext("Approve")},
             "value": str(approval_id),
         },
         {
             "type": "button",
             "action_id": "reject",
             "style": "danger",
-            "text": {"type": "plain_text", "text": "Reject"},
+            "text": {"type": "plain_text", "text": gettext("Reject")},
             "value": str(approval_id),
         },
     ]
@@ -285,7 +292,7 @@ def _email(target: str, secret: str, outgoing: Outgoing) -> Answer:
     try:
         validate_outbox_destination("email", target)
     except InvalidInput as refused:
-        return Answer.refused(f"not sent: {refused.detail}")
+        return Answer.refused(gettext("not sent: %(detail)s") % {"detail": refused.detail})
     try:
         mail = email_message(target, outgoing)
         mail.message()  # built here, so a message that can never be built is not retried
@@ -298,7 +305,7 @@ def _email(target: str, secret: str, outgoing: Outgoing) -> Answer:
         return Answer.refused(f"refused by the mail server: {type(exc).__name__}: {exc}"[:500])
     except (smtplib.SMTPException, OSError) as exc:
         return Answer.later(f"mail server: {type(exc).__name__}: {exc}"[:500])
-    return Answer(True, False, None, "accepted by the mail backend")
+    return Answer(True, False, None, gettext("accepted by the mail backend"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,14 +316,14 @@ def _apprise(target: str, secret: str, outgoing: Outgoing) -> Answer:
     # Checked again at every send: the allow-list or the schemes may have shrunk since.
     refusal = apprise_refusal(target, schemes=settings.SAFESTOP_NOTIFY_APPRISE_SCHEMES)
     if refusal is not None:
-        return Answer.refused(f"not sent: {refusal}")
+        return Answer.refused(gettext("not sent: %(refusal)s") % {"refusal": refusal})
     import apprise
 
     message = outgoing.message
     body = f"{message.get('text', '')}\n\n{message.get('link_label', 'Open')}: {message.get('link', '')}"
     with apprise_guarded(target) as guarded, apprise.LogCapture(level=logging.WARNING) as captured:
         if guarded is None:
-            return Answer.refused("Apprise does not understand this URL")
+            return Answer.refused(gettext("Apprise does not understand this URL"))
         ok = bool(
             guarded.notifier.notify(
                 title=str(message.get("title", ""))[:250],
@@ -329,10 +336,13 @@ def _apprise(target: str, secret: str, outgoing: Outgoing) -> Answer:
     excerpt = log.replace(target, mask_target("apprise", target))[:EXCERPT_BYTES]
     if guarded.refused:
         hosts = ", ".join(sorted(set(guarded.refused)))
-        return Answer.refused(f"not sent: Apprise tried to reach {hosts}, not on {ALLOW_LIST}")
+        return Answer.refused(
+            gettext("not sent: Apprise tried to reach %(hosts)s, not on %(ALLOW_LIST)s")
+            % {"hosts": hosts, "ALLOW_LIST": ALLOW_LIST}
+        )
     if ok:
-        return Answer(True, False, None, excerpt or "accepted by Apprise")
-    return Answer.later("Apprise could not deliver", excerpt=excerpt)
+        return Answer(True, False, None, excerpt or gettext("accepted by Apprise"))
+    return Answer.later(gettext("Apprise could not deliver"), excerpt=excerpt)
 
 
 _SENDERS = {

@@ -46,9 +46,9 @@ class Team(models.Model):
 
 
 class Role(models.TextChoices):
-    VIEWER = "viewer", "Viewer"
-    REVIEWER = "reviewer", "Reviewer"
-    ADMIN = "admin", "Admin"
+    VIEWER = "viewer", _("Viewer")
+    REVIEWER = "reviewer", _("Reviewer")
+    ADMIN = "admin", _("Admin")
 
 
 class Membership(models.Model):
@@ -68,8 +68,8 @@ class Membership(models.Model):
 
 
 class TokenRole(models.TextChoices):
-    AGENT = "agent", "Agent"
-    REVIEWER = "reviewer", "Reviewer"
+    AGENT = "agent", _("Agent")
+    REVIEWER = "reviewer", _("Reviewer")
 
 
 class ApiToken(models.Model):
@@ -98,18 +98,18 @@ class ApiToken(models.Model):
 
 
 class RunStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
-    SUSPENDED = "suspended", "Suspended"
-    INTERRUPTED = "interrupted", "Interrupted"
-    CANCEL_REQUESTED = "cancel_requested", "Cancel requested"
-    DRAINING = "draining", "Draining"
-    STOPPED_CLEANLY = "stopped_cleanly", "Stopped cleanly"
-    STOPPED_DIRTY = "stopped_dirty", "Stopped dirty"
-    HANDED_OFF = "handed_off", "Handed off"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    SUSPENDED = "suspended", _("Suspended")
+    INTERRUPTED = "interrupted", _("Interrupted")
+    CANCEL_REQUESTED = "cancel_requested", _("Cancel requested")
+    DRAINING = "draining", _("Draining")
+    STOPPED_CLEANLY = "stopped_cleanly", _("Stopped cleanly")
+    STOPPED_DIRTY = "stopped_dirty", _("Stopped dirty")
+    HANDED_OFF = "handed_off", _("Handed off")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 # Statuses in which the entrance is open only for a running worker; everything else refuses
@@ -123,14 +123,14 @@ TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.
 
 
 class StopReason(models.TextChoices):
-    USER_STOP = "user_stop", "User stop"
-    MANUAL_TAKEOVER = "manual_takeover", "Manual takeover"
-    BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
-    TIMEOUT = "timeout", "Timeout"
-    ADMIN_KILL = "admin_kill", "Admin kill"
-    DEPENDENCY_FAILURE = "dependency_failure", "Dependency failure"
-    LEASE_EXPIRED = "lease_expired", "Lease expired"
-    DRAIN_DEADLINE = "drain_deadline", "Drain deadline"
+    USER_STOP = "user_stop", _("User stop")
+    MANUAL_TAKEOVER = "manual_takeover", _("Manual takeover")
+    BUDGET_EXHAUSTED = "budget_exhausted", _("Budget exhausted")
+    TIMEOUT = "timeout", _("Timeout")
+    ADMIN_KILL = "admin_kill", _("Admin kill")
+    DEPENDENCY_FAILURE = "dependency_failure", _("Dependency failure")
+    LEASE_EXPIRED = "lease_expired", _("Lease expired")
+    DRAIN_DEADLINE = "drain_deadline", _("Drain deadline")
 
 
 # Reasons an agent token may use to stop its own run (DESIGN §5).
@@ -214,19 +214,19 @@ class Run(models.Model):
 
 
 class StepKind(models.TextChoices):
-    MODEL_CALL = "model_call", "Model call"
-    TOOL_READ = "tool_read", "Tool (read)"
-    TOOL_WRITE = "tool_write", "Tool (write)"
-    EXTERNAL_ACTION = "external_action", "External action"
+    MODEL_CALL = "model_call", _("Model call")
+    TOOL_READ = "tool_read", _("Tool (read)")
+    TOOL_WRITE = "tool_write", _("Tool (write)")
+    EXTERNAL_ACTION = "external_action", _("External action")
 
 
 class StepStatus(models.TextChoices):
-    PLANNED = "planned", "Planned"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-    UNKNOWN = "unknown", "Unknown"
+    PLANNED = "planned", _("Planned")
+    RUNNING = "running", _("Running")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+    UNKNOWN = "unknown", _("Unknown")
 
 
 class Step(models.Model):
@@ -259,41 +259,41 @@ class Step(models.Model):
 
 
 class SideEffect(models.TextChoices):
-    NONE = "none", "None"
-    WRITE = "write", "Write"
+    NONE = "none", _("None")
+    WRITE = "write", _("Write")
 
 
 class ExecutionState(models.TextChoices):
     # Intent recorded, held by an approval gate (DESIGN §10): no permit exists yet.
-    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
-    PERMITTED = "permitted", "Permitted"
-    RUNNING = "running", "Running"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    NOT_STARTED = "not_started", "Not started"
-    UNKNOWN = "unknown", "Unknown"
+    AWAITING_APPROVAL = "awaiting_approval", _("Awaiting approval")
+    PERMITTED = "permitted", _("Permitted")
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
+    NOT_STARTED = "not_started", _("Not started")
+    UNKNOWN = "unknown", _("Unknown")
 
 
 class RemoteCancelState(models.TextChoices):
-    NOT_REQUESTED = "not_requested", "Not requested"
-    REQUESTED = "requested", "Requested"
-    CONFIRMED = "confirmed", "Confirmed"
-    REFUSED = "refused", "Refused"
+    NOT_REQUESTED = "not_requested", _("Not requested")
+    REQUESTED = "requested", _("Requested")
+    CONFIRMED = "confirmed", _("Confirmed")
+    REFUSED = "refused", _("Refused")
 
 
 class SideEffectState(models.TextChoices):
-    NONE = "none", "None"
-    PENDING_VERIFICATION = "pending_verification", "Pending verification"
-    APPLIED = "applied", "Applied"
-    NOT_APPLIED = "not_applied", "Not applied"
-    COMPENSATED = "compensated", "Compensated"
+    NONE = "none", _("None")
+    PENDING_VERIFICATION = "pending_verification", _("Pending verification")
+    APPLIED = "applied", _("Applied")
+    NOT_APPLIED = "not_applied", _("Not applied")
+    COMPENSATED = "compensated", _("Compensated")
 
 
 class RecoveryPolicy(models.TextChoices):
-    QUERY_ORIGINAL = "query_original", "Query the original operation"
-    REUSE_IDEMPOTENCY_KEY = "reuse_idempotency_key", "Reuse the idempotency key"
-    MANUAL_CONFIRMATION = "manual_confirmation", "Manual confirmation"
-    COMPENSATE = "compensate", "Compensate"
+    QUERY_ORIGINAL = "query_original", _("Query the original operation")
+    REUSE_IDEMPOTENCY_KEY = "reuse_idempotency_key", _("Reuse the idempotency key")
+    MANUAL_CONFIRMATION = "manual_confirmation", _("Manual confirmation")
+    COMPENSATE = "compensate", _("Compensate")
 
 
 # An unconfirmed side effect: a write whose outcome is pending verification and that no reviewer
@@ -395,15 +395,15 @@ class ExecutionRecord(models.Model):
 
 class OutboxStatus(models.TextChoices):
     # Held by an approval gate (DESIGN §10): no dispatcher may claim it.
-    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
-    PENDING = "pending", "Pending"
-    DISPATCHING = "dispatching", "Dispatching"
-    SENT = "sent", "Sent"
-    FAILED = "failed", "Failed"
-    FROZEN = "frozen", "Frozen"
-    UNKNOWN = "unknown", "Unknown"
-    RELEASED = "released", "Released"
-    DISCARDED = "discarded", "Discarded"
+    AWAITING_APPROVAL = "awaiting_approval", _("Awaiting approval")
+    PENDING = "pending", _("Pending")
+    DISPATCHING = "dispatching", _("Dispatching")
+    SENT = "sent", _("Sent")
+    FAILED = "failed", _("Failed")
+    FROZEN = "frozen", _("Frozen")
+    UNKNOWN = "unknown", _("Unknown")
+    RELEASED = "released", _("Released")
+    DISCARDED = "discarded", _("Discarded")
 
 
 # The outbox's unconfirmed side effect: an item claimed for sending whose outcome is not known
@@ -505,9 +505,9 @@ class OutboxItem(models.Model):
 
 
 class LeaseReleaseReason(models.TextChoices):
-    RELEASED = "released", "Released"
-    REVOKED_BY_STOP = "revoked_by_stop", "Revoked by stop"
-    EXPIRED = "expired", "Expired"
+    RELEASED = "released", _("Released")
+    REVOKED_BY_STOP = "revoked_by_stop", _("Revoked by stop")
+    EXPIRED = "expired", _("Expired")
 
 
 class Lease(models.Model):
@@ -624,11 +624,11 @@ class Checkpoint(models.Model):
 
 
 class SteeringStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    APPLIED = "applied", "Applied"
-    UNAPPLIED_AT_STOP = "unapplied_at_stop", "Unapplied at stop"
-    CARRIED_OVER = "carried_over", "Carried over"
-    DISCARDED = "discarded", "Discarded"
+    QUEUED = "queued", _("Queued")
+    APPLIED = "applied", _("Applied")
+    UNAPPLIED_AT_STOP = "unapplied_at_stop", _("Unapplied at stop")
+    CARRIED_OVER = "carried_over", _("Carried over")
+    DISCARDED = "discarded", _("Discarded")
 
 
 class SteeringMessage(models.Model):
@@ -671,10 +671,10 @@ class EventReceipt(models.Model):
 
 
 class PriceSource(models.TextChoices):
-    PROVIDER = "provider", "Reported by the provider"
-    TABLE = "table", "Price table"
-    TEAM = "team", "Team price"
-    UNPRICED = "unpriced", "Unpriced"
+    PROVIDER = "provider", _("Reported by the provider")
+    TABLE = "table", _("Price table")
+    TEAM = "team", _("Team price")
+    UNPRICED = "unpriced", _("Unpriced")
 
 
 class Usage(models.Model):
@@ -729,9 +729,9 @@ class RejectedWrite(models.Model):
 
 
 class ActorKind(models.TextChoices):
-    USER = "user", "User"
-    API_CLIENT = "api_client", "API client"
-    SYSTEM = "system", "System"
+    USER = "user", _("User")
+    API_CLIENT = "api_client", _("API client")
+    SYSTEM = "system", _("System")
 
 
 class LedgerEntry(models.Model):
@@ -819,9 +819,9 @@ class LedgerVerification(models.Model):
 
 
 class ApprovalAppliesTo(models.TextChoices):
-    ANY = "any", "Tool calls and outbox items"
-    TOOL_CALL = "tool_call", "Tool calls"
-    OUTBOX = "outbox", "Outbox items"
+    ANY = "any", _("Tool calls and outbox items")
+    TOOL_CALL = "tool_call", _("Tool calls")
+    OUTBOX = "outbox", _("Outbox items")
 
 
 class ApprovalRule(models.Model):
@@ -862,22 +862,22 @@ class ApprovalRule(models.Model):
 
 
 class ApprovalRisk(models.TextChoices):
-    LOW = "low", "Low"
-    MEDIUM = "medium", "Medium"
-    HIGH = "high", "High"
+    LOW = "low", _("Low")
+    MEDIUM = "medium", _("Medium")
+    HIGH = "high", _("High")
 
 
 class ApprovalStatus(models.TextChoices):
-    WAITING = "waiting", "Waiting"
-    APPROVED = "approved", "Approved"
-    REJECTED = "rejected", "Rejected"
-    EXPIRED = "expired", "Expired"
-    VOID = "void", "Void"
+    WAITING = "waiting", _("Waiting")
+    APPROVED = "approved", _("Approved")
+    REJECTED = "rejected", _("Rejected")
+    EXPIRED = "expired", _("Expired")
+    VOID = "void", _("Void")
 
 
 class ApprovalTarget(models.TextChoices):
-    TOOL_CALL = "tool_call", "Tool call"
-    OUTBOX = "outbox", "Outbox item"
+    TOOL_CALL = "tool_call", _("Tool call")
+    OUTBOX = "outbox", _("Outbox item")
 
 
 class Approval(models.Model):
@@ -1004,15 +1004,15 @@ class BulkStopPreview(models.Model):
 class BulkStopOutcome(models.TextChoices):
     # Written with the BulkStop, before any run is stopped: a row still pending after the
     # bulk finished names a run the process never reached (it died midway).
-    PENDING = "pending", "Pending"
-    STOPPED = "stopped", "Stopped"
-    ALREADY_STOPPING = "already_stopping", "Already stopping"
-    ALREADY_STOPPED = "already_stopped", "Already stopped"
-    ALREADY_FINISHED = "already_finished", "Already finished"
-    NOT_ALLOWED = "not_allowed", "Not allowed"
-    NOT_FOUND = "not_found", "Not found"
+    PENDING = "pending", _("Pending")
+    STOPPED = "stopped", _("Stopped")
+    ALREADY_STOPPING = "already_stopping", _("Already stopping")
+    ALREADY_STOPPED = "already_stopped", _("Already stopped")
+    ALREADY_FINISHED = "already_finished", _("Already finished")
+    NOT_ALLOWED = "not_allowed", _("Not allowed")
+    NOT_FOUND = "not_found", _("Not found")
     # The stop service refused (a run in a state no stop can reach); `detail` says why.
-    FAILED = "failed", "Failed"
+    FAILED = "failed", _("Failed")
 
 
 class BulkStop(models.Model):

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext, pgettext_lazy
 
-from console.labels import label_for
+from runs.labels import label_for
 
 register = template.Library()
 

@@ -29,7 +29,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.translation import ngettext
+from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.access import Access, request_access, visible_teams
@@ -154,7 +154,7 @@ def _approval_for(request: HttpRequest, approval_id: str, *, need: str = Role.VI
     try:
         pk = services.parse_approval_id(approval_id)
     except NotFound:
-        raise Http404("no such approval") from None
+        raise Http404(gettext("no such approval")) from None
     approval = (
         Approval.objects.select_related("run", "team", "rule", "execution_record", "outbox_item")
         .filter(pk=pk)
@@ -162,10 +162,11 @@ def _approval_for(request: HttpRequest, approval_id: str, *, need: str = Role.VI
     )
     access = request_access(request)
     if approval is None or not access.can_view(approval.team_id):
-        raise Http404("no such approval")
+        raise Http404(gettext("no such approval"))
     if not access.has(approval.team_id, need):
         raise PermissionDenied(
-            f"you need the {need} role on team {approval.team.slug} to decide approvals"
+            gettext("you need the %(need)s role on team %(slug)s to decide approvals")
+            % {"need": need, "slug": approval.team.slug}
         )
     return approval
 
@@ -288,9 +289,12 @@ def approval_page(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
 
 def _decided_message(approval: Approval) -> str:
     if approval.status == ApprovalStatus.APPROVED:
-        how = "with your edits" if approval.edited else "as it was"
-        return f"Approved {how}: the agent may run {approval.subject} now."
-    return "Rejected: the call will never run; the agent is told why."
+        how = gettext("with your edits") if approval.edited else gettext("as it was")
+        return gettext("Approved %(how)s: the agent may run %(subject)s now.") % {
+            "how": how,
+            "subject": approval.subject,
+        }
+    return gettext("Rejected: the call will never run; the agent is told why.")
 
 
 @login_required
@@ -376,8 +380,8 @@ def _admin_teams(access: Access, teams: list[Team]) -> list[Team]:
 def _not_saved(form: ApprovalRuleForm) -> str:
     """The line above a refused rule form (each reason stands next to its field)."""
     if any(field != "__all__" for field in form.errors):
-        return "The rule was not saved: check the fields marked below."
-    return "The rule was not saved."
+        return gettext("The rule was not saved: check the fields marked below.")
+    return gettext("The rule was not saved.")
 
 
 def _service_error(form: ApprovalRuleForm, error: DomainError) -> None:
@@ -422,7 +426,7 @@ def rules(request: HtmxHttpRequest) -> HttpResponse:
         form = ApprovalRuleForm(teams=choices) if choices else None
         return page(request, RULES_TEMPLATE, _rules_context(request, form))
     if not choices:
-        raise PermissionDenied("approval rules are written by team admins")
+        raise PermissionDenied(gettext("approval rules are written by team admins"))
     form = ApprovalRuleForm(request.POST, teams=choices)
     if form.is_valid():
         team = Team.objects.get(slug=form.cleaned_data["team"])
@@ -434,7 +438,9 @@ def rules(request: HtmxHttpRequest) -> HttpResponse:
             _service_error(form, exc)
         else:
             return redirect_with(
-                request, reverse("console:approval_rules"), ok=f"Rule {rule.name!r} created."
+                request,
+                reverse("console:approval_rules"),
+                ok=gettext("Rule %(repr)s created.") % {"repr": repr(rule.name)},
             )
     context = _rules_context(request, form)
     return page(request, RULES_TEMPLATE, {**context, "create_error": _not_saved(form)}, status=400)
@@ -445,9 +451,11 @@ def _rule_for(request: HttpRequest, rule_id: int) -> ApprovalRule:
     rule = ApprovalRule.objects.select_related("team").filter(pk=rule_id).first()
     access = request_access(request)
     if rule is None or not access.can_view(rule.team_id):
-        raise Http404("no such rule")
+        raise Http404(gettext("no such rule"))
     if not access.can_admin(rule.team_id):
-        raise PermissionDenied(f"rules of team {rule.team.slug} are written by its admins")
+        raise PermissionDenied(
+            gettext("rules of team %(slug)s are written by its admins") % {"slug": rule.team.slug}
+        )
     return rule
 
 
@@ -475,7 +483,7 @@ def rule_edit(request: HtmxHttpRequest, rule_id: int) -> HttpResponse:
             return redirect_with(
                 request,
                 reverse("console:approval_rules"),
-                ok=f"Rule {form.cleaned_data['name']!r} saved.",
+                ok=gettext("Rule %(repr)s saved.") % {"repr": repr(form.cleaned_data["name"])},
             )
     return page(
         request,
@@ -494,5 +502,7 @@ def rule_delete(request: HtmxHttpRequest, rule_id: int) -> HttpResponse:
     except DomainError as exc:
         return redirect_with(request, reverse("console:approval_rules"), error=exc)
     return redirect_with(
-        request, reverse("console:approval_rules"), ok=f"Rule {rule.name!r} deleted."
+        request,
+        reverse("console:approval_rules"),
+        ok=gettext("Rule %(repr)s deleted.") % {"repr": repr(rule.name)},
     )

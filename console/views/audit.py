@@ -13,6 +13,7 @@ from django.db import transaction
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.access import Access, request_access, visible_teams
@@ -39,7 +40,7 @@ STOP_ACTIONS = "run.stop_requested"
 def _admin_scope(request: HtmxHttpRequest) -> tuple[Access, list[str] | None, list[Team]]:
     access = request_access(request)
     if not access.is_admin_anywhere:
-        raise PermissionDenied("the audit page is for admins")
+        raise PermissionDenied(gettext("the audit page is for admins"))
     admin_ids = access.ids_with(Role.ADMIN)
     teams = visible_teams(access)
     if admin_ids is None:
@@ -207,7 +208,9 @@ def audit_csv(request: HtmxHttpRequest) -> HttpResponse | StreamingHttpResponse:
         # Never the whole ledger for a filter that could not be read: say which, and export nothing.
         lines = [f"{error.label or error.field}: {error.message}" for error in filter_errors(form)]
         return HttpResponse(
-            "These filters could not be read; nothing was exported:\n" + "\n".join(lines) + "\n",
+            gettext("These filters could not be read; nothing was exported:\n")
+            + "\n".join(lines)
+            + "\n",
             status=400,
             content_type="text/plain; charset=utf-8",
         )

@@ -19,8 +19,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.translation import gettext, gettext_lazy
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -56,7 +56,7 @@ SELECTION_FIELDS = ("scope", "ids", "status", "agent", "team", "q")
 def _require_reviewer(request: HtmxHttpRequest) -> Access:
     access = request_access(request)
     if not access.is_reviewer_anywhere:
-        raise PermissionDenied("stopping runs needs the reviewer role")
+        raise PermissionDenied(gettext("stopping runs needs the reviewer role"))
     return access
 
 
@@ -192,7 +192,7 @@ def bulk_stop_page(request: HtmxHttpRequest, bulk_id: str) -> HttpResponse:
     access = _require_reviewer(request)
     bulk = BulkStop.objects.filter(bulk_id=bulk_id).first()
     if bulk is None:
-        raise Http404("no such bulk stop")
+        raise Http404(gettext("no such bulk stop"))
     results = list(bulk.results.order_by("id"))
     runs = Run.objects.filter(pk__in=[result.run_id for result in results]).select_related("team")
     if not access.all_teams:
@@ -205,7 +205,7 @@ def bulk_stop_page(request: HtmxHttpRequest, bulk_id: str) -> HttpResponse:
         if result.run_id in visible or (mine and result.outcome == BulkStopOutcome.NOT_FOUND)
     ]
     if not rows and not mine:
-        raise Http404("no such bulk stop")
+        raise Http404(gettext("no such bulk stop"))
     labels = {**dict(BulkStopOutcome.choices), **dict(RunStatus.choices), **STATE_LABELS}
     stated = []
     counts: dict[str, int] = {}

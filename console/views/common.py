@@ -22,6 +22,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.cache import patch_vary_headers
+from django.utils.translation import gettext
 from django_htmx.middleware import HtmxDetails
 
 from console.access import request_access
@@ -77,7 +78,7 @@ def actor_of(request: HttpRequest) -> Actor:
 
 
 def error_text(error: DomainError) -> str:
-    status = f" (run is {error.status})" if error.status else ""
+    status = gettext(" (run is %(status)s)") % {"status": error.status} if error.status else ""
     return f"{error.detail}{status}"
 
 
@@ -98,7 +99,7 @@ def form_errors(form: Any) -> str:
     for field, errors in form.errors.items():
         label = "" if field == "__all__" else f"{field}: "
         parts.append(label + " ".join(str(error) for error in errors))
-    return "; ".join(parts) or "invalid input"
+    return "; ".join(parts) or gettext("invalid input")
 
 
 @dataclass(frozen=True)

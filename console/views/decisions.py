@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.http import Http404, HttpRequest
+from django.utils.translation import gettext
 
 from console.forms import SteeringDecisionForm
 from console.selectors import outbox_item_get
@@ -23,7 +24,7 @@ OUTBOX_DECISIONS = ("release", "discard")
 
 def check_outbox_decision(decision: str) -> None:
     if decision not in OUTBOX_DECISIONS:
-        raise Http404("no such decision")
+        raise Http404(gettext("no such decision"))
 
 
 def outbox_decision(
@@ -33,14 +34,14 @@ def outbox_decision(
     check_outbox_decision(decision)
     item = outbox_item_get(run_id=run.pk, item_id=item_id)
     if item is None:
-        raise Http404("no such outbox item")
+        raise Http404(gettext("no such outbox item"))
     note = request.POST.get("note", "")[:500]
     release = decision == "release"
 
     def call(_data: dict[str, Any]) -> str:
         service = services.outbox_release if release else services.outbox_discard
         service(run_id=run.pk, item_id=item.pk, actor=actor_of(request), note=note)
-        return f"{item.public_id} {'released: it will be dispatched' if release else 'discarded'}."
+        return f"{item.public_id} {gettext('released: it will be dispatched') if release else 'discarded'}."
 
     return call
 
@@ -55,6 +56,6 @@ def steering_decision(
         services.steering_decide(
             run_id=run.pk, message_id=message_id, carry_over=carry, actor=actor_of(request)
         )
-        return "Carried over to the next round." if carry else "Discarded."
+        return gettext("Carried over to the next round.") if carry else "Discarded."
 
     return SteeringDecisionForm(request.POST), call

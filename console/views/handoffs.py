@@ -10,6 +10,7 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.urls import reverse
+from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, require, run_for
@@ -86,7 +87,7 @@ def _card_answer(request: HtmxHttpRequest, handoff_id: int) -> Callable[[Outcome
     def answer(outcome: Outcome) -> HttpResponse:
         card = handoff_card(handoff_id)
         if card is None:
-            raise Http404("no such handoff")
+            raise Http404(gettext("no such handoff"))
         card.can_act = request_access(request).can_act(card.handoff.run.team_id)
         context = {"card": card, "card_ok": outcome.ok, "card_error": outcome.error}
         return fragments(request, TEMPLATE, "card", context)
@@ -98,10 +99,10 @@ def _card_answer(request: HtmxHttpRequest, handoff_id: int) -> Callable[[Outcome
 @require_POST
 def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> HttpResponse:
     if action not in ACTIONS:
-        raise Http404("no such action")
+        raise Http404(gettext("no such action"))
     handoff = handoff_get(handoff_id=handoff_id)
     if handoff is None or not request_access(request).can_view(handoff.run.team_id):
-        raise Http404("no such handoff")
+        raise Http404(gettext("no such handoff"))
     require(request, handoff.run.team_id, Role.REVIEWER)
     actor = actor_of(request)
     form: forms.Form | None
@@ -117,15 +118,19 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
             elif wanted and wanted != ASSIGNEE_NONE:
                 user = user_by_username(username=wanted)
                 if user is None:
-                    raise InvalidInput(f"no active user {wanted}", field="assignee")
+                    raise InvalidInput(
+                        gettext("no active user %(wanted)s") % {"wanted": wanted}, field="assignee"
+                    )
             else:
                 user = None
             handoff_services.handoff_assign(handoff_id=handoff_id, assignee=user, actor=actor)  # type: ignore[arg-type]
             if user is None:
-                return "Unassigned: anyone on the team may accept it."
+                return gettext("Unassigned: anyone on the team may accept it.")
             if user.pk == request.user.pk:
-                return "Assigned to you: accept it when you start."
-            return f"Assigned to {user.get_username()}: they accept it when they start."
+                return gettext("Assigned to you: accept it when you start.")
+            return gettext("Assigned to %(get_username)s: they accept it when they start.") % {
+                "get_username": user.get_username()
+            }
 
     elif action == "accept":
         form = HandoffAcceptForm(request.POST)
@@ -137,7 +142,7 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
                 actor=actor,
                 take_from_assignee=data["take_from_assignee"],
             )
-            return "Accepted: this run is yours."
+            return gettext("Accepted: this run is yours.")
 
     elif action == "return":
         form = ResumeForm(request.POST, checkpoints=checkpoint_labels(run_id=handoff.run_id))
@@ -150,21 +155,21 @@ def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> Ht
                 carry_over_steering=data["carry_over_steering"],
                 note=data["note"],
             )
-            return "Returned to automation: the run is pending at a new epoch."
+            return gettext("Returned to automation: the run is pending at a new epoch.")
 
     elif action == "complete":
         form = NoteForm(request.POST)
 
         def service(data: dict[str, Any]) -> str:
             handoff_services.handoff_complete(handoff_id=handoff_id, actor=actor, note=data["note"])
-            return "Completed by hand: the run is completed."
+            return gettext("Completed by hand: the run is completed.")
 
     else:
         form = CloseNoteForm(request.POST)
 
         def service(data: dict[str, Any]) -> str:
             handoff_services.handoff_close(handoff_id=handoff_id, actor=actor, note=data["note"])
-            return "Closed: the run is cancelled."
+            return gettext("Closed: the run is cancelled.")
 
     return act(
         request,
@@ -185,7 +190,7 @@ def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> H
     def answer(outcome: Outcome) -> HttpResponse:
         handoff_id = latest_handoff_id(run_id=run.pk)
         if handoff_id is None:
-            raise Http404("no handoff for this run")
+            raise Http404(gettext("no handoff for this run"))
         return _card_answer(request, handoff_id)(outcome)
 
     return act(

@@ -9,8 +9,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext
 from django.views.decorators.http import require_POST
 
-from accounts.services import user_language_set
-from console.middleware import SESSION_LANGUAGE
+from accounts.services import SESSION_LANGUAGE, user_language_set
 
 LANGUAGE_CODES = frozenset(code for code, _name in settings.LANGUAGES)
 

@@ -58,7 +58,7 @@ CAPTURE_BACKEND = "notifications.mail.CaptureEmailBackend"
 def _admin_teams(request: HtmxHttpRequest) -> list[Team]:
     access = request_access(request)
     if not access.is_admin_anywhere:
-        raise PermissionDenied("notification channels are managed by team admins")
+        raise PermissionDenied(gettext("notification channels are managed by team admins"))
     return [team for team in visible_teams(access) if access.can_admin(team.pk)]
 
 
@@ -66,9 +66,12 @@ def _channel_for(request: HtmxHttpRequest, channel_id: int) -> NotificationChann
     channel = selectors.channel_get(channel_id=channel_id)
     access = request_access(request)
     if channel is None or not access.can_view(channel.team_id):
-        raise Http404("no such channel")
+        raise Http404(gettext("no such channel"))
     if not access.can_admin(channel.team_id):
-        raise PermissionDenied(f"channels of team {channel.team.slug} are managed by its admins")
+        raise PermissionDenied(
+            gettext("channels of team %(slug)s are managed by its admins")
+            % {"slug": channel.team.slug}
+        )
     return channel
 
 
@@ -124,6 +127,7 @@ def channels(request: HtmxHttpRequest) -> HttpResponse:
             target=data["target"],
             events=data["events"],
             agent_glob=data["agent_glob"],
+            language=data["language"],
             actor=actor_of(request),
         )
     except DomainError as exc:
@@ -172,12 +176,15 @@ def channel_edit(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
                 events=data["events"],
                 agent_glob=data["agent_glob"],
                 enabled=data["enabled"],
+                language=data["language"],
             )
         except DomainError as exc:
             error = _field_error(form, exc)
         else:
             return redirect_with(
-                request, reverse("console:notifications"), ok=f"Channel {data['name']!r} saved."
+                request,
+                reverse("console:notifications"),
+                ok=gettext("Channel %(repr)s saved.") % {"repr": repr(data["name"])},
             )
     return page(request, CHANNEL, _common(channel=channel, form=form, edit_error=error), status=400)
 
@@ -188,7 +195,9 @@ def channel_delete(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
     channel = _channel_for(request, channel_id)
     notify.channel_delete(channel_id=channel.pk, actor=actor_of(request))
     return redirect_with(
-        request, reverse("console:notifications"), ok=f"Channel {channel.name!r} deleted."
+        request,
+        reverse("console:notifications"),
+        ok=gettext("Channel %(repr)s deleted.") % {"repr": repr(channel.name)},
     )
 
 
@@ -246,14 +255,16 @@ def subscriptions(request: HtmxHttpRequest) -> HttpResponse:
         form = SubscriptionForm(request.POST, teams=choices)
         if not form.is_valid():
             return redirect_with(
-                request, reverse("console:notification_subscriptions"), error="invalid input"
+                request,
+                reverse("console:notification_subscriptions"),
+                error=gettext("invalid input"),
             )
         team = next(team for team in teams if team.slug == form.cleaned_data["team"])
         if form.cleaned_data["events"] and not request.user.email:  # type: ignore[union-attr]
             return redirect_with(
                 request,
                 reverse("console:notification_subscriptions"),
-                error=InvalidInput("your account has no email address to send to"),
+                error=InvalidInput(gettext("your account has no email address to send to")),
             )
         notify.subscription_set(
             user=request.user,
@@ -264,7 +275,7 @@ def subscriptions(request: HtmxHttpRequest) -> HttpResponse:
         return redirect_with(
             request,
             reverse("console:notification_subscriptions"),
-            ok=f"Subscriptions for {team.slug} saved.",
+            ok=gettext("Subscriptions for %(slug)s saved.") % {"slug": team.slug},
         )
     mine = selectors.subscriptions_of(user_id=request.user.pk)  # type: ignore[arg-type]
     rows = [{"team": team, "subscription": mine.get(team.pk)} for team in teams]
@@ -311,7 +322,7 @@ def slack_unlink(request: HtmxHttpRequest, link_id: int) -> HttpResponse:
     try:
         link = slack_link_get(link_id=link_id)
     except NotFound:
-        raise Http404("no such Slack link") from None
+        raise Http404(gettext("no such Slack link")) from None
     teams = membership_roles(user_id=link.user_id)
     if not (access.all_teams or any(access.can_admin(team_id) for team_id in teams)):
         raise PermissionDenied(gettext("only an admin of one of the user's teams may unlink"))
@@ -330,7 +341,7 @@ def slack_actions(request: HtmxHttpRequest) -> HttpResponse:
     """Slack's Approve / Reject clicks (`notifications.slack`). 401 for anything unsigned,
     forged, stale or replayed; the decision itself is the approval service's."""
     if not settings.SAFESTOP_SLACK_SIGNING_SECRET:
-        raise Http404("Slack interactivity is not configured")
+        raise Http404(gettext("Slack interactivity is not configured"))
     answer = slack_action_handle(body=request.body, headers=dict(request.headers))
     slack_reply(answer)
     return HttpResponse(status=answer.status)

@@ -12,6 +12,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
@@ -48,12 +49,21 @@ class NoPacket(Http404):
 
 
 def _no_packet_reason(run: Run, epoch: int | None) -> str:
-    which = "no stop packet" if epoch is None else f"no stop packet for epoch {epoch}"
+    which = (
+        gettext("no stop packet")
+        if epoch is None
+        else gettext("no stop packet for epoch %(epoch)s") % {"epoch": epoch}
+    )
     if run.status == RunStatus.INTERRUPTED or run.interruption:
-        return f"This run has {which}: it was interrupted, not stopped. See its interruption."
+        return gettext(
+            "This run has %(which)s: it was interrupted, not stopped. See its interruption."
+        ) % {"which": which}
     if epoch is not None and stop_packet_get(run=run) is not None:
-        return f"This run has {which}: it did not stop at that epoch."
-    return f"This run has {which}: it has not been stopped (it is {run.status.replace('_', ' ')})."
+        return gettext("This run has %(which)s: it did not stop at that epoch.") % {"which": which}
+    return gettext("This run has %(which)s: it has not been stopped (it is %(replace)s).") % {
+        "which": which,
+        "replace": run.status.replace("_", " "),
+    }
 
 
 def _packet(run: Run, epoch: int | None) -> StopPacket:
@@ -196,13 +206,13 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             evidence=data["evidence"],
             actor=actor_of(request),
         )
-        ok = f"Recorded as {result.decision.replace('_', ' ')}."
+        ok = gettext("Recorded as %(replace)s.") % {"replace": result.decision.replace("_", " ")}
         if result.run_status == "stopped_cleanly":
-            ok += " That was the last unknown: the run is now stopped cleanly."
+            ok += gettext(" That was the last unknown: the run is now stopped cleanly.")
         elif result.run_status == "handed_off":
-            ok += " That was the last unknown: the run is stopped cleanly and handed off."
+            ok += gettext(" That was the last unknown: the run is stopped cleanly and handed off.")
         elif result.run_status == RunStatus.INTERRUPTED and not services.run_dirty_reasons(run):
-            ok += " That was the last unknown: the run can be resumed from its page."
+            ok += gettext(" That was the last unknown: the run can be resumed from its page.")
         return ok
 
     def answer(outcome: Outcome) -> HttpResponse:
@@ -214,7 +224,7 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             None,
         )
         if unknown is None:
-            status_error = outcome.error or "unknown target"
+            status_error = outcome.error or gettext("unknown target")
             return fragments(request, template, "status", {**context, "status_error": status_error})
         context.update(
             {

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.urls import reverse
+from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
@@ -159,17 +160,20 @@ def _run_action(
 
 def _stop_message(outcome: services.StopOutcome, *, takeover: bool) -> str:
     if outcome.already_finished:
-        return f"Nothing to stop: the run had already finished ({outcome.status})."
+        return gettext("Nothing to stop: the run had already finished (%(status)s).") % {
+            "status": outcome.status
+        }
     request = outcome.stop_request
-    what = "Take-over" if takeover else "Stop"
+    what = gettext("Take-over") if takeover else gettext("Stop")
     if outcome.created and request is not None:
-        return (
-            f"{what} recorded ({request.reason}): the entrance is closed and the epoch is now "
-            f"{request.epoch_after}."
-        )
+        return gettext(
+            "%(what)s recorded (%(reason)s): the entrance is closed and the epoch is now %(epoch_after)s."
+        ) % {"what": what, "reason": request.reason, "epoch_after": request.epoch_after}
     if request is not None:
-        return f"{what} was already recorded — stop request #{request.pk}, nothing new was done."
-    return f"{what} recorded."
+        return gettext(
+            "%(what)s was already recorded — stop request #%(pk)s, nothing new was done."
+        ) % {"what": what, "pk": request.pk}
+    return gettext("%(what)s recorded.") % {"what": what}
 
 
 @login_required
@@ -196,10 +200,9 @@ def run_takeover(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         outcome = services.run_takeover(run_id=run.pk, actor=actor_of(request), note=data["note"])
         run.refresh_from_db(fields=["status"])
         if run.status == RunStatus.HANDED_OFF:
-            return "Handed off: the run is yours in the handoff inbox."
-        return (
-            _stop_message(outcome, takeover=True)
-            + " It will be handed off as soon as it is stopped cleanly."
+            return gettext("Handed off: the run is yours in the handoff inbox.")
+        return _stop_message(outcome, takeover=True) + gettext(
+            " It will be handed off as soon as it is stopped cleanly."
         )
 
     return _run_action(request, run_id, NoteForm(request.POST), take_over)
@@ -218,8 +221,12 @@ def run_resume(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             carry_over_steering=data["carry_over_steering"],
             note=data["note"],
         )
-        where = f" from {resumed.resume_from}" if resumed.resume_from else ""
-        return f"Resumed{where}: pending at epoch {resumed.stop_epoch}, waiting for a worker."
+        where = (
+            gettext(" from %(step)s") % {"step": resumed.resume_from} if resumed.resume_from else ""
+        )
+        return gettext(
+            "Resumed%(where)s: pending at epoch %(stop_epoch)s, waiting for a worker."
+        ) % {"where": where, "stop_epoch": resumed.stop_epoch}
 
     form = ResumeForm(request.POST, checkpoints=checkpoint_labels(run_id=run.pk))
     return _run_action(request, run_id, form, resume)
@@ -232,7 +239,7 @@ def run_close(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 
     def close(data: dict[str, Any]) -> str:
         services.run_close(run_id=run.pk, actor=actor_of(request), note=data["note"])
-        return "Closed: the run is cancelled and will not resume."
+        return gettext("Closed: the run is cancelled and will not resume.")
 
     return _run_action(request, run_id, NoteForm(request.POST), close)
 
@@ -250,8 +257,8 @@ def steering_add(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     def queue(data: dict[str, Any]) -> str:
         message = services.steering_queue(run_id=run.pk, text=data["text"], actor=actor_of(request))
         if message.status == "queued":
-            return "Queued for the agent."
-        return "Saved: the run is stopped, so it waits as unapplied for the next round."
+            return gettext("Queued for the agent.")
+        return gettext("Saved: the run is stopped, so it waits as unapplied for the next round.")
 
     def answer(outcome: Outcome) -> HttpResponse:
         context = run_context(

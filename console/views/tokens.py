@@ -7,6 +7,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.translation import gettext
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, require, visible_teams
@@ -31,7 +32,7 @@ NEW_TOKEN_KEY = "console.new_token"
 def _admin_teams(request: HtmxHttpRequest) -> list[Team]:
     access = request_access(request)
     if not access.is_admin_anywhere:
-        raise PermissionDenied("tokens are managed by team admins")
+        raise PermissionDenied(gettext("tokens are managed by team admins"))
     return [team for team in visible_teams(access) if access.can_admin(team.pk)]
 
 
@@ -94,6 +95,10 @@ def token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
     teams = _admin_teams(request)
     token = api_token_get(token_id=token_id, teams=teams)
     if token is None:
-        raise Http404("no such token")
+        raise Http404(gettext("no such token"))
     api_token_revoke(token_id=token.pk, actor=actor_of(request))
-    return redirect_with(request, reverse("console:tokens"), ok=f"Token {token.name} revoked.")
+    return redirect_with(
+        request,
+        reverse("console:tokens"),
+        ok=gettext("Token %(name)s revoked.") % {"name": token.name},
+    )

@@ -10,6 +10,13 @@
  */
 (function () {
   "use strict";
+  // Strings go through Django's JavaScript catalog (the page loads /jsi18n/ first); without it
+  // (a test page that loads only this file) they stay English.
+  var gettext = window.gettext || function (text) { return text; };
+  var ngettext = window.ngettext || function (one, many, n) { return n === 1 ? one : many; };
+  var interpolate = window.interpolate || function (format, values) {
+    return format.replace(/%\((\w+)\)s/g, function (_m, name) { return String(values[name]); });
+  };
 
   var MAX_CELLS = 4000000; // the LCS table's size limit: a bigger diff is summarised, not drawn
 
@@ -97,12 +104,12 @@
       value = JSON.parse(editor.value);
     } catch (error) {
       if (pre) pre.hidden = true;
-      verdict(false, "Not valid JSON: " + error.message);
+      verdict(false, interpolate(gettext("Not valid JSON: %(error)s"), { error: error.message }, true));
       return;
     }
     if (value === null || typeof value !== "object" || Array.isArray(value)) {
       if (pre) pre.hidden = true;
-      verdict(false, "Not a JSON object: the arguments must be {…}.");
+      verdict(false, gettext("Not a JSON object: the arguments must be {…}."));
       return;
     }
     var before = pretty(original()).split("\n");
@@ -111,11 +118,11 @@
     var changed = lines.filter(function (pair) { return pair[0] !== " "; }).length;
     if (!changed) {
       if (pre) pre.hidden = true;
-      verdict(false, "No change from the original yet (to run it as asked, use Approve).");
+      verdict(false, gettext("No change from the original yet (to run it as asked, use Approve)."));
       return;
     }
     if (pre) { drawDiff(pre, lines); pre.hidden = false; }
-    verdict(true, changed + " line" + (changed === 1 ? "" : "s") + " differ from the original: check them, then confirm.");
+    verdict(true, interpolate(ngettext("%(n)s line differs from the original: check it, then confirm.", "%(n)s lines differ from the original: check them, then confirm.", changed), { n: changed }, true));
   }
 
   function init(root) {

@@ -9,6 +9,12 @@
  */
 (function () {
   "use strict";
+  // Strings go through Django's JavaScript catalog (the page loads /jsi18n/ first); without it
+  // (a test page that loads only this file) they stay English.
+  var gettext = window.gettext || function (text) { return text; };
+  var interpolate = window.interpolate || function (format, values) {
+    return format.replace(/%\((\w+)\)s/g, function (_m, name) { return String(values[name]); });
+  };
 
   var selected = {}; // run id -> true
   var matching = false; // "Select all N matching" chosen
@@ -36,12 +42,12 @@
     var selectMatching = f.querySelector("[data-bulk-select-matching]");
     var stopSelected = f.querySelector("[data-bulk-selected]");
     if (matching) {
-      summary.textContent = "All " + label + " matching runs selected.";
-      selectMatching.textContent = "Clear selection";
+      summary.textContent = interpolate(gettext("All %(n)s matching runs selected."), { n: label }, true);
+      selectMatching.textContent = gettext("Clear selection");
       selectMatching.hidden = false;
     } else {
-      summary.textContent = count() ? count() + " selected." : "";
-      selectMatching.textContent = "Select all " + label + " matching";
+      summary.textContent = count() ? interpolate(gettext("%(n)s selected."), { n: count() }, true) : "";
+      selectMatching.textContent = interpolate(gettext("Select all %(n)s matching"), { n: label }, true);
       selectMatching.hidden = !(all && Number(total) > boxes.length);
     }
     stopSelected.value = matching ? "matching" : "selected";

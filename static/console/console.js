@@ -20,6 +20,12 @@
  */
 (function () {
   "use strict";
+  // Strings go through Django's JavaScript catalog (the page loads /jsi18n/ first); without it
+  // (a test page that loads only this file) they stay English.
+  var gettext = window.gettext || function (text) { return text; };
+  var interpolate = window.interpolate || function (format, values) {
+    return format.replace(/%\((\w+)\)s/g, function (_m, name) { return String(values[name]); });
+  };
 
   var MIN_GAP_MS = 250; // between the starts of two fetches of one region
   var regions = {}; // id -> {busy, again, parts, startedAt}
@@ -207,8 +213,11 @@
 
   var recentlyChanged = {};
   var statusLabels = {
-    cancel_requested: "cancel requested", stopped_cleanly: "stopped cleanly", stopped_dirty: "stopped dirty",
-    handed_off: "handed off"
+    pending: gettext("pending"), running: gettext("running"), suspended: gettext("suspended"),
+    interrupted: gettext("interrupted"), cancel_requested: gettext("cancel requested"),
+    draining: gettext("draining"), stopped_cleanly: gettext("stopped cleanly"),
+    stopped_dirty: gettext("stopped dirty"), handed_off: gettext("handed off"),
+    completed: gettext("completed"), failed: gettext("failed"), cancelled: gettext("cancelled")
   };
 
   function announce(text) {
@@ -259,7 +268,7 @@
         continue;
       }
       if (mode === "status" && scopeRun && el.dataset.status !== msg.status) {
-        announce("Run is now " + (statusLabels[msg.status] || msg.status));
+        announce(interpolate(gettext("Run is now %(status)s"), { status: statusLabels[msg.status] || msg.status }, true));
       }
       refreshRegion(el);
     }
@@ -315,7 +324,7 @@
 
   document.addEventListener("htmx:wsOpen", function (evt) {
     var root = evt.target;
-    setIndicator("live", "live");
+    setIndicator("live", gettext("live"));
     if (opened.has(root)) refreshAll(root); // a reconnect: catch up on what we missed
     opened.add(root);
     root.dataset.wsState = "open";
@@ -331,19 +340,19 @@
       var last = Number(window.sessionStorage.getItem("safestop-reload-4401") || 0);
       if (Date.now() - last > 60000) {
         window.sessionStorage.setItem("safestop-reload-4401", String(Date.now()));
-        setIndicator("off", "signed out — reloading");
+        setIndicator("off", gettext("signed out — reloading"));
         window.location.reload();
         return;
       }
-      setIndicator("off", "not live (signed out)");
+      setIndicator("off", gettext("not live (signed out)"));
     } else if (code === 4403 || code === 1000) {
-      setIndicator("off", code === 1000 ? "not live" : "not live (no access)");
+      setIndicator("off", code === 1000 ? gettext("not live") : gettext("not live (no access)"));
     } else {
-      setIndicator("reconnecting", "reconnecting…");
+      setIndicator("reconnecting", gettext("reconnecting…"));
     }
   });
 
-  document.addEventListener("htmx:wsError", function () { setIndicator("reconnecting", "reconnecting…"); });
+  document.addEventListener("htmx:wsError", function () { setIndicator("reconnecting", gettext("reconnecting…")); });
 
   // Flash the rows of the runs table that just changed.
   document.addEventListener("htmx:afterSettle", function (evt) {
@@ -360,19 +369,19 @@
 
   // Relative times ("12 s ago") and countdowns ("in 24 s") stay current without a request.
   function ageText(seconds) {
-    if (seconds < 1) return "just now";
-    if (seconds < 60) return Math.floor(seconds) + " s ago";
-    if (seconds < 3600) return Math.floor(seconds / 60) + " min ago";
-    if (seconds < 86400) return Math.floor(seconds / 3600) + " h ago";
-    return Math.floor(seconds / 86400) + " d ago";
+    if (seconds < 1) return gettext("just now");
+    if (seconds < 60) return interpolate(gettext("%(n)s s ago"), { n: Math.floor(seconds) }, true);
+    if (seconds < 3600) return interpolate(gettext("%(n)s min ago"), { n: Math.floor(seconds / 60) }, true);
+    if (seconds < 86400) return interpolate(gettext("%(n)s h ago"), { n: Math.floor(seconds / 3600) }, true);
+    return interpolate(gettext("%(n)s d ago"), { n: Math.floor(seconds / 86400) }, true);
   }
 
   // "in 24 s", "in 14 min 29 s", "in 2 h 5 min": approval deadlines run to minutes and hours.
   function leftText(seconds) {
     var s = Math.ceil(seconds);
-    if (s < 60) return "in " + s + " s";
-    if (s < 3600) return "in " + Math.floor(s / 60) + " min " + (s % 60) + " s";
-    return "in " + Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+    if (s < 60) return interpolate(gettext("in %(s)s s"), { s: s }, true);
+    if (s < 3600) return interpolate(gettext("in %(min)s min %(s)s s"), { min: Math.floor(s / 60), s: s % 60 }, true);
+    return interpolate(gettext("in %(h)s h %(min)s min"), { h: Math.floor(s / 3600), min: Math.floor((s % 3600) / 60) }, true);
   }
 
   function tick() {
@@ -387,7 +396,7 @@
       var end = Date.parse(downs[j].getAttribute("datetime")) + 1000 * Number(downs[j].dataset.offset || 0);
       if (isNaN(end)) continue;
       var left = (end - now) / 1000;
-      downs[j].textContent = left > 0 ? leftText(left) : "passed, " + ageText(-left);
+      downs[j].textContent = left > 0 ? leftText(left) : interpolate(gettext("passed, %(ago)s"), { ago: ageText(-left) }, true);
       downs[j].classList.toggle("is-late", left <= 0);
     }
   }
