@@ -137,8 +137,11 @@ CHECKED_TERMS = {
     "steering": "引导",
     "stop packet": "停止报告",
     "stopped dirty": "未干净停止",
-    "stopped cleanly": "已干净停止",
+    "stopped cleanly": "干净停止",
 }
+
+
+CODE = re.compile(r"%\(\w+\)s|\b[\w]+\.[\w*]+")
 
 
 def test_the_glossary_names_each_checked_term() -> None:
