@@ -205,7 +205,7 @@ class QualityPeriodForm(forms.Form):
             ("7d", gettext_lazy("Last 7 days")),
             ("30d", gettext_lazy("Last 30 days")),
             ("90d", gettext_lazy("Last 90 days")),
-            ("custom", "Custom"),
+            ("custom", gettext_lazy("Custom")),
         ],
     )
     since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
@@ -260,12 +260,12 @@ class TokenCreateForm(forms.Form):
 # approvals (DESIGN §10)
 
 APPROVAL_TABS = [
-    ("waiting", "Waiting"),
-    ("approved", "Approved"),
-    ("rejected", "Rejected"),
-    ("expired", "Expired"),
-    ("void", "Void"),
-    ("all", "All"),
+    ("waiting", gettext_lazy("Waiting")),
+    ("approved", gettext_lazy("Approved")),
+    ("rejected", gettext_lazy("Rejected")),
+    ("expired", gettext_lazy("Expired")),
+    ("void", gettext_lazy("Void")),
+    ("all", gettext_lazy("All")),
 ]
 
 

@@ -97,6 +97,11 @@ LABELS: dict[str, Any] = {
     "already_stopping": _("already stopping"),
     "not_allowed": _("not allowed"),
     "not_found": _("not found"),
+    "asked by the agent": _("asked by the agent"),
+    "asked_by_agent": _("asked by the agent"),
+    "hour": pgettext_lazy("per", "hour"),
+    "day": pgettext_lazy("per", "day"),
+    "week": pgettext_lazy("per", "week"),
     # approval targets, risks, rule side effects
     "tool_call": _("tool call"),
     "outbox": _("outbox item"),

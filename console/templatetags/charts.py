@@ -10,8 +10,12 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import translation
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext, ngettext
+
+from runs.labels import label_for
 
 register = template.Library()
 
@@ -66,7 +70,11 @@ def _axis(height: int, top: int, width: int = WIDTH) -> list[str]:
 
 
 def _time_label(moment: datetime, bucket: str) -> str:
-    return moment.strftime("%H:%M" if bucket == "hour" else "%b %d")
+    if bucket == "hour":
+        return moment.strftime("%H:%M")
+    if translation.get_language() == "zh-hans":
+        return f"{moment.month}月{moment.day}日"
+    return moment.strftime("%b %d")
 
 
 @register.simple_tag
@@ -91,7 +99,11 @@ def stacked_bars(
         x = index * slot + (slot - bar) / 2
         clean_h = height * clean / top
         dirty_h = height * dirty / top
-        title = f"{_time_label(moment, bucket)}: {clean} stopped cleanly, {dirty} stopped dirty"
+        title = gettext("%(when)s: %(clean)s stopped cleanly, %(dirty)s stopped dirty") % {
+            "when": _time_label(moment, bucket),
+            "clean": clean,
+            "dirty": dirty,
+        }
         body.append(f"<g><title>{escape(title)}</title>")
         if clean:
             body.append(
@@ -106,7 +118,9 @@ def stacked_bars(
         body.append("</g>")
     total_clean = sum(clean for _t, clean, _d in series)
     total_dirty = sum(dirty for _t, _c, dirty in series)
-    label = f"Stops per {bucket}: {total_clean} stopped cleanly and {total_dirty} stopped dirty in the period"
+    label = gettext(
+        "Stops per %(bucket)s: %(clean)s stopped cleanly and %(dirty)s stopped dirty in the period"
+    ) % {"bucket": label_for(bucket), "clean": total_clean, "dirty": total_dirty}
     picks = sorted({0, len(series) // 2, len(series) - 1}) if series else []
     x_labels = "".join(
         f"<span>{escape(_time_label(series[index][0], bucket))}</span>" for index in picks
@@ -165,13 +179,18 @@ def bars(
         x = PAD_LEFT + index * slot + (slot - bar) / 2
         h = span * value / top
         body.append(
-            f"<g><title>{escape(f'{_time_label(moment, bucket)}: {value} {what}')}</title>"
+            f"<g><title>{escape(f'{_time_label(moment, bucket)}: {value} {what}')}</title>"  # noqa: E501
             f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
             f'width="{bar:.1f}" height="{h:.1f}"/></g>'
         )
     body.extend(_x_labels(series, bucket, slot, height, width))
     total = sum(value for _t, value in series)
-    return _frame(height, f"{what} per {bucket}: {total} in the period", body, width)
+    label = gettext("%(what)s per %(bucket)s: %(total)s in the period") % {
+        "what": what,
+        "bucket": label_for(bucket),
+        "total": total,
+    }
+    return _frame(height, label, body, width)
 
 
 @register.simple_tag
@@ -189,7 +208,7 @@ def histogram(buckets: list[tuple[str, int]], height: int = 150) -> SafeString:
         slow = index >= len(buckets) - 3  # the last buckets are seconds: worth a different tone
         tone = "warn" if slow else "info"
         body.append(
-            f"<g><title>{escape(f'{label}: {value} stops')}</title>"
+            f"<g><title>{escape(stops_text(label, value))}</title>"
             f'<rect class="chart__bar chart__bar--{tone}" x="{x:.1f}" y="{base - h:.1f}" '
             f'width="{bar:.1f}" height="{max(h, 0):.1f}"/>'
         )
@@ -202,8 +221,21 @@ def histogram(buckets: list[tuple[str, int]], height: int = 150) -> SafeString:
             f'<text class="chart__tick" x="{x + bar / 2:.1f}" y="{height - 6}" '
             f'text-anchor="middle">{escape(label)}</text></g>'
         )
-    summary = ", ".join(f"{label}: {value}" for label, value in buckets if value) or "no stops"
-    return _frame(height, f"Latency from stop request to stopped: {summary}", body)
+    summary = ", ".join(f"{label}: {value}" for label, value in buckets if value) or gettext(
+        "no stops"
+    )
+    return _frame(
+        height,
+        gettext("Latency from stop request to stopped: %(summary)s") % {"summary": summary},
+        body,
+    )
+
+
+def stops_text(label: str, value: int) -> str:
+    return ngettext("%(label)s: %(n)s stop", "%(label)s: %(n)s stops", value) % {
+        "label": label,
+        "n": value,
+    }
 
 
 @register.simple_tag
@@ -212,8 +244,10 @@ def meter(rate: float | None, good_above: float = 0.9, labelledby: str = "") -> 
     the id of the figure's title, which names the meter for assistive technology."""
     if rate is None:
         return format_html(
-            '<div class="meter meter--empty" role="img" aria-label="no data">'
-            '<span class="meter__label">no data in this period</span></div>'
+            '<div class="meter meter--empty" role="img" aria-label="{}">'
+            '<span class="meter__label">{}</span></div>',
+            gettext("no data"),
+            gettext("no data in this period"),
         )
     tone = "ok" if rate >= good_above else ("warn" if rate >= good_above / 2 else "bad")
     return format_html(

@@ -205,7 +205,7 @@ def format_ms(value: Any) -> str:
         return f"{ms:.0f} ms"
     if ms < 60_000:
         return f"{ms / 1000:.1f} s"
-    return f"{ms / 60_000:.1f} min"
+    return gettext("%(n)s min") % {"n": f"{ms / 60_000:.1f}"}
 
 
 @register.filter
@@ -250,7 +250,18 @@ def _local(moment: datetime, *, milliseconds: bool = False) -> str:
     text = local.strftime("%Y-%m-%d %H:%M:%S")
     if milliseconds:
         text += f".{local.microsecond // 1000:03d}"
-    return f"{text} {local.tzname() or ''}".strip()
+    return f"{text} {_zone_name(local)}"
+
+
+def _zone_name(local: datetime) -> str:
+    """`UTC`, or the offset from it (`UTC+08:00`): a letter abbreviation (CST) means different
+    zones to different readers and is not translated."""
+    offset = local.utcoffset()
+    if not offset:
+        return "UTC"
+    minutes = int(offset.total_seconds() // 60)
+    sign = "+" if minutes >= 0 else "-"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
 def _age_text(seconds: float) -> str:
@@ -308,6 +319,35 @@ def stamp(value: Any) -> str:
     return format_html(
         '<time datetime="{}">{}</time>', moment.isoformat(), _local(moment, milliseconds=True)
     )
+
+
+@register.filter
+def recovery_text(record: Any) -> str:
+    """What to do about an unknown write, in the reader's language (the packet's snapshot keeps
+    its English `recovery_action`; this says the same from the record's own fields)."""
+    if not isinstance(record, dict):
+        return ""
+    stored = str(record.get("recovery_action") or "")
+    target = record.get("operation_id") or record.get("tool_call_id") or ""
+    tool = record.get("tool") or ""
+    policy = record.get("recovery_policy")
+    if not stored:
+        return gettext("confirm manually")
+    if policy == "query_original":
+        return gettext("query %(target)s; do not re-run %(tool)s") % {
+            "target": target,
+            "tool": tool,
+        }
+    if policy == "reuse_idempotency_key" and record.get("idempotency_key"):
+        return gettext("retry only with idempotency key %(key)s") % {
+            "key": record["idempotency_key"]
+        }
+    if policy == "compensate":
+        return gettext("verify %(target)s, then compensate if it was applied") % {"target": target}
+    return gettext("confirm manually whether %(tool)s (%(target)s) took effect") % {
+        "tool": tool,
+        "target": target,
+    }
 
 
 @register.filter

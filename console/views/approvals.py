@@ -361,7 +361,7 @@ def _duration(seconds: int | None) -> str:
     if seconds % 3600 == 0:
         return f"{seconds // 3600} h"
     if seconds % 60 == 0:
-        return f"{seconds // 60} min"
+        return gettext("%(n)s min") % {"n": seconds // 60}
     return f"{seconds} s"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from runs import hooks, notify
 from runs.actors import Actor
@@ -23,6 +24,7 @@ from runs.errors import (
     LeaseRevoked,
     StaleEpoch,
 )
+from runs.labels import label_for
 from runs.ledger import ledger_append
 from runs.models import (
     STOPPABLE_STATUSES,
@@ -592,10 +594,14 @@ def run_resume(
 def resume_blocked_reason(status: str, reasons: list[str]) -> str:
     """Why a run with these dirty reasons cannot resume: the server's refusal and the console's
     disabled Resume say the same words (DESIGN §2: resume is refused while a reason holds)."""
-    what = ", ".join(reason.replace("_", " ") for reason in reasons)
+    what = ", ".join(label_for(reason) for reason in reasons)
     if status == RunStatus.INTERRUPTED:
-        return f"resolve the interruption's unknowns before resuming ({what})"
-    return f"resolve the run's unknown side effects before resuming it ({what})"
+        return gettext("resolve the interruption's unknowns before resuming (%(what)s)") % {
+            "what": what
+        }
+    return gettext("resolve the run's unknown side effects before resuming it (%(what)s)") % {
+        "what": what
+    }
 
 
 def _resume_locked(
