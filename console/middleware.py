@@ -15,7 +15,7 @@ from django.utils import timezone, translation
 from django.views.defaults import page_not_found, permission_denied
 
 from accounts.services import SESSION_LANGUAGE, SESSION_TIME_ZONE
-from runs.api.errors import (
+from api.errors import (
     DATABASE_RETRY_AFTER_SECONDS,
     DATABASE_UNAVAILABLE,
     database_unavailable,
