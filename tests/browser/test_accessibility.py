@@ -22,46 +22,10 @@ from runs import services
 from runs.actors import Actor
 from runs.models import Approval, Run, RunStatus, Team
 from tests.support import scenarios
+from tests.support.axe import axe_violations, serve_axe
 from tests.support.browser import in_thread
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-AXE = Path(__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
-AXE_PATH = "/__test__/axe.min.js"  # answered by Playwright, never by the server
-BLOCKING = ("serious", "critical")
-
-
-def axe_source() -> str:
-    if not AXE.exists():
-        pytest.fail(f"{AXE} is missing: run `make axe` (npm ci in tests/browser; make test does)")
-    return AXE.read_text()
-
-
-def serve_axe(page: Page, base_url: str) -> None:
-    source = axe_source()
-    page.route(
-        f"{base_url}{AXE_PATH}",
-        lambda route: route.fulfill(status=200, content_type="application/javascript", body=source),
-    )
-
-
-def axe_violations(page: Page, base_url: str) -> list[dict[str, Any]]:
-    """Run axe on the page as it is now; the serious and critical violations."""
-    if not page.evaluate("typeof window.axe !== 'undefined'"):
-        page.add_script_tag(url=f"{base_url}{AXE_PATH}")
-    result = page.evaluate(
-        "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
-    )
-    return [
-        {
-            "id": violation["id"],
-            "impact": violation["impact"],
-            "help": violation["help"],
-            "nodes": [node["target"] for node in violation["nodes"]][:5],
-        }
-        for violation in result
-        if violation["impact"] in BLOCKING
-    ]
 
 
 def login(page: Page, url: str, username: str) -> None:
