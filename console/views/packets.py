@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
 from console.forms import ResolutionForm
-from console.selectors import (
+from console.selectors.packets import (
     PacketView,
     interruption_view,
     packet_view,

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
 from console.forms import NoteForm, ResumeForm, SteeringForm, StopForm
-from console.selectors import checkpoint_labels, run_detail
+from console.selectors.run import checkpoint_labels, run_detail
 from console.views.common import (
     HtmxHttpRequest,
     Outcome,
