@@ -14,7 +14,7 @@ from django.http import Http404, HttpRequest
 from django.utils.translation import gettext
 
 from console.forms import SteeringDecisionForm
-from console.selectors import outbox_item_get
+from console.selectors.run import outbox_item_get
 from console.views.common import actor_of
 from runs import services
 from runs.models import Run
