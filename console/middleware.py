@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.middleware.locale import LocaleMiddleware
 from django.utils import timezone, translation
 from django.views.defaults import page_not_found, permission_denied
@@ -201,7 +202,9 @@ class UserLocale(LocaleMiddleware):
         else:
             timezone.deactivate()
 
-    def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    def process_response(
+        self, request: HttpRequest, response: HttpResponseBase
+    ) -> HttpResponseBase:
         response = super().process_response(request, response)
         timezone.deactivate()
         return response
