@@ -35,7 +35,7 @@ import httpx
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext
 from slack_sdk.signature import SignatureVerifier
 
@@ -256,6 +256,17 @@ def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
         # Slack signed this request for this member, and only this member sees an ephemeral
         # reply: the code in it proves control of the member id to whoever types it.
         return SlackAnswer(200, response_url, _ephemeral(_link_offer(action.slack_user)))
+    # The clicker reads the answer in their own console language.
+    with translation.override(_language_of(user)):
+        return _decide(approval, user, decision, response_url)
+
+
+def _language_of(user: Any) -> str:
+    chosen = getattr(getattr(user, "console_settings", None), "language", "")
+    return chosen or settings.LANGUAGE_CODE
+
+
+def _decide(approval: Approval, user: Any, decision: str, response_url: str) -> SlackAnswer:
     grants = Grants.for_roles(
         membership_roles(user_id=user.pk), every_team=is_admin_of_every_team(user)
     )
@@ -288,8 +299,16 @@ def slack_action_handle(*, body: bytes, headers: dict[str, str]) -> SlackAnswer:
 
 
 def _outcome(approval: Approval, who: str) -> dict[str, Any]:
-    verb = "Approved" if approval.status == "approved" else "Rejected"
-    text = slack_escape(f"{verb} by {who}: {approval.subject} ({approval.public_id})")
+    words = {
+        "who": who,
+        "subject": approval.subject,
+        "id": approval.public_id,
+    }
+    text = slack_escape(
+        gettext("Approved by %(who)s: %(subject)s (%(id)s)") % words
+        if approval.status == "approved"
+        else gettext("Rejected by %(who)s: %(subject)s (%(id)s)") % words
+    )
     return {
         "replace_original": True,
         "text": text,
