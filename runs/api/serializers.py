@@ -1231,3 +1231,66 @@ class ApprovalRuleCreateIn(ApprovalRuleChangeIn):
         help_text="the team's slug; may be left out by an admin of exactly one team",
     )
     name = StrictCharField(max_length=120)
+
+
+# ---------------------------------------------------------------------------------------------
+# team budgets (DESIGN §13)
+
+
+class TeamBudgetIn(serializers.Serializer):
+    """The team's budgets; a field left out clears it (no limit). Unknown fields are refused."""
+
+    closed = True  # runs.api.schema: additionalProperties false
+
+    time_zone = StrictCharField(
+        max_length=64, required=False, help_text="IANA time zone of the days and months (UTC)"
+    )
+    daily_usd = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        allow_null=True,
+        help_text="USD per day in the team's time zone; null: no daily budget",
+    )
+    monthly_usd = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        allow_null=True,
+        help_text="USD per calendar month in the team's time zone; null: no monthly budget",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        given = self.initial_data if isinstance(self.initial_data, dict) else {}
+        unknown = sorted(set(given) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {unknown[0]: f"unknown field: the fields are {', '.join(self.fields)}"}
+            )
+        return attrs
+
+
+class TeamBudgetOut(serializers.Serializer):
+    team = StrictCharField()
+    time_zone = StrictCharField()
+    daily_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False
+    )
+    monthly_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False
+    )
+    day = serializers.DateField(allow_null=True, help_text="today in the team's time zone")
+    day_spent_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=10, coerce_to_string=False
+    )
+    month = serializers.DateField(allow_null=True, help_text="the current month's first day")
+    month_spent_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=10, coerce_to_string=False
+    )
+    exhausted = StrictCharField(
+        help_text="team_daily_usd or team_monthly_usd when used up (permits answer 409 "
+        "budget_exhausted), else blank"
+    )
+    updated_by = StrictCharField()
