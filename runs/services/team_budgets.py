@@ -275,7 +275,7 @@ def team_budget_set(
             budget.month_warned = None
         budget.time_zone, budget.daily_usd, budget.monthly_usd = time_zone, daily, monthly
         budget.updated_by = actor.name
-        _recount(budget, period_at(time_zone, timezone.now()))
+        recount(budget, period_at(time_zone, timezone.now()))
         budget.save()
         after = _budget_snapshot(budget)
         if after != before:
@@ -289,7 +289,7 @@ def team_budget_set(
     return budget
 
 
-def _recount(budget: TeamBudget, period: Period) -> None:
+def recount(budget: TeamBudget, period: Period) -> None:
     """The period's spend from the usage rows (under the budget row's lock, so no batch adds
     to the counters meanwhile)."""
     zone = ZoneInfo(budget.time_zone)
