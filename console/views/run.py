@@ -44,7 +44,7 @@ from runs.models import (
     Run,
     RunStatus,
 )
-from runs.selectors import approvals_list, usage_by_model
+from runs.selectors import approvals_list, usage_by_model, usage_by_step
 
 TEMPLATE = "console/run.html"
 
@@ -93,6 +93,7 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "run_tokens": run.input_tokens + run.output_tokens,
         # Lazy too, and read only when the run reported usage.
         "cost_by_model": usage_by_model(run_id=run.pk),
+        "cost_by_step": usage_by_step(run_id=run.pk),
     }
     context.update(extra)
     return context

@@ -1108,6 +1108,14 @@ class ApprovalFiguresOut(serializers.Serializer):
     waiting = StrictIntegerField()
 
 
+class LateSpendOut(serializers.Serializer):
+    cost_usd = StrictFloatField(help_text="priced late calls only")
+    tokens = StrictIntegerField()
+    unpriced_tokens = StrictIntegerField(help_text="late tokens no price is known for")
+    calls = StrictIntegerField()
+    runs = StrictIntegerField()
+
+
 class StopQualityOut(serializers.Serializer):
     period = PeriodOut()
     stops = StrictIntegerField()
@@ -1122,6 +1130,9 @@ class StopQualityOut(serializers.Serializer):
     interruptions_recovered_cleanly = InterruptionsOut()
     handoff_completion = HandoffsOut()
     approvals = ApprovalFiguresOut(help_text="approvals requested in the period (DESIGN §10)")
+    late_spend = LateSpendOut(
+        help_text="model calls of a stopped epoch reported after its stop request (DESIGN §13)"
+    )
 
 
 class DenialOut(serializers.Serializer):
