@@ -20,8 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 import genai_prices
+import genai_prices.data_snapshot
 
 from runs.models import PriceSource, TeamPrice
 
@@ -109,18 +111,93 @@ def price_call(
             cache_write_tokens=cache_write_tokens,
         )
         return Price(cost, PriceSource.TEAM, team_price_version(own))
+    usage = genai_prices.Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=cache_read_tokens,
+        cache_write_tokens=cache_write_tokens,
+    )
     try:
-        calculation = genai_prices.calc_price(
-            genai_prices.Usage(
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                cache_read_tokens=cache_read_tokens,
-                cache_write_tokens=cache_write_tokens,
-            ),
-            model_ref=model,
-            provider_id=provider or None,
-            genai_request_timestamp=at,
-        )
+        found, info = _SNAPSHOT.find_provider_model(model, None, provider or None, None)
     except LookupError:  # no such model, or no such provider, in the table
         return Price(None, PriceSource.UNPRICED, TABLE_VERSION)
-    return Price(Decimal(calculation.total_price), PriceSource.TABLE, TABLE_VERSION)
+    rates = _flat_rates(found, info, at)
+    if rates is None:
+        total = Decimal(info.calc_price(usage, found, genai_request_timestamp=at).total_price)
+    else:
+        total = rates.cost(input_tokens, output_tokens, cache_read_tokens, cache_write_tokens)
+    return Price(total, PriceSource.TABLE, TABLE_VERSION)
+
+
+# The bundled table only: `UpdatePrices` never runs, so the snapshot is the package's.
+_SNAPSHOT = genai_prices.data_snapshot.get_snapshot()
+
+
+@dataclass(frozen=True)
+class FlatRates:
+    """USD per token of a price with no tiers: the table's own figures, read once per price.
+
+    `genai_prices.calc_price` costs about 0.6 ms a call (it resolves the price's units every
+    time), more than the rest of a usage event's work; a price without tiers is linear in the
+    token counts, so its per-token rates, taken from the table's own calculation, give the same
+    figure (tests/api/test_pricing_rates.py checks every flat price of the table)."""
+
+    input: Decimal
+    output: Decimal
+    cache_read: Decimal
+    cache_write: Decimal
+
+    def cost(
+        self, input_tokens: int, output_tokens: int, cache_read: int, cache_write: int
+    ) -> Decimal:
+        plain = input_tokens - cache_read - cache_write
+        return (
+            plain * self.input
+            + cache_read * self.cache_read
+            + cache_write * self.cache_write
+            + output_tokens * self.output
+        )
+
+
+_MTOK = 1_000_000
+# id(ModelPrice) -> (the price, its rates or None): the table's price objects live as long as
+# the process, and the price is kept here so its id cannot be reused.
+_RATES: dict[int, tuple[Any, FlatRates | None]] = {}
+
+
+def _flat_rates(found: Any, info: Any, at: datetime) -> FlatRates | None:
+    model_price = info.get_prices(at)
+    cached = _RATES.get(id(model_price))
+    if cached is not None and cached[0] is model_price:
+        return cached[1]
+    rates = _rates_of(found, info, model_price, at)
+    _RATES[id(model_price)] = (model_price, rates)
+    return rates
+
+
+def _rates_of(found: Any, info: Any, model_price: Any, at: datetime) -> FlatRates | None:
+    """The per-token rates, or None when the price has tiers (or anything else than plain
+    figures), or the table cannot price one of the four counts alone: then every call goes
+    through the table's own calculation."""
+    if not all(value is None or isinstance(value, Decimal) for value in vars(model_price).values()):
+        return None
+
+    def price(**counts: int) -> Decimal:
+        usage = genai_prices.Usage(**counts)
+        return Decimal(info.calc_price(usage, found, genai_request_timestamp=at).total_price)
+
+    try:
+        request = price()
+
+        def per_token(**counts: int) -> Decimal:
+            return price(**counts) - request
+
+        return FlatRates(
+            request=request,
+            input=per_token(input_tokens=_MTOK) / _MTOK,
+            output=per_token(output_tokens=_MTOK) / _MTOK,
+            cache_read=per_token(input_tokens=_MTOK, cache_read_tokens=_MTOK) / _MTOK,
+            cache_write=per_token(input_tokens=_MTOK, cache_write_tokens=_MTOK) / _MTOK,
+        )
+    except Exception:  # noqa: BLE001 - any refusal of a probe: use the table's calculation
+        return None
