@@ -139,9 +139,11 @@ class FlatRates:
 
     `genai_prices.calc_price` costs about 0.6 ms a call (it resolves the price's units every
     time), more than the rest of a usage event's work; a price without tiers is linear in the
-    token counts, so its per-token rates, taken from the table's own calculation, give the same
-    figure (tests/api/test_pricing_rates.py checks every flat price of the table)."""
+    token counts, so its per-token rates (and any fee per call), taken from the table's own
+    calculation, give the same figure (tests/api/test_pricing_rates.py checks every model of
+    the table)."""
 
+    request: Decimal  # per call, whatever its tokens (some providers charge one)
     input: Decimal
     output: Decimal
     cache_read: Decimal
@@ -152,7 +154,8 @@ class FlatRates:
     ) -> Decimal:
         plain = input_tokens - cache_read - cache_write
         return (
-            plain * self.input
+            self.request
+            + plain * self.input
             + cache_read * self.cache_read
             + cache_write * self.cache_write
             + output_tokens * self.output
@@ -163,6 +166,13 @@ _MTOK = 1_000_000
 # id(ModelPrice) -> (the price, its rates or None): the table's price objects live as long as
 # the process, and the price is kept here so its id cannot be reused.
 _RATES: dict[int, tuple[Any, FlatRates | None]] = {}
+
+
+def flat_rates_for(model: str, provider: str, at: datetime) -> FlatRates | None:
+    """The per-token rates the table's price for `model` has at `at` (None: it has tiers, or
+    the table's own calculation is used for another reason)."""
+    found, info = _SNAPSHOT.find_provider_model(model, None, provider or None, None)
+    return _flat_rates(found, info, at)
 
 
 def _flat_rates(found: Any, info: Any, at: datetime) -> FlatRates | None:

@@ -10,7 +10,7 @@ from decimal import Decimal
 import genai_prices
 import genai_prices.data_snapshot
 
-from runs.pricing import price_call
+from runs.pricing import FlatRates, flat_rates_for, price_call
 
 AT = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 PLACES = Decimal("1e-10")  # Usage.cost_usd's scale
@@ -30,7 +30,7 @@ def _table_models():
 
 
 def test_every_table_model_prices_as_the_package_does():
-    compared = flat = 0
+    compared = fast = 0
     for provider, model in _table_models():
         for input_tokens, output_tokens, cache_read, cache_write in COUNTS:
             try:
@@ -67,9 +67,15 @@ def test_every_table_model_prices_as_the_package_does():
                 (input_tokens, output_tokens, cache_read, cache_write),
             )
             compared += 1
-        flat += all(
-            value is None or isinstance(value, Decimal)
-            for value in vars(model.get_prices(AT)).values()
-        )
+            fast += isinstance(flat_rates_for(model.id, provider.id, AT), FlatRates)
     assert compared > 1000  # the whole table, not a handful
-    assert flat > 100  # most prices take the per-token path
+    assert fast > compared // 2  # most prices take the per-token path
+
+
+def test_common_models_take_the_per_token_path():
+    for model, provider in [("gpt-4o", "openai"), ("gpt-4o-mini", "openai")]:
+        rates = flat_rates_for(model, provider, AT)
+        assert isinstance(rates, FlatRates), model
+        assert rates.input > 0 and rates.output > rates.input
+    # A price with tiers (by context length) goes through the package's own calculation.
+    assert flat_rates_for("claude-sonnet-4-5", "anthropic", AT) is None
