@@ -245,7 +245,7 @@ def _spend_sorted(
     if mark is not None:
         amount, run_id = mark
         ranked = ranked.filter(Q(spend__lt=amount) | Q(spend=amount, pk__lt=run_id))
-    chunk = list(ranked.order_by("-spend", "-pk")[: size + 1])
+    chunk: list[Run] = list(ranked.order_by("-spend", "-pk")[: size + 1])
     rows = chunk[:size]
     cursor = ""
     if len(chunk) > size:

@@ -99,7 +99,7 @@ def team_budget_charge(run: Run, amount_usd: Decimal, *, now: datetime) -> Charg
     charge = Charge()
     warned: dict[str, date] = {}
     for name, limit, spent, period, warned_for in _budget_states(budget):
-        if limit is None:
+        if limit is None or period is None:
             continue
         if spent >= limit and not charge.exhausted:
             charge.exhausted = name
@@ -175,8 +175,9 @@ def team_budget_note(budget: TeamBudget, name: str) -> str:
     else:
         spent, limit = budget.month_spent_usd, budget.monthly_usd
         period = f"month {budget.month:%Y-%m}" if budget.month else "month"
+    limit_text = "no limit" if limit is None else f"{limit.normalize():f}"
     return (
-        f"budget {name} exhausted: {spent.normalize():f} USD of {limit.normalize():f} USD "
+        f"budget {name} exhausted: {spent.normalize():f} USD of {limit_text} USD "
         f"({period}, {budget.time_zone})"
     )
 
