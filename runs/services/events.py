@@ -910,6 +910,7 @@ MAX_CALL_TOKENS = 100_000_000
 MAX_CALL_COST_USD = Decimal(10_000)
 _COST_PLACES = Decimal("1e-10")  # Usage.cost_usd's scale: stored sums equal the rows' sums
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+_STEP_KEY_LIMIT = 120  # Usage.step_key
 
 
 def _tokens(event: dict[str, Any], key: str, *, required: bool) -> int:
@@ -983,7 +984,9 @@ def _on_usage(
             "cache_read_tokens + cache_write_tokens exceed input_tokens "
             "(input_tokens counts every input token, cached or not)",
         )
-    step_key = _text(event, "step_key", limit=120)
+    step_key = _text(event, "step_key", limit=_STEP_KEY_LIMIT + 1)
+    if len(step_key) > _STEP_KEY_LIMIT:  # refused, not cut: a cut key names another step
+        raise _EventRejected("invalid", f"step_key is longer than {_STEP_KEY_LIMIT} characters")
     price = price_call(
         model=model,
         provider=provider,
