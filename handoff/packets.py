@@ -29,7 +29,7 @@ from runs.models import (
     Usage,
     is_unconfirmed_side_effect,
 )
-from runs.services import run_dirty_reasons
+from runs.selectors import run_dirty_reasons
 from runs.services.budget import (
     TEAM_BUDGET_NAMES,
     budget_from_note,

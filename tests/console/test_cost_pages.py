@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from console.access import Access
-from console.selectors import RunFilters, runs_page
+from console.selectors.runs import RunFilters, runs_page
 from runs import services
 from runs.models import LedgerEntry, TeamBudget, TeamPrice
 from tests.support.scenarios import AGENT, SYSTEM, new_run, start
