@@ -115,6 +115,7 @@ INSTALLED_APPS = [
     "runs.api",
     "handoff",
     "notifications",
+    "policies",
     "gateway",
     "accounts",
     "console",

@@ -25,6 +25,8 @@ class Event(models.TextChoices):
     HANDOFF_WAITING = "handoff.waiting", "A handoff is waiting"
     DRAIN_DEADLINE_PASSED = "drain.deadline_passed", "A drain deadline passed"
     LEDGER_BROKEN = "ledger.broken", "The ledger chain is broken"
+    POLICY_STOPPED = "policy.stopped", "A policy stopped a run"
+    POLICY_NOTIFIED = "policy.notified", "A policy matched (notify)"
 
 
 ALL_EVENTS: list[str] = list(Event.values)

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from runs import notify
+from runs import hooks, notify
 from runs.actors import Actor
 from runs.errors import NotFound
 from runs.ledger import ledger_append
@@ -185,7 +185,18 @@ def events_ingest(
                 actor=Actor.system("budget"),
                 now=now,
             )
+        # The team's policies see the batch's facts written, in this same transaction.
+        if run.status == RunStatus.RUNNING:
+            hooks.policies().events(run, _accepted_types(events, answers), now=now)
     return answers
+
+
+def _accepted_types(events: list[dict[str, Any]], answers: list[EventAnswer]) -> list[str]:
+    return [
+        str(event.get("type", ""))
+        for event, answer in zip(events, answers, strict=True)
+        if answer.status == "accepted"
+    ]
 
 
 def _step_keys(events: Iterable[dict[str, Any]]) -> set[str]:
