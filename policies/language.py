@@ -110,8 +110,8 @@ def _located(detail: str) -> ExpressionError:
     if found is None:
         return ExpressionError(detail.removeprefix("INVALID_ARGUMENT: ").strip()[:300])
     message = found.group(3).replace(" (in container '')", "")
-    # CEL counts columns from 0; people count from 1.
-    return ExpressionError(message, int(found.group(1)), int(found.group(2)) + 1)
+    # CEL's line and column both count from 1, as people do.
+    return ExpressionError(message, int(found.group(1)), int(found.group(2)))
 
 
 def referenced_names(text: str) -> tuple[str, ...]:

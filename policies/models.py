@@ -112,3 +112,31 @@ class RunFacts(models.Model):
     hold_reason = models.CharField(max_length=500, blank=True)
     # Policies that already notified or observed this run ("<id>:<kind>"): once per run.
     fired = models.JSONField(default=list)
+
+
+class PolicyTestStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class PolicyTest(models.Model):
+    """A test against history too large to answer in the request: run in the background, its
+    progress readable while it runs."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    requested_by = models.CharField(max_length=150)
+    expression = models.TextField()
+    days = models.PositiveIntegerField()
+    agent_glob = models.CharField(max_length=200, default="*")
+    tool_glob = models.CharField(max_length=200, default="*")
+    status = models.CharField(
+        max_length=12, choices=PolicyTestStatus.choices, default=PolicyTestStatus.QUEUED
+    )
+    done = models.PositiveBigIntegerField(default=0)
+    total = models.PositiveBigIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)

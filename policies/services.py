@@ -11,9 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
+from policies.history import MAX_DAYS, SYNC_EVENTS_MAX, events_count, history_test
 from policies.language import ExpressionError, compile_expression
-from policies.models import Policy, PolicyAction, PolicyMode, PolicyOnError
+from policies.models import (
+    Policy,
+    PolicyAction,
+    PolicyMode,
+    PolicyOnError,
+    PolicyTest,
+    PolicyTestStatus,
+)
 from runs.actors import Actor
 from runs.errors import InvalidInput, NotFound
 from runs.ledger import ledger_append
@@ -177,3 +186,107 @@ def policy_delete(*, policy_id: int, actor: Actor) -> None:
         ledger_append(
             run=None, actor=actor, action="policy.deleted", team_slug=team_slug, payload=snapshot
         )
+
+
+# --------------------------------------------------------------------------------------------
+# test against history
+
+
+def policy_test(
+    *,
+    team: Team,
+    actor: Actor,
+    expression: str,
+    days: int = 7,
+    agent_glob: str = "*",
+    tool_glob: str = "*",
+) -> dict[str, Any] | PolicyTest:
+    """Replay the team's last `days` of recorded events through `expression`: the answer at
+    once up to `SYNC_EVENTS_MAX` events, else a queued `PolicyTest` run in the background."""
+    expression_check(expression)
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_DAYS:
+        raise InvalidInput(f"days must be a whole number from 1 to {MAX_DAYS}", field="days")
+    agent_glob = approval_rule_validate_glob(agent_glob or "*", field="agent_glob") or "*"
+    tool_glob = approval_rule_validate_glob(tool_glob or "*", field="tool_glob") or "*"
+    total = events_count(team_id=team.pk, days=days)
+    if total <= SYNC_EVENTS_MAX:
+        return history_test(
+            team_id=team.pk,
+            team_slug=team.slug,
+            expression=expression,
+            days=days,
+            agent_glob=agent_glob,
+            tool_glob=tool_glob,
+        )
+    test = PolicyTest.objects.create(
+        team=team,
+        requested_by=actor.name[:150],
+        expression=expression,
+        days=days,
+        agent_glob=agent_glob,
+        tool_glob=tool_glob,
+        total=total,
+    )
+    transaction.on_commit(lambda: policy_test_soon(test.pk))
+    return test
+
+
+def policy_test_soon(test_id: int) -> None:
+    """Run a queued test outside the request: a Celery task when Celery does the background
+    work, else a thread of this process (the embedded default has no worker)."""
+    from runs.background import background_runs_in_process
+
+    if background_runs_in_process():
+        import threading
+
+        threading.Thread(
+            target=_policy_test_in_thread, args=(test_id,), daemon=True, name="policy-test"
+        ).start()
+    else:
+        from policies.tasks import history_test_task
+
+        history_test_task.delay(test_id)
+
+
+def _policy_test_in_thread(test_id: int) -> None:
+    from django.db import close_old_connections
+
+    try:
+        policy_test_run(test_id)
+    finally:
+        close_old_connections()
+
+
+def policy_test_run(test_id: int) -> PolicyTest | None:
+    """Run a queued test, recording progress as it goes; its result (or error) at the end."""
+    test = PolicyTest.objects.select_related("team").filter(pk=test_id).first()
+    if test is None or test.status != PolicyTestStatus.QUEUED:
+        return test
+    PolicyTest.objects.filter(pk=test_id).update(status=PolicyTestStatus.RUNNING)
+
+    def progress(done: int, total: int) -> None:
+        PolicyTest.objects.filter(pk=test_id).update(done=done, total=total)
+
+    try:
+        result = history_test(
+            team_id=test.team_id,
+            team_slug=test.team.slug,
+            expression=test.expression,
+            days=test.days,
+            agent_glob=test.agent_glob,
+            tool_glob=test.tool_glob,
+            progress=progress,
+        )
+    except Exception as error:  # a failed test is reported on the test, not lost in a log
+        PolicyTest.objects.filter(pk=test_id).update(
+            status=PolicyTestStatus.FAILED, error=str(error)[:2000], finished_at=timezone.now()
+        )
+    else:
+        PolicyTest.objects.filter(pk=test_id).update(
+            status=PolicyTestStatus.DONE,
+            result=result,
+            done=result["events"],
+            total=result["events"],
+            finished_at=timezone.now(),
+        )
+    return PolicyTest.objects.filter(pk=test_id).first()

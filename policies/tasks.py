@@ -10,3 +10,10 @@ from policies.periodic import policies_tick
 @shared_task(name="policies.tasks.tick", ignore_result=True)
 def tick() -> int:
     return policies_tick()
+
+
+@shared_task(name="policies.tasks.history_test", ignore_result=True)
+def history_test_task(test_id: int) -> None:
+    from policies.services import policy_test_run
+
+    policy_test_run(test_id)
