@@ -11,8 +11,8 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from handoff.models import ResolutionDecision
-from runs.argument_schemas import MAX_JSON_DEPTH, json_too_deep
 from policies.models import PolicyAction, PolicyMode, PolicyOnError
+from runs.argument_schemas import MAX_JSON_DEPTH, json_too_deep
 from runs.models import (
     ApprovalAppliesTo,
     ApprovalRisk,

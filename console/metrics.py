@@ -373,8 +373,10 @@ def _policy_families(
         "Times a policy acted (mode enforce) or would have acted (mode observe), by team, "
         "policy and mode.",
         [
-            ({"team": row["team__slug"], "policy": row["policy_name"], "mode": row["mode"]},
-             row["hits"])
+            (
+                {"team": row["team__slug"], "policy": row["policy_name"], "mode": row["mode"]},
+                row["hits"],
+            )
             for row in hits
         ],
     )

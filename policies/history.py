@@ -63,7 +63,12 @@ def _events(run_ids: list[str]) -> dict[str, list[Event]]:
     for run_id, at, finished, tool, arguments, side_effect, state in ExecutionRecord.objects.filter(
         run_id__in=run_ids
     ).values_list(
-        "run_id", "permitted_at", "finished_at", "tool", "arguments", "side_effect",
+        "run_id",
+        "permitted_at",
+        "finished_at",
+        "tool",
+        "arguments",
+        "side_effect",
         "execution_state",
     ):
         by_run[run_id].append((at, 0, "tool.permit", (tool, arguments, side_effect)))
@@ -198,7 +203,10 @@ def history_test(
         replay = _Replay(rows[run_id], team_slug)
         hit, failed = _replay_run(replay, events, program, scope)
         done += len(events)
-        if progress is not None and done // PROGRESS_EVERY != (done - len(events)) // PROGRESS_EVERY:
+        if (
+            progress is not None
+            and done // PROGRESS_EVERY != (done - len(events)) // PROGRESS_EVERY
+        ):
             progress(done, total)
         errors += failed
         if hit is not None:

@@ -40,7 +40,16 @@ POLICY_FIELDS = (
     "tool_glob",
     "enabled",
 )
-_TEXT = ("name", "description", "expression", "action", "mode", "on_error", "agent_glob", "tool_glob")
+_TEXT = (
+    "name",
+    "description",
+    "expression",
+    "action",
+    "mode",
+    "on_error",
+    "agent_glob",
+    "tool_glob",
+)
 _CHOICES = {
     "action": PolicyAction.values,
     "mode": PolicyMode.values,

@@ -37,9 +37,7 @@ class PolicyRow:
 
 def _admin_choices(request: HtmxHttpRequest) -> list[tuple[str, str]]:
     access = request_access(request)
-    return [
-        (team.slug, team.slug) for team in visible_teams(access) if access.can_admin(team.pk)
-    ]
+    return [(team.slug, team.slug) for team in visible_teams(access) if access.can_admin(team.pk)]
 
 
 def _service_error(form: PolicyForm, error: DomainError) -> None:
@@ -142,7 +140,9 @@ def policy_edit(request: HtmxHttpRequest, policy_id: int) -> HttpResponse:
     policy = _policy_for(request, policy_id, admin=request.method == "POST")
     context = _edit_context(request, policy)
     if request.method != "POST":
-        return page(request, EDIT_TEMPLATE, {**context, "form": PolicyForm(initial=_initial(policy))})
+        return page(
+            request, EDIT_TEMPLATE, {**context, "form": PolicyForm(initial=_initial(policy))}
+        )
     form = PolicyForm(request.POST)
     if form.is_valid():
         try:
@@ -169,7 +169,9 @@ def policy_remove(request: HtmxHttpRequest, policy_id: int) -> HttpResponse:
     except DomainError as exc:
         return redirect_with(request, reverse("console:policies"), error=exc)
     return redirect_with(
-        request, reverse("console:policies"), ok=_("Policy %(name)s deleted.") % {"name": policy.name}
+        request,
+        reverse("console:policies"),
+        ok=_("Policy %(name)s deleted.") % {"name": policy.name},
     )
 
 

@@ -34,8 +34,8 @@ from console.views.common import (
 )
 from console.views.decisions import check_outbox_decision, outbox_decision, steering_decision
 from gateway.models import McpSession
-from runs import services
 from policies.models import PolicyHit
+from runs import services
 from runs.models import (
     STOPPABLE_STATUSES,
     STOPPED_STATUSES,

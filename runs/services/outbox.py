@@ -127,11 +127,14 @@ def outbox_enqueue(
         now = timezone.now()
         refusal = _check_work_may_start(run, epoch, now=now)
         verdict = hooks.NO_VERDICT
-        if refusal is None and (
-            verdict := hooks.policies().outbox(
-                run, transport=transport, destination=destination, payload=payload, now=now
-            )
-        ).stopped:
+        if (
+            refusal is None
+            and (
+                verdict := hooks.policies().outbox(
+                    run, transport=transport, destination=destination, payload=payload, now=now
+                )
+            ).stopped
+        ):
             refusal = RunNotRunning.for_run(run, verdict.stopped)
         if refusal is None:
             gate = (

@@ -44,7 +44,11 @@ def test_an_admin_creates_a_policy_from_a_template(as_admin, team):
     assert created.status_code == 302
     saved = Policy.objects.get()
     assert created["Location"] == f"/policies/{saved.pk}/"
-    assert (saved.expression, saved.mode, saved.created_by) == ("call.repeats >= 3", "enforce", "alice")
+    assert (saved.expression, saved.mode, saved.created_by) == (
+        "call.repeats >= 3",
+        "enforce",
+        "alice",
+    )
 
 
 def test_a_bad_expression_is_refused_at_the_field_with_line_and_column(as_admin, team):

@@ -117,7 +117,9 @@ def test_a_destination_outside_the_allow_list_holds_the_call(team):
         action="require_approval",
     )
     run, _lease = make_running(team)
-    allowed, _ = permit(run, "c1", side_effect="write", arguments={"url": "https://api.example.com/x"})
+    allowed, _ = permit(
+        run, "c1", side_effect="write", arguments={"url": "https://api.example.com/x"}
+    )
     assert allowed.execution_state == ExecutionState.PERMITTED
     held, _ = permit(run, "c2", side_effect="write", arguments={"url": "https://evil.test/x"})
     assert held.execution_state == ExecutionState.AWAITING_APPROVAL
@@ -180,15 +182,27 @@ def test_spend_in_an_events_batch_stops_the_run(team):
     run, _lease = make_running(team)
     answers = batch(
         run,
-        {"event_id": "u1", "type": "usage", "model": "x", "input_tokens": 1, "output_tokens": 1,
-         "cost_usd": 0.75},
+        {
+            "event_id": "u1",
+            "type": "usage",
+            "model": "x",
+            "input_tokens": 1,
+            "output_tokens": 1,
+            "cost_usd": 0.75,
+        },
     )
     assert answers[0].status == "accepted"
     assert reload(run).status == RunStatus.RUNNING
     batch(
         run,
-        {"event_id": "u2", "type": "usage", "model": "x", "input_tokens": 1, "output_tokens": 1,
-         "cost_usd": 0.5},
+        {
+            "event_id": "u2",
+            "type": "usage",
+            "model": "x",
+            "input_tokens": 1,
+            "output_tokens": 1,
+            "cost_usd": 0.5,
+        },
     )
     run = reload(run)
     assert run.stop_reason == "policy_violation"
@@ -200,8 +214,11 @@ def test_spend_in_an_events_batch_stops_the_run(team):
 def test_steps_in_an_events_batch(team):
     policy(team, "steps", 'run.steps >= 3 && event.type == "step.started"')
     run, _lease = make_running(team)
-    batch(run, {"event_id": "s1", "type": "step.started", "key": "a", "name": "a"},
-          {"event_id": "s2", "type": "step.started", "key": "b", "name": "b"})
+    batch(
+        run,
+        {"event_id": "s1", "type": "step.started", "key": "a", "name": "a"},
+        {"event_id": "s2", "type": "step.started", "key": "b", "name": "b"},
+    )
     assert reload(run).status == RunStatus.RUNNING
     batch(run, {"event_id": "s3", "type": "step.started", "key": "c", "name": "c"})
     assert reload(run).stop_reason == "policy_violation"

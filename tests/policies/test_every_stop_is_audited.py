@@ -40,15 +40,28 @@ def _stop_every_way(team) -> None:
     for n in range(2):
         result(failing, f"f{n}", ExecutionState.FAILED)
     spending, _ = make_running(team)
-    batch(spending, {"event_id": "u", "type": "usage", "model": "m", "input_tokens": 1,
-                     "output_tokens": 1, "cost_usd": 3})
+    batch(
+        spending,
+        {
+            "event_id": "u",
+            "type": "usage",
+            "model": "m",
+            "input_tokens": 1,
+            "output_tokens": 1,
+            "cost_usd": 3,
+        },
+    )
     bursting, _ = make_running(team)
     for n in range(2):
         try:
             services.outbox_enqueue(
-                run_id=bursting.pk, epoch=1, transport="email",
-                destination="ops@example.com", payload={"subject": "s", "body": str(n)},
-                idempotency_key=f"k{n}", actor=AGENT,
+                run_id=bursting.pk,
+                epoch=1,
+                transport="email",
+                destination="ops@example.com",
+                payload={"subject": "s", "body": str(n)},
+                idempotency_key=f"k{n}",
+                actor=AGENT,
             )
         except RunNotRunning:
             pass
@@ -61,7 +74,11 @@ def test_every_policy_stop_has_its_stop_request_and_ledger_entry(team):
     _stop_every_way(team)
     stops = StopRequest.objects.filter(reason="policy_violation")
     assert sorted(stops.values_list("requested_by", flat=True)) == [
-        "policy:burst", "policy:loop", "policy:slow", "policy:spend", "policy:streak",
+        "policy:burst",
+        "policy:loop",
+        "policy:slow",
+        "policy:spend",
+        "policy:streak",
     ]
     for stop in stops:
         entries = LedgerEntry.objects.filter(run=stop.run, action="run.stop_requested")
@@ -88,7 +105,9 @@ def test_the_policies_package_writes_no_run_state_itself():
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
                     if isinstance(target, ast.Attribute) and target.attr in (
-                        "status", "stop_epoch", "stop_reason"
+                        "status",
+                        "stop_epoch",
+                        "stop_reason",
                     ):
                         offenders.append(f"{path.name}:{node.lineno}")
             if (

@@ -11,7 +11,7 @@ from policies.periodic import policies_tick
 from policies.services import policy_update
 from runs.errors import RunNotRunning
 from runs.models import Approval, ExecutionState, LedgerEntry, RunStatus, StopRequest
-from tests.support.policies import ADMIN, permit, policy, result
+from tests.support.policies import ADMIN, permit, policy
 from tests.support.scenarios import make_running, reload
 
 pytestmark = pytest.mark.django_db
@@ -52,8 +52,7 @@ def test_a_policy_stop_notifies_once(team):
     notices = [
         notice
         for entry in LedgerEntry.objects.filter(run=run)
-        if (notice := event_for_entry(entry, run)) is not None
-        and notice.event == "policy.stopped"
+        if (notice := event_for_entry(entry, run)) is not None and notice.event == "policy.stopped"
     ]
     assert len(notices) == 1
     assert "loop" in notices[0].message["title"]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_packet_and_the_run_page_name_the_policy(team, bob):
-    policy(team, "loop", "call.repeats >= 2 && call.tool == \"search\"")
+    policy(team, "loop", 'call.repeats >= 2 && call.tool == "search"')
     run, lease = make_running(team)
     permit(run, "c1")
     with pytest.raises(RunNotRunning):

@@ -101,9 +101,7 @@ def test_a_policy_stop_racing_a_completion(team, pool):
         _race(
             pool,
             lambda run=run: permit(run, "c1"),
-            lambda run=run, n=n: run_complete(
-                run_id=run.pk, epoch=1, actor=AGENT, result={"n": n}
-            ),
+            lambda run=run, n=n: run_complete(run_id=run.pk, epoch=1, actor=AGENT, result={"n": n}),
         )
         run = reload(run)
         if run.status == RunStatus.COMPLETED:
