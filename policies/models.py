@@ -93,6 +93,9 @@ class PolicyHit(models.Model):
         ]
         ordering = ["-created_at", "-id"]
 
+    def __str__(self) -> str:
+        return f"{self.policy_name} {self.outcome} on {self.run_id}"
+
 
 class RunFacts(models.Model):
     """The aggregates policies read, kept incrementally on the run (never recomputed by
@@ -112,6 +115,9 @@ class RunFacts(models.Model):
     hold_reason = models.CharField(max_length=500, blank=True)
     # Policies that already notified or observed this run ("<id>:<kind>"): once per run.
     fired = models.JSONField(default=list)
+
+    def __str__(self) -> str:
+        return f"facts of {self.run_id}"
 
 
 class PolicyTestStatus(models.TextChoices):
@@ -140,3 +146,6 @@ class PolicyTest(models.Model):
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"policy test {self.pk} ({self.status})"
