@@ -11,6 +11,8 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from api.permissions import WrongRole, WrongTeam
+from api.views import READ_ERRORS, WRITE_ERRORS, ApiView
 from policies.language import CONTEXT
 from policies.models import Policy, PolicyAction, PolicyMode, PolicyOnError, PolicyTest
 from policies.rule_templates import TEMPLATES
@@ -21,8 +23,6 @@ from policies.services import (
     policy_update,
 )
 from runs.access import Capability
-from runs.api.permissions import WrongRole, WrongTeam
-from runs.api.views import READ_ERRORS, WRITE_ERRORS, ApiView
 from runs.errors import InvalidInput, NotFound
 from runs.models import Team
 

@@ -35,6 +35,7 @@ DOC = ROOT / "docs" / "ARCHITECTURE.md"
 PACKAGES = (
     "console",
     "accounts",
+    "api",
     "runs",
     "handoff",
     "notifications",
