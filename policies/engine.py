@@ -56,12 +56,21 @@ class Compiled:
     def names(self) -> tuple[str, ...]:
         return self.program.names if self.program else ()
 
-    def applies(self, agent: str, moment: Moment) -> bool:
-        if self.agent_glob not in ("", "*") and not fnmatchcase(agent, self.agent_glob):
+    @property
+    def reads_call(self) -> bool:
+        return any(name.startswith("call.") for name in self.names)
+
+    def applies(self, agent: Callable[[], str], moment: Moment) -> bool:
+        """In scope at this moment. A policy that reads `call.*` is checked only where there
+        is a call (a permit, an outbox item, a tool's result): elsewhere its values are
+        blanks, and `!(call.destination_host in [...])` would match every step."""
+        if self.reads_call and not moment.tool:
             return False
-        if self.tool_glob in ("", "*"):
-            return True
-        return moment.is_call and fnmatchcase(moment.tool, self.tool_glob)
+        if self.tool_glob not in ("", "*") and not (
+            moment.is_call and fnmatchcase(moment.tool, self.tool_glob)
+        ):
+            return False
+        return self.agent_glob in ("", "*") or fnmatchcase(agent(), self.agent_glob)
 
 
 # (id, updated_at) → compiled: an edit changes updated_at, so the next evaluation compiles the
@@ -135,7 +144,7 @@ def _call_values(moment: Moment) -> dict[str, Any]:
 def check(
     policies: Iterable[Compiled],
     *,
-    agent: str,
+    agent: Callable[[], str],
     moment: Moment,
     run_value: Callable[[str], Any],
 ) -> list[Result]:

@@ -18,6 +18,7 @@ An evaluation error is counted on the policy and, in enforce mode, applies its `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db.models import F
@@ -53,6 +54,7 @@ def policy_actor(policy: Compiled) -> Actor:
 
 _RUN_COLUMNS: dict[str, tuple[str, ...]] = {
     "run.agent": ("agent",),
+    "run.team": (),
     "run.elapsed_seconds": ("started_at", "created_at"),
     "run.tool_calls": ("tool_calls_count",),
     "run.cost_usd": ("cost_usd",),
@@ -61,17 +63,28 @@ _RUN_COLUMNS: dict[str, tuple[str, ...]] = {
 
 
 class LiveRun:
-    def __init__(self, run: Run, facts: RunFacts, now: Any, names: set[str]) -> None:
+    """The run's values, each read when a policy first asks for it."""
+
+    def __init__(self, run: Run, facts: Callable[[], RunFacts], now: Any, names: set[str]) -> None:
         self.run, self.facts, self.now = run, facts, now
         # The events batch builds its run from a few columns; load what the policies read
         # and the batch did not, in one query, rather than one query per deferred field.
-        wanted = {"agent"} | {c for name in names for c in _RUN_COLUMNS.get(name, ())}
-        missing = wanted & run.get_deferred_fields()
-        if missing:
-            run.refresh_from_db(fields=sorted(missing))
+        wanted = {c for name in names for c in _RUN_COLUMNS.get(name, ())}
+        self._missing = wanted & run.get_deferred_fields()
+
+    def _load(self, *columns: str) -> None:
+        deferred = self.run.get_deferred_fields()
+        if any(column in deferred for column in columns):
+            self.run.refresh_from_db(fields=sorted((self._missing | set(columns)) & deferred))
+            self._missing = set()
+
+    def agent(self) -> str:
+        self._load("agent")
+        return self.run.agent
 
     def value(self, name: str) -> Any:
         run = self.run
+        self._load(*_RUN_COLUMNS.get(name, ()))
         if name == "run.agent":
             return run.agent
         if name == "run.team":
@@ -86,14 +99,26 @@ class LiveRun:
         if name == "run.tool_calls":
             return run.tool_calls_count
         if name == "run.tool_failures_in_a_row":
-            return self.facts.tool_failures_in_a_row
+            return self.facts().tool_failures_in_a_row
         if name == "run.side_effects_last_minute":
-            return aggregates.side_effects_last_minute(self.facts, at=self.now.timestamp())
+            return aggregates.side_effects_last_minute(self.facts(), at=self.now.timestamp())
         if name == "run.cost_usd":
             return float(run.cost_usd or 0)
         if name == "run.tokens":
             return int(run.input_tokens or 0) + int(run.output_tokens or 0)
         raise KeyError(name)
+
+
+class _FactsRef:
+    """The run's facts row, read on first use (most moments of most runs never need it)."""
+
+    def __init__(self, run: Run, facts: RunFacts | None) -> None:
+        self.run, self.row = run, facts
+
+    def __call__(self) -> RunFacts:
+        if self.row is None:
+            self.row = _facts(self.run)
+        return self.row
 
 
 def _facts(run: Run) -> RunFacts:
@@ -112,8 +137,8 @@ def _save(facts: RunFacts) -> None:
 class _Acting:
     """What one moment's results do to the run, in order: the first stop ends the moment."""
 
-    def __init__(self, run: Run, facts: RunFacts, moment: Moment, now: Any) -> None:
-        self.run, self.facts, self.moment, self.now = run, facts, moment, now
+    def __init__(self, run: Run, facts: _FactsRef, moment: Moment, now: Any) -> None:
+        self.run, self.ref, self.moment, self.now = run, facts, moment, now
         self.stopped = ""
         self.hold = ("", "")
         self.facts_changed = False
@@ -137,6 +162,10 @@ class _Acting:
                 self._require_approval(result)
             elif action == PolicyAction.NOTIFY:
                 self._notify(result)
+
+    @property
+    def facts(self) -> RunFacts:
+        return self.ref()
 
     def _hit(self, result: Result, outcome: str, action: str, **extra: Any) -> PolicyHit:
         policy = result.policy
@@ -256,7 +285,7 @@ class _Acting:
         if self.stopped:
             return PolicyVerdict(stopped=self.stopped)
         name, reason = self.hold
-        if not name and self.moment.is_side_effect and self.facts.hold_name:
+        if not name and self.moment.is_side_effect and self.ref.row and self.facts.hold_name:
             # A hold an earlier moment asked for takes this side effect.
             name, reason = self.facts.hold_name, self.facts.hold_reason
             self.facts.hold_name = self.facts.hold_reason = ""
@@ -279,25 +308,22 @@ def _moment_at(
     moment: Moment,
     *,
     now: Any,
-    facts: RunFacts | None = None,
+    facts: RunFacts | _FactsRef | None = None,
     policies: list[Compiled] | None = None,
     facts_changed: bool = False,
 ) -> PolicyVerdict:
     """Evaluate the team's policies at `moment`, act, and save the run's facts if they moved
     (`facts_changed`: the caller already moved them)."""
     policies = team_policies(run.team_id) if policies is None else policies
-    if facts is None:
-        if not policies:
-            return NO_VERDICT
-        facts = _facts(run)
-    acting = _Acting(run, facts, moment, now)
+    ref = facts if isinstance(facts, _FactsRef) else _FactsRef(run, facts)
+    acting = _Acting(run, ref, moment, now)
     if policies:
         names = {name for policy in policies for name in policy.names}
-        live = LiveRun(run, facts, now, names)
-        acting.apply(check(policies, agent=run.agent, moment=moment, run_value=live.value))
+        live = LiveRun(run, ref, now, names)
+        acting.apply(check(policies, agent=live.agent, moment=moment, run_value=live.value))
     verdict = acting.verdict()
-    if acting.facts_changed or facts_changed:
-        _save(facts)
+    if ref.row is not None and (acting.facts_changed or facts_changed):
+        _save(ref.row)
     return verdict
 
 
@@ -345,14 +371,15 @@ class Checks(PolicyChecks):
         _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
 
     def events(self, run: Run, event_types: list[str], *, now: Any) -> None:
-        policies = team_policies(run.team_id)
+        policies = [policy for policy in team_policies(run.team_id) if not policy.reads_call]
         if not policies:
             return
-        facts = _facts(run)
+        facts = _FactsRef(run, None)
         for event_type in dict.fromkeys(event_types):  # each type once, in batch order
             if run.status != RunStatus.RUNNING:
                 return
-            _moment_at(run, Moment(event_type[:40]), now=now, facts=facts, policies=policies)
+            moment = Moment(event_type[:40])
+            _moment_at(run, moment, now=now, facts=facts, policies=policies)
 
 
 def time_policies(team_id: int) -> list[Compiled]:

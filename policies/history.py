@@ -232,7 +232,7 @@ def _replay_run(
     failed = 0
     for at, _order, kind, fields in events:
         moment = replay.moment(kind, fields, at)
-        if not scope.applies(run["agent"], moment):
+        if not scope.applies(lambda: run["agent"], moment):
             continue
         data = {
             "call.tool": moment.tool,
