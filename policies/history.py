@@ -81,6 +81,8 @@ def _events(run_ids: list[str]) -> dict[str, list[Event]]:
     for run_id, started, finished, status in Step.objects.filter(
         run_id__in=run_ids, started_at__isnull=False
     ).values_list("run_id", "started_at", "finished_at", "status"):
+        if started is None:
+            continue
         by_run[run_id].append((started, 0, "step.started", ()))
         if finished is not None and status in ("completed", "failed"):
             by_run[run_id].append((finished, 1, f"step.{status}", ()))

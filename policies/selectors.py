@@ -14,17 +14,17 @@ def hit_totals(*, team_ids: list[int] | None = None) -> list[dict[str, Any]]:
     hits = PolicyHit.objects.filter(outcome__in=(HitOutcome.ACTED, HitOutcome.WOULD_ACT))
     if team_ids is not None:
         hits = hits.filter(team_id__in=team_ids)
-    return list(
+    rows = (
         hits.values("team__slug", "policy_name", "mode")
         .annotate(hits=Count("id"))
         .order_by("team__slug", "policy_name", "mode")
     )
+    return [dict(row) for row in rows]
 
 
 def error_totals(*, team_ids: list[int] | None = None) -> list[dict[str, Any]]:
     policies = Policy.objects.all()
     if team_ids is not None:
         policies = policies.filter(team_id__in=team_ids)
-    return list(
-        policies.values("team__slug", "name", "errors_count").order_by("team__slug", "name")
-    )
+    rows = policies.values("team__slug", "name", "errors_count").order_by("team__slug", "name")
+    return [dict(row) for row in rows]
