@@ -60,6 +60,8 @@ _WATCHED = frozenset(
         "run.interrupted",
         "run.handed_off",
         "budget.warning",
+        "run.stop_requested",  # only a policy's stop (reason policy_violation) notifies
+        "policy.notified",
     }
 )
 
@@ -78,6 +80,10 @@ def event_for_entry(entry: LedgerEntry, run: Run | None) -> Notice | None:
         return _interrupted_notice(entry, payload, run)
     if action == "budget.warning":
         return _budget_warning_notice(payload, run)
+    if action == "run.stop_requested":
+        return _policy_stop_notice(entry, payload, run)
+    if action == "policy.notified":
+        return _policy_notice(entry, payload, run)
     return _handoff_notice(payload, run)
 
 
@@ -242,6 +248,44 @@ def _budget_warning_notice(payload: dict[str, Any], run: Run) -> Notice:
     )
     event = Event.BUDGET_WARNING
     return _notice(event, f"{event}:{run.team_id}:{budget}:{period}", run, message)
+def _policy_stop_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice | None:
+    """A policy's stop (DESIGN §14): one notice per stop, from the stop's own ledger entry."""
+    if entry.reason != StopReason.POLICY_VIOLATION:
+        return None
+    note = str(payload.get("note", ""))
+    policy = entry.actor.removeprefix("policy:")
+    message = Message(
+        title=f"Policy {policy} stopped a run: {run.title}",
+        text=(
+            f"The policy {policy} matched and stopped the run. The stop packet says what it saw "
+            "and what was in flight; review it before resuming or closing the run."
+        ),
+        link=public_url(reverse("console:run", args=[run.pk])),
+        link_label="Open the run",
+        facts=[*_run_facts(run), ("Policy", policy), ("Why", note[:300])],
+        run_id=run.pk,
+    )
+    epoch = payload.get("stop_epoch", entry.run_seq)
+    return _notice(Event.POLICY_STOPPED, f"{Event.POLICY_STOPPED}:{run.pk}:{epoch}", run, message)
+
+
+def _policy_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice:
+    policy = str(payload.get("policy", ""))
+    values = payload.get("values") or {}
+    seen = ", ".join(f"{name}={value!r}" for name, value in values.items())[:300]
+    message = Message(
+        title=f"Policy {policy} matched: {run.title}",
+        text=(
+            f"The policy {policy} ({str(payload.get('expression', ''))[:200]}) matched on this "
+            "run. Nothing was stopped or held: look at the run and decide whether it needs you."
+        ),
+        link=public_url(reverse("console:run", args=[run.pk])),
+        link_label="Open the run",
+        facts=[*_run_facts(run), ("Policy", policy), ("Saw", seen or "—")],
+        run_id=run.pk,
+    )
+    key = f"{Event.POLICY_NOTIFIED}:{run.pk}:{payload.get('policy_id', policy)}"
+    return _notice(Event.POLICY_NOTIFIED, key, run, message)
 
 
 def _handoff_notice(payload: dict[str, Any], run: Run) -> Notice:

@@ -26,6 +26,8 @@ class Event(models.TextChoices):
     DRAIN_DEADLINE_PASSED = "drain.deadline_passed", "A drain deadline passed"
     LEDGER_BROKEN = "ledger.broken", "The ledger chain is broken"
     BUDGET_WARNING = "budget.warning", "A team budget is 80 % spent"
+    POLICY_STOPPED = "policy.stopped", "A policy stopped a run"
+    POLICY_NOTIFIED = "policy.notified", "A policy matched (notify)"
 
 
 ALL_EVENTS: list[str] = list(Event.values)

@@ -113,6 +113,8 @@ class StopReason(models.TextChoices):
     DEPENDENCY_FAILURE = "dependency_failure", "Dependency failure"
     LEASE_EXPIRED = "lease_expired", "Lease expired"
     DRAIN_DEADLINE = "drain_deadline", "Drain deadline"
+    # A team's policy (DESIGN §14) acted; the actor is `policy:<name>`.
+    POLICY_VIOLATION = "policy_violation", "Policy violation"
 
 
 # Reasons an agent token may use to stop its own run (DESIGN §5).

@@ -617,6 +617,53 @@ def spend(ctx: Context) -> str:
     return ctx.ended(run)
 
 
+def looping(ctx: Context) -> str:
+    """A research agent stuck in a loop: it asks the same search with the same arguments until
+    the team's loop policy (`demo-loop`, DESIGN §14) stops it at the repeating permit."""
+    topic = ctx.rng.choice(["refund policy", "shipping times", "warranty terms"])
+
+    def search(run: AgentRun) -> None:
+        for _ in range(30):
+            with run.tool_call("search_web", {"query": topic, "page": 1}) as call:
+                ctx.pause(run, 0.3, 0.6)
+                call.result = "no new results"
+
+    run = ctx.perform(
+        f"Research {topic}",
+        "looping-researcher",
+        [Step("search", "Search until satisfied", "tool_read", search)],
+        result=lambda: {"topic": topic},
+    )
+    return ctx.ended(run)
+
+
+class _LedgerTimeout(Exception):
+    """The demo's flaky downstream: every call times out."""
+
+
+def flaky(ctx: Context) -> str:
+    """A sync agent whose tool keeps failing: the team's failure-streak policy
+    (`demo-failure-streak`) stops it at the third failed result in a row."""
+    batch = ctx.rng.randint(100, 999)
+
+    def sync(run: AgentRun) -> None:
+        for attempt in range(1, 20):
+            try:
+                with run.tool_call("ledger.sync", {"batch": batch, "attempt": attempt}):
+                    ctx.pause(run, 0.3, 0.6)
+                    raise _LedgerTimeout(f"ledger API timed out (attempt {attempt})")
+            except _LedgerTimeout as error:
+                log.info("flaky %s: %s", ctx.run_id, error)
+
+    run = ctx.perform(
+        f"Sync ledger batch {batch}",
+        "ledger-sync-bot",
+        [Step("sync", "Sync the batch", "tool_write", sync)],
+        result=lambda: {"batch": batch},
+    )
+    return ctx.ended(run)
+
+
 def steering(ctx: Context) -> str:
     """A reviewer steers the run; the agent applies the message at its next step."""
     incident = ctx.rng.randint(1000, 9999)
@@ -910,6 +957,9 @@ SCENARIOS: dict[str, Scenario] = {
     "budget": Scenario(budget, "platform", 1),
     "steering": Scenario(steering, "platform", 1),
     "watch": Scenario(watch, "payments", 2),
+    # Tripped by the demo teams' policies (console.demo.accounts.DEMO_POLICIES).
+    "looping": Scenario(looping, "platform", 1),
+    "flaky": Scenario(flaky, "payments", 1),
 }
 
 # Run by their own worker threads (`approval_workers`), so waiting approvals never starve the

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from runs import notify
+from runs import hooks, notify
 from runs.actors import Actor
 from runs.errors import NotFound
 from runs.ledger import ledger_append
@@ -189,6 +189,9 @@ def events_ingest(
                 actor=Actor.system("budget"),
                 now=now,
             )
+        # The team's policies see the batch's facts written, in this same transaction.
+        if run.status == RunStatus.RUNNING:
+            hooks.policies().events(run, _accepted_types(events, answers), now=now)
     return answers
 
 
@@ -201,6 +204,12 @@ def _charge_team_budget(run: Run, batch: _Batch, now: Any) -> str:
     if charge is None or not charge.exhausted or run.status != RunStatus.RUNNING:
         return ""
     return charge.note
+def _accepted_types(events: list[dict[str, Any]], answers: list[EventAnswer]) -> list[str]:
+    return [
+        str(event.get("type", ""))
+        for event, answer in zip(events, answers, strict=True)
+        if answer.status == "accepted"
+    ]
 
 
 def _step_keys(events: Iterable[dict[str, Any]]) -> set[str]:

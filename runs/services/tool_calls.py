@@ -8,6 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from runs import hooks
 from runs.actors import Actor
 from runs.errors import (
     BudgetExhausted,
@@ -40,6 +41,7 @@ from runs.services._base import (
     locked_run,
 )
 from runs.services.approvals import (
+    GateAnswer,
     approval_request_locked,
     gate_for_call,
     refuse_if_approval_closed,
@@ -116,9 +118,19 @@ def permit_request(
                 refusal = RunNotRunning.for_run(
                     run, f"the run's budget is exhausted ({budget_reason}); it is stopping"
                 )
+            elif (
+                verdict := hooks.policies().permit(
+                    run, tool=tool, arguments=arguments or {}, side_effect=side_effect, now=now
+                )
+            ).stopped:
+                refusal = RunNotRunning.for_run(run, verdict.stopped)
             else:
-                gate = gate_for_call(
-                    run, tool=tool, side_effect=side_effect, needs_approval=needs_approval
+                gate = (
+                    GateAnswer(None, verdict.hold, verdict.hold_name)
+                    if verdict.hold
+                    else gate_for_call(
+                        run, tool=tool, side_effect=side_effect, needs_approval=needs_approval
+                    )
                 )
                 record = _create_permit(
                     run,
@@ -298,6 +310,9 @@ def tool_result_report(
             recovery_action=recovery_action,
             actor=actor,
             now=now,
+        )
+        hooks.policies().tool_result(
+            run, tool=record.tool, execution_state=record.execution_state, now=now
         )
         _settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
     return record
