@@ -248,6 +248,8 @@ def _budget_warning_notice(payload: dict[str, Any], run: Run) -> Notice:
     )
     event = Event.BUDGET_WARNING
     return _notice(event, f"{event}:{run.team_id}:{budget}:{period}", run, message)
+
+
 def _policy_stop_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice | None:
     """A policy's stop (DESIGN §14): one notice per stop, from the stop's own ledger entry."""
     if entry.reason != StopReason.POLICY_VIOLATION:

@@ -219,6 +219,8 @@ def demo_costs_ensure() -> None:
         team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
         if not TeamBudget.objects.filter(team=team).exists():
             team_budget_set(team_id=team.pk, actor=actor, **budget)
+
+
 def demo_policies_ensure() -> int:
     """Create each demo policy its team does not have yet (by name), through the policy
     service (compiled, type-checked, ledgered); returns how many."""

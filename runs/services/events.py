@@ -204,6 +204,8 @@ def _charge_team_budget(run: Run, batch: _Batch, now: Any) -> str:
     if charge is None or not charge.exhausted or run.status != RunStatus.RUNNING:
         return ""
     return charge.note
+
+
 def _accepted_types(events: list[dict[str, Any]], answers: list[EventAnswer]) -> list[str]:
     return [
         str(event.get("type", ""))
