@@ -16,7 +16,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("safestop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["runs", "notifications"])
+app.autodiscover_tasks(["runs", "notifications", "policies"])
 # Several deployments (or test sessions) may share one Redis: each names its own queue.
 app.conf.task_default_queue = os.environ.get("SAFESTOP_CELERY_QUEUE", "safestop")
 
@@ -41,6 +41,7 @@ def beat_schedule(interval: float) -> dict[str, dict[str, object]]:
         "send-due-notifications": entry(
             "notifications.tasks.send_due_notifications", max(every, 1.0)
         ),
+        "policy-tick": entry("policies.tasks.tick", max(every, 1.0)),
         "remind-waiting-handoffs": entry("notifications.tasks.remind_waiting_handoffs", 60.0),
         "verify-ledger": entry(
             "notifications.tasks.verify_ledger", settings.SAFESTOP_LEDGER_VERIFY_SECONDS

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.translation import gettext, gettext_lazy
 
 from handoff.models import ResolutionDecision
+from policies.models import PolicyAction, PolicyMode, PolicyOnError
 from runs.argument_schemas import MAX_JSON_DEPTH, json_too_deep
 from runs.models import (
     ApprovalAppliesTo,
@@ -149,6 +150,14 @@ class RunFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=200, label="Search")
     after = forms.CharField(required=False, max_length=200)
     before = forms.CharField(required=False, max_length=200)
+    sort = forms.ChoiceField(
+        required=False,
+        choices=[
+            ("", gettext_lazy("Newest first")),
+            ("cost", gettext_lazy("Cost, most first")),
+            ("tokens", gettext_lazy("Tokens, most first")),
+        ],
+    )
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -428,3 +437,43 @@ class BulkStopForm(BulkSelectionForm):
         super().__init__(*args, **kwargs)
         if admin:
             self.fields["reason"].choices = [*HUMAN_STOP_REASONS, *ADMIN_STOP_REASONS]  # type: ignore[attr-defined]
+
+
+class PolicyForm(forms.Form):
+    """Types and choices only: the expression's compile and type check, the globs and the
+    unique name are the service's checks (`policies.services`), shown on their fields."""
+
+    ALLOWED_EXTRA = frozenset({"csrfmiddlewaretoken"})
+
+    name = forms.CharField(max_length=120)
+    description = forms.CharField(required=False, max_length=500)
+    expression = forms.CharField(max_length=4000, strip=False, widget=forms.Textarea)
+    action = forms.ChoiceField(choices=PolicyAction.choices, initial=PolicyAction.STOP)
+    mode = forms.ChoiceField(choices=PolicyMode.choices, initial=PolicyMode.OBSERVE)
+    on_error = forms.ChoiceField(
+        choices=PolicyOnError.choices, initial=PolicyOnError.REQUIRE_APPROVAL
+    )
+    agent_glob = forms.CharField(required=False, max_length=200, initial="*")
+    tool_glob = forms.CharField(required=False, max_length=200, initial="*")
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    def __init__(
+        self, *args: Any, teams: list[tuple[str, str]] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if teams is not None:
+            self.fields["team"] = forms.ChoiceField(choices=teams)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        unknown = sorted(set(self.data) - set(self.fields) - self.ALLOWED_EXTRA)
+        if unknown:
+            raise forms.ValidationError(f"unknown field: {', '.join(unknown)}")
+        return data
+
+    def policy_fields(self) -> dict[str, Any]:
+        return {name: self.cleaned_data[name] for name in self.fields if name != "team"}
+
+
+class PolicyTestForm(forms.Form):
+    days = forms.IntegerField(min_value=1, max_value=90, initial=7)

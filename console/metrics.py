@@ -34,6 +34,7 @@ from api.ratelimit import (
 )
 from console.selectors.metrics import login_failures, team_slugs
 from handoff.selectors import stop_quality
+from policies.selectors import error_totals, hit_totals
 from runs.models import TokenRole
 from runs.selectors import queue_depths, usage_totals
 from runs.tokens import api_token_authenticate
@@ -154,6 +155,8 @@ def render_metrics(
     denials: dict[str, int] | None = None,
     logins: dict[str, int] | None = None,
     usage: list[dict[str, Any]] | None = None,
+    policy_hits: list[dict[str, Any]] | None = None,
+    policy_errors: list[dict[str, Any]] | None = None,
 ) -> str:
     out = _Exposition()
     out.family(
@@ -289,6 +292,8 @@ def render_metrics(
     # cost (DESIGN §13): counters since the first usage event, not windowed
     if usage is not None:
         _cost_families(out, usage)
+    if policy_hits is not None:
+        _policy_families(out, policy_hits, policy_errors or [])
     # guessing: refused API credentials and console sign-ins
     if denials is not None:
         out.family(
@@ -359,6 +364,33 @@ def _cost_families(out: _Exposition, usage: list[dict[str, Any]]) -> None:
 _TOKEN_TYPES = ("input", "output", "cache_read", "cache_write")
 
 
+def _policy_families(
+    out: _Exposition, hits: list[dict[str, Any]], errors: list[dict[str, Any]]
+) -> None:
+    out.family(
+        "safestop_policy_hits_total",
+        "counter",
+        "Times a policy acted (mode enforce) or would have acted (mode observe), by team, "
+        "policy and mode.",
+        [
+            (
+                {"team": row["team__slug"], "policy": row["policy_name"], "mode": row["mode"]},
+                row["hits"],
+            )
+            for row in hits
+        ],
+    )
+    out.family(
+        "safestop_policy_errors_total",
+        "counter",
+        "Evaluation errors of each policy (an enforce-mode error applies its on_error).",
+        [
+            ({"team": row["team__slug"], "policy": row["name"]}, row["errors_count"])
+            for row in errors
+        ],
+    )
+
+
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     try:
@@ -388,6 +420,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
         denials=denials,
         logins=logins,
         usage=usage_totals(team_ids=team_ids),
+        policy_hits=hit_totals(team_ids=team_ids),
+        policy_errors=error_totals(team_ids=team_ids),
     )
     response = HttpResponse(text, content_type=CONTENT_TYPE)
     response["Cache-Control"] = "no-store"

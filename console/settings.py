@@ -115,6 +115,7 @@ INSTALLED_APPS = [
     "api",
     "handoff",
     "notifications",
+    "policies",
     "gateway",
     "accounts",
     "console",

@@ -22,6 +22,7 @@ urlpatterns = [
     ),
     # before api, whose last pattern answers a JSON 404 for anything else under /api/v1/
     path("api/v1/mcp/", include("gateway.urls")),
+    path("api/v1/policies/", include("policies.urls")),
     path("api/v1/", include("api.urls")),
     re_path(r"^api/", json_not_found),  # /api/, /api/v2/...: JSON too
     path(

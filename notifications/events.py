@@ -72,6 +72,9 @@ _WATCHED = frozenset(
         "run.stopped_dirty",
         "run.interrupted",
         "run.handed_off",
+        "budget.warning",
+        "run.stop_requested",  # only a policy's stop (reason policy_violation) notifies
+        "policy.notified",
     }
 )
 
@@ -101,6 +104,12 @@ def _notice_for(entry: LedgerEntry, run: Run) -> Notice | None:
         return _stopped_dirty_notice(entry, payload, run)
     if action == "run.interrupted":
         return _interrupted_notice(entry, payload, run)
+    if action == "budget.warning":
+        return _budget_warning_notice(payload, run)
+    if action == "run.stop_requested":
+        return _policy_stop_notice(entry, payload, run)
+    if action == "policy.notified":
+        return _policy_notice(entry, payload, run)
     return _handoff_notice(payload, run)
 
 
@@ -256,6 +265,72 @@ def _interrupted_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -
     )
     epoch = payload.get("stop_epoch", entry.run_seq)
     return _notice(event, f"{event}:{run.pk}:{epoch}", run, message)
+
+
+_BUDGET_PERIODS = {"team_daily_usd": "daily", "team_monthly_usd": "monthly"}
+
+
+def _budget_warning_notice(payload: dict[str, Any], run: Run) -> Notice:
+    """80 % of a team budget is spent. The key names the budget and its period: one warning
+    per budget and period, whatever run crossed it."""
+    budget = str(payload.get("budget", ""))
+    period = str(payload.get("period", ""))
+    which = _BUDGET_PERIODS.get(budget, budget)
+    spent, limit = str(payload.get("spent_usd", "")), str(payload.get("limit_usd", ""))
+    message = Message(
+        title=f"Team {which} budget 80 % spent: {spent} of {limit} USD",
+        text=(
+            f"The team has spent {spent} USD of its {which} budget of {limit} USD ({period}, "
+            f"{payload.get('time_zone', 'UTC')}). At 100 % its runs are stopped and it gets no "
+            "new permits until an admin raises the budget or the period ends."
+        ),
+        link=public_url(reverse("console:team_budget")),
+        link_label="Open the team budget",
+        facts=[("Budget", budget), ("Period", period), *_run_facts(run)],
+        run_id=run.pk,
+    )
+    event = Event.BUDGET_WARNING
+    return _notice(event, f"{event}:{run.team_id}:{budget}:{period}", run, message)
+
+
+def _policy_stop_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice | None:
+    """A policy's stop (DESIGN §14): one notice per stop, from the stop's own ledger entry."""
+    if entry.reason != StopReason.POLICY_VIOLATION:
+        return None
+    note = str(payload.get("note", ""))
+    policy = entry.actor.removeprefix("policy:")
+    message = Message(
+        title=f"Policy {policy} stopped a run: {run.title}",
+        text=(
+            f"The policy {policy} matched and stopped the run. The stop packet says what it saw "
+            "and what was in flight; review it before resuming or closing the run."
+        ),
+        link=public_url(reverse("console:run", args=[run.pk])),
+        link_label="Open the run",
+        facts=[*_run_facts(run), ("Policy", policy), ("Why", note[:300])],
+        run_id=run.pk,
+    )
+    epoch = payload.get("stop_epoch", entry.run_seq)
+    return _notice(Event.POLICY_STOPPED, f"{Event.POLICY_STOPPED}:{run.pk}:{epoch}", run, message)
+
+
+def _policy_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Notice:
+    policy = str(payload.get("policy", ""))
+    values = payload.get("values") or {}
+    seen = ", ".join(f"{name}={value!r}" for name, value in values.items())[:300]
+    message = Message(
+        title=f"Policy {policy} matched: {run.title}",
+        text=(
+            f"The policy {policy} ({str(payload.get('expression', ''))[:200]}) matched on this "
+            "run. Nothing was stopped or held: look at the run and decide whether it needs you."
+        ),
+        link=public_url(reverse("console:run", args=[run.pk])),
+        link_label="Open the run",
+        facts=[*_run_facts(run), ("Policy", policy), ("Saw", seen or "—")],
+        run_id=run.pk,
+    )
+    key = f"{Event.POLICY_NOTIFIED}:{run.pk}:{payload.get('policy_id', policy)}"
+    return _notice(Event.POLICY_NOTIFIED, key, run, message)
 
 
 def _handoff_notice(payload: dict[str, Any], run: Run) -> Notice:

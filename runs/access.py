@@ -77,7 +77,9 @@ WHY_NOT: Mapping[Capability, str] = {
 }
 
 # Reasons the server gives itself; a caller claiming them would falsify the stop-quality figures.
-SYSTEM_STOP_REASONS = frozenset({StopReason.LEASE_EXPIRED, StopReason.DRAIN_DEADLINE})
+SYSTEM_STOP_REASONS = frozenset(
+    {StopReason.LEASE_EXPIRED, StopReason.DRAIN_DEADLINE, StopReason.POLICY_VIOLATION}
+)
 CALLER_STOP_REASONS = [reason for reason in StopReason.values if reason not in SYSTEM_STOP_REASONS]
 # A token role listed here may stop only for these reasons; others may give any caller reason.
 TOKEN_STOP_REASONS: Mapping[str, frozenset[str]] = {TokenRole.AGENT: AGENT_STOP_REASONS}

@@ -119,3 +119,60 @@ def on_periodic(name: str, step: PeriodicStep) -> None:
 
 def periodic_steps() -> list[tuple[str, PeriodicStep]]:
     return list(_periodic_steps.items())
+
+
+# --------------------------------------------------------------------------------------------
+# policies (DESIGN §14): a team's rules, checked where the facts change, under the run lock
+
+
+@dataclass(frozen=True)
+class PolicyVerdict:
+    """What the team's policies decided about a call or an outbox item, under the run lock.
+
+    `stopped`: a policy stopped the run (through the stop service); the ask is refused with
+    this detail. `hold`: hold the ask for a reviewer, why in words; `hold_name` is the policy
+    the approval names.
+    """
+
+    stopped: str = ""
+    hold: str = ""
+    hold_name: str = ""
+
+
+NO_VERDICT = PolicyVerdict()
+
+
+class PolicyChecks:
+    """The policies app's checks; this base is the "no policies" answer runs uses until the
+    app registers its own (`policies.apps.PoliciesConfig.ready` → `register_policies`).
+
+    Each check runs inside the runs transaction that changes the fact, after its lock, and
+    acts only through runs services (the stop, the approval gate, the ledger)."""
+
+    def permit(
+        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: Any
+    ) -> PolicyVerdict:
+        return NO_VERDICT
+
+    def outbox(
+        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: Any
+    ) -> PolicyVerdict:
+        return NO_VERDICT
+
+    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: Any) -> None:
+        return None
+
+    def events(self, run: Run, event_types: list[str], *, now: Any) -> None:
+        return None
+
+
+_policy_checks = PolicyChecks()
+
+
+def register_policies(checks: PolicyChecks) -> None:
+    global _policy_checks
+    _policy_checks = checks
+
+
+def policies() -> PolicyChecks:
+    return _policy_checks

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from policies.models import Policy
+from policies.services import policy_create
 from runs.actors import Actor
-from runs.models import ApprovalRule, Membership, Role, Team
-from runs.services import approval_rule_create
+from runs.models import ApprovalRule, Membership, Role, Team, TeamBudget, TeamPrice
+from runs.services import approval_rule_create, team_budget_set, team_price_set
 from runs.tokens import team_ensure
 
 DEMO_TEAMS: tuple[tuple[str, str], ...] = (("payments", "Payments"), ("platform", "Platform"))
@@ -87,6 +89,44 @@ DEMO_APPROVAL_RULES: tuple[tuple[str, dict[str, object]], ...] = (
 )
 
 
+# Policies (DESIGN §14): two enforcing ones the simulator's `looping` and `flaky` agents trip
+# within a minute of `make run`, and one in observe mode that records what it would have done.
+DEMO_POLICIES: tuple[tuple[str, dict[str, object]], ...] = (
+    (
+        "platform",
+        {
+            "name": "demo-loop",
+            "description": "The same call five times in a row is a loop: stop it.",
+            "expression": "call.repeats >= 5",
+            "action": "stop",
+            "mode": "enforce",
+            "agent_glob": "looping-*",
+        },
+    ),
+    (
+        "payments",
+        {
+            "name": "demo-failure-streak",
+            "description": "Three failed tool results in a row: stop before it makes it worse.",
+            "expression": "run.tool_failures_in_a_row >= 3",
+            "action": "stop",
+            "mode": "enforce",
+            "agent_glob": "ledger-sync-*",
+        },
+    ),
+    (
+        "payments",
+        {
+            "name": "demo-long-runs",
+            "description": "Observe only: which runs would a 20-second limit have stopped?",
+            "expression": "run.elapsed_seconds > 20.0",
+            "action": "stop",
+            "mode": "observe",
+        },
+    ),
+)
+
+
 @dataclass(frozen=True)
 class EnsureReport:
     teams_created: int
@@ -94,6 +134,7 @@ class EnsureReport:
     memberships_created: int
     passwords_reset: int
     rules_created: int = 0
+    policies_created: int = 0
 
 
 def demo_accounts_ensure() -> EnsureReport:
@@ -130,8 +171,15 @@ def demo_accounts_ensure() -> EnsureReport:
                     membership.role = spec.role
                     membership.save(update_fields=["role"])
         rules_created = demo_rules_ensure()
+        demo_costs_ensure()
+        policies_created = demo_policies_ensure()
     return EnsureReport(
-        teams_created, users_created, memberships_created, passwords_reset, rules_created
+        teams_created,
+        users_created,
+        memberships_created,
+        passwords_reset,
+        rules_created,
+        policies_created,
     )
 
 
@@ -147,5 +195,41 @@ def demo_rules_ensure() -> int:
         if ApprovalRule.objects.filter(team=team, name=fields["name"]).exists():
             continue
         approval_rule_create(team_id=team.pk, actor=actor, **fields)
+        created += 1
+    return created
+
+
+# The payments team's own price for a model the price table lacks (its `payout-bot` calls it),
+# and a daily budget for payments, so the budgets page shows a period's spend.
+DEMO_TEAM_PRICES = [
+    ("payments", {"model": "qwen-max", "input_usd_per_mtok": "1.6", "output_usd_per_mtok": "6.4"})
+]
+DEMO_TEAM_BUDGETS = [("payments", {"time_zone": "UTC", "daily_usd": "20", "monthly_usd": "400"})]
+
+
+def demo_costs_ensure() -> None:
+    """The demo's team prices and budgets, each set once (through the services: ledgered);
+    an admin's later change is kept."""
+    actor = Actor.system("demo-setup")
+    for slug, fields in DEMO_TEAM_PRICES:
+        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        if not TeamPrice.objects.filter(team=team, model=fields["model"]).exists():
+            team_price_set(team_id=team.pk, actor=actor, **fields)
+    for slug, budget in DEMO_TEAM_BUDGETS:
+        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        if not TeamBudget.objects.filter(team=team).exists():
+            team_budget_set(team_id=team.pk, actor=actor, **budget)
+
+
+def demo_policies_ensure() -> int:
+    """Create each demo policy its team does not have yet (by name), through the policy
+    service (compiled, type-checked, ledgered); returns how many."""
+    created = 0
+    actor = Actor.system("demo-setup")
+    for slug, fields in DEMO_POLICIES:
+        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        if Policy.objects.filter(team=team, name=fields["name"]).exists():
+            continue
+        policy_create(team_id=team.pk, actor=actor, **fields)
         created += 1
     return created

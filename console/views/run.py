@@ -35,6 +35,7 @@ from console.views.common import (
 )
 from console.views.decisions import check_outbox_decision, outbox_decision, steering_decision
 from gateway.models import McpSession
+from policies.models import PolicyHit
 from runs import services
 from runs.models import (
     STOPPABLE_STATUSES,
@@ -50,6 +51,7 @@ from runs.selectors import (
     resume_blocked_reason,
     run_dirty_reasons,
     usage_by_model,
+    usage_by_step,
 )
 
 TEMPLATE = "console/run.html"
@@ -99,6 +101,9 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "run_tokens": run.input_tokens + run.output_tokens,
         # Lazy too, and read only when the run reported usage.
         "cost_by_model": usage_by_model(run_id=run.pk),
+        "cost_by_step": usage_by_step(run_id=run.pk),
+        # Lazy: what the team's policies did or would have done on this run (DESIGN §14).
+        "policy_hits": PolicyHit.objects.filter(run_id=run.pk).order_by("created_at", "id")[:50],
     }
     context.update(extra)
     return context

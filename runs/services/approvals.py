@@ -57,6 +57,8 @@ class GateAnswer:
 
     rule: ApprovalRule | None
     reason: str
+    # What the approval names as its rule when no approval rule held it (a policy's name).
+    name: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,7 +250,7 @@ def approval_request_locked(
         outbox_item=item,
         subject=subject,
         rule=rule,
-        rule_name=rule.name if rule else "",
+        rule_name=rule.name if rule else gate.name[:120],
         match_reason=gate.reason[:500],
         summary=summary,
         risk=risk or (rule.risk if rule else ApprovalRisk.MEDIUM),

@@ -14,6 +14,7 @@ from django.core.validators import validate_email
 from django.db.models import F
 from django.utils import timezone
 
+from runs import hooks
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -39,6 +40,7 @@ from runs.services._base import (
     locked_run,
 )
 from runs.services.approvals import (
+    GateAnswer,
     approval_request_locked,
     gate_for_item,
     validate_arguments_schema,
@@ -124,9 +126,23 @@ def outbox_enqueue(
             return existing, False
         now = timezone.now()
         refusal = _check_work_may_start(run, epoch, now=now)
+        verdict = hooks.NO_VERDICT
+        if (
+            refusal is None
+            and (
+                verdict := hooks.policies().outbox(
+                    run, transport=transport, destination=destination, payload=payload, now=now
+                )
+            ).stopped
+        ):
+            refusal = RunNotRunning.for_run(run, verdict.stopped)
         if refusal is None:
-            gate = gate_for_item(
-                run, transport=transport, destination=destination, needs_approval=needs_approval
+            gate = (
+                GateAnswer(None, verdict.hold, verdict.hold_name)
+                if verdict.hold
+                else gate_for_item(
+                    run, transport=transport, destination=destination, needs_approval=needs_approval
+                )
             )
             record = (
                 ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()

@@ -8,8 +8,10 @@ from typing import Any
 
 from django.utils import timezone
 
+from runs import hooks
 from runs.actors import Actor
 from runs.errors import (
+    BudgetExhausted,
     IllegalTransition,
     InvalidInput,
     NotFound,
@@ -28,6 +30,7 @@ from runs.models import (
     SideEffectState,
     Step,
     StepStatus,
+    StopReason,
 )
 from runs.services._base import (
     _RESULT_STATES,
@@ -38,6 +41,7 @@ from runs.services._base import (
     locked_run,
 )
 from runs.services.approvals import (
+    GateAnswer,
     approval_request_locked,
     gate_for_call,
     refuse_if_approval_closed,
@@ -46,6 +50,7 @@ from runs.services.approvals import (
 )
 from runs.services.budget import _budget_exceeded
 from runs.services.lifecycle import _settle_dirty_if_resolved, _stop_locked
+from runs.services.team_budgets import team_budget_refusal
 
 
 def permit_request(
@@ -83,7 +88,7 @@ def permit_request(
     """
     schema = validate_arguments_schema(arguments_schema)
     validate_risk(risk)
-    refusal: StaleEpoch | RunNotRunning | None = None
+    refusal: StaleEpoch | RunNotRunning | BudgetExhausted | None = None
     with locked_run(run_id) as run:
         now = timezone.now()
         refusal = _check_work_may_start(run, epoch, now=now)
@@ -99,7 +104,10 @@ def permit_request(
                 refuse_if_approval_closed(existing, run)
                 return existing, False
             budget_reason = _budget_exceeded(run, now=now, adding_tool_call=True)
-            if budget_reason:
+            team_refusal = None if budget_reason else _team_budget_refusal_locked(run, now=now)
+            if team_refusal is not None:
+                refusal = team_refusal
+            elif budget_reason:
                 _stop_locked(
                     run,
                     reason=budget_reason,
@@ -110,9 +118,19 @@ def permit_request(
                 refusal = RunNotRunning.for_run(
                     run, f"the run's budget is exhausted ({budget_reason}); it is stopping"
                 )
+            elif (
+                verdict := hooks.policies().permit(
+                    run, tool=tool, arguments=arguments or {}, side_effect=side_effect, now=now
+                )
+            ).stopped:
+                refusal = RunNotRunning.for_run(run, verdict.stopped)
             else:
-                gate = gate_for_call(
-                    run, tool=tool, side_effect=side_effect, needs_approval=needs_approval
+                gate = (
+                    GateAnswer(None, verdict.hold, verdict.hold_name)
+                    if verdict.hold
+                    else gate_for_call(
+                        run, tool=tool, side_effect=side_effect, needs_approval=needs_approval
+                    )
                 )
                 record = _create_permit(
                     run,
@@ -141,8 +159,27 @@ def permit_request(
                     )
                 return record, True
     assert refusal is not None
+    if isinstance(refusal, BudgetExhausted):
+        raise refusal
     _reject_late_write(run_id, kind="permit", epoch=epoch, error=refusal)
     raise refusal
+
+
+def _team_budget_refusal_locked(run: Run, *, now: Any) -> BudgetExhausted | None:
+    """A team over its daily or monthly budget gets no permit: the run is stopped through the
+    stop path (`budget_exhausted`, the budget named in its note) and the answer is
+    `409 budget_exhausted` naming the budget, until an admin raises it or the period ends."""
+    budget, note = team_budget_refusal(run.team_id, now=now)
+    if not budget:
+        return None
+    _stop_locked(
+        run, reason=StopReason.BUDGET_EXHAUSTED, note=note, actor=Actor.system("budget"), now=now
+    )
+    return BudgetExhausted.for_run(
+        run,
+        f"the team's budget is used up ({note}); an admin of the team can raise it",
+        budget=budget,
+    )
 
 
 def _refuse_another_call(
@@ -273,6 +310,9 @@ def tool_result_report(
             recovery_action=recovery_action,
             actor=actor,
             now=now,
+        )
+        hooks.policies().tool_result(
+            run, tool=record.tool, execution_state=record.execution_state, now=now
         )
         _settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
     return record

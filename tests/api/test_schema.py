@@ -36,6 +36,12 @@ DESIGN_PATHS = [
     ("get", "/api/v1/approval-rules/{rule_id}/"),
     ("patch", "/api/v1/approval-rules/{rule_id}/"),
     ("delete", "/api/v1/approval-rules/{rule_id}/"),
+    ("get", "/api/v1/policies/"),
+    ("post", "/api/v1/policies/"),
+    ("get", "/api/v1/policies/{policy_id}/"),
+    ("patch", "/api/v1/policies/{policy_id}/"),
+    ("delete", "/api/v1/policies/{policy_id}/"),
+    ("post", "/api/v1/policies/test/"),
 ]
 
 

@@ -23,8 +23,9 @@ from tests.support.scenarios import (
 
 pytestmark = pytest.mark.django_db
 
-# 16, and one for the MCP gateway's session row (the client and upstream a run came through)
-RUN_PAGE_MAX_QUERIES = 17
+# 16, one for the MCP gateway's session row (the client and upstream a run came through), and
+# one for the run's policy hits (what a team's policies did or would have done on it)
+RUN_PAGE_MAX_QUERIES = 18
 
 
 def _reload(run: Run) -> Run:

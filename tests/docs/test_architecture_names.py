@@ -39,6 +39,7 @@ PACKAGES = (
     "runs",
     "handoff",
     "notifications",
+    "policies",
     "gateway",
     "safestop_agent",
 )

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand
 
 from console.demo.accounts import (
     DEMO_APPROVAL_RULES,
+    DEMO_POLICIES,
     DEMO_TEAMS,
     DEMO_USERS,
     demo_accounts_ensure,
@@ -48,6 +49,9 @@ class Command(BaseCommand):
         )
         for team, rule in DEMO_APPROVAL_RULES:
             self.stdout.write(f"  {team:<10} {rule['name']}")
+        self.stdout.write(f"Demo policies ({report.policies_created} created; see /policies/):")
+        for team, policy in DEMO_POLICIES:
+            self.stdout.write(f"  {team:<10} {policy['name']} ({policy['mode']})")
         upstream = demo_mcp_ensure()
         if upstream is None:
             self.stdout.write(

@@ -4,7 +4,7 @@ import runs.models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("runs", "0014_usage_and_cost")]
+    dependencies = [("runs", "0016_stop_reason_policy_violation")]
 
     operations = [
         migrations.AddField(

@@ -1,0 +1,392 @@
+"""Policies enforced where the facts change, in that change's own transaction (DESIGN §14).
+
+`Checks` is what runs calls through `runs.hooks.policies()` (registered by
+`policies.apps.PoliciesConfig.ready`): runs sits below policies and never imports it. Each
+check runs under the run lock of the runs transition that asked, updates the run's aggregates
+(`RunFacts`), evaluates the team's enabled policies and acts only through runs services:
+
+- `stop` / `stop_and_take_over`: `_stop_locked` with reason `policy_violation` and actor
+  `policy:<name>` (one StopRequest, one ledger entry; the notification follows that entry); a
+  run already stopping is left alone;
+- `require_approval`: the call or outbox item being asked is held as an approval naming the
+  policy; matched away from a side effect, the run's next side effect is held;
+- `notify`: a `policy.notified` ledger entry, which the notification listener delivers;
+- `observe` mode: a would-act `PolicyHit` and a `policy.observed` ledger entry, nothing else.
+
+An evaluation error is counted on the policy and, in enforce mode, applies its `on_error`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import F
+
+from policies import facts as aggregates
+from policies.engine import Compiled, Moment, Result, check, describe_values, team_policies
+from policies.models import (
+    HitOutcome,
+    Policy,
+    PolicyAction,
+    PolicyHit,
+    PolicyMode,
+    PolicyOnError,
+    RunFacts,
+)
+from runs.actors import Actor
+from runs.hooks import NO_VERDICT, PolicyChecks, PolicyVerdict
+from runs.ledger import ledger_append
+from runs.models import ActorKind, Run, RunStatus, Step, StopReason, Team
+from runs.services._base import TRANSITIONS
+from runs.services.lifecycle import _stop_locked
+
+_STOPS = (PolicyAction.STOP, PolicyAction.STOP_AND_TAKE_OVER)
+
+
+def policy_actor(policy: Compiled) -> Actor:
+    return Actor(kind=ActorKind.SYSTEM, id=str(policy.id), name=f"policy:{policy.name}")
+
+
+# --------------------------------------------------------------------------------------------
+# the run's values, read once each and only when a policy reads them
+
+
+_RUN_COLUMNS: dict[str, tuple[str, ...]] = {
+    "run.agent": ("agent",),
+    "run.team": (),
+    "run.elapsed_seconds": ("started_at", "created_at"),
+    "run.tool_calls": ("tool_calls_count",),
+    "run.cost_usd": ("cost_usd",),
+    "run.tokens": ("input_tokens", "output_tokens"),
+}
+
+
+class LiveRun:
+    """The run's values, each read when a policy first asks for it."""
+
+    def __init__(self, run: Run, facts: Callable[[], RunFacts], now: Any, names: set[str]) -> None:
+        self.run, self.facts, self.now = run, facts, now
+        # The events batch builds its run from a few columns; load what the policies read
+        # and the batch did not, in one query, rather than one query per deferred field.
+        wanted = {c for name in names for c in _RUN_COLUMNS.get(name, ())}
+        self._missing = wanted & run.get_deferred_fields()
+
+    def _load(self, *columns: str) -> None:
+        deferred = self.run.get_deferred_fields()
+        if any(column in deferred for column in columns):
+            self.run.refresh_from_db(fields=sorted((self._missing | set(columns)) & deferred))
+            self._missing = set()
+
+    def agent(self) -> str:
+        self._load("agent")
+        return self.run.agent
+
+    def value(self, name: str) -> Any:
+        run = self.run
+        self._load(*_RUN_COLUMNS.get(name, ()))
+        if name == "run.agent":
+            return run.agent
+        if name == "run.team":
+            return Team.objects.filter(pk=run.team_id).values_list("slug", flat=True).first()
+        if name == "run.elapsed_seconds":
+            started = run.started_at or run.created_at
+            return max((self.now - started).total_seconds(), 0.0)
+        if name == "run.steps":
+            # Steps started so far (a planned step not yet started is not one), counted over
+            # the run's own steps only, and only when a policy reads it.
+            return Step.objects.filter(run_id=run.pk, started_at__isnull=False).count()
+        if name == "run.tool_calls":
+            return run.tool_calls_count
+        if name == "run.tool_failures_in_a_row":
+            return self.facts().tool_failures_in_a_row
+        if name == "run.side_effects_last_minute":
+            return aggregates.side_effects_last_minute(self.facts(), at=self.now.timestamp())
+        if name == "run.cost_usd":
+            return float(run.cost_usd or 0)
+        if name == "run.tokens":
+            return int(run.input_tokens or 0) + int(run.output_tokens or 0)
+        raise KeyError(name)
+
+
+class _FactsRef:
+    """The run's facts row, read on first use (most moments of most runs never need it)."""
+
+    def __init__(self, run: Run, facts: RunFacts | None) -> None:
+        self.run, self.row = run, facts
+
+    def __call__(self) -> RunFacts:
+        if self.row is None:
+            self.row = _facts(self.run)
+        return self.row
+
+
+def _facts(run: Run) -> RunFacts:
+    found = RunFacts.objects.filter(run_id=run.pk).first()
+    return found if found is not None else RunFacts(run_id=run.pk)
+
+
+def _save(facts: RunFacts) -> None:
+    facts.save(force_insert=facts._state.adding)
+
+
+# --------------------------------------------------------------------------------------------
+# acting
+
+
+class _Acting:
+    """What one moment's results do to the run, in order: the first stop ends the moment."""
+
+    def __init__(self, run: Run, facts: _FactsRef, moment: Moment, now: Any) -> None:
+        self.run, self.ref, self.moment, self.now = run, facts, moment, now
+        self.stopped = ""
+        self.hold = ("", "")
+        self.facts_changed = False
+
+    def apply(self, results: list[Result]) -> None:
+        for result in results:
+            if self.stopped:
+                return
+            policy = result.policy
+            action = policy.action
+            if result.error:
+                self._error(result)
+                if policy.mode == PolicyMode.OBSERVE or policy.on_error == PolicyOnError.IGNORE:
+                    continue
+                action = policy.on_error
+            if policy.mode == PolicyMode.OBSERVE:
+                self._observe(result)
+            elif action in _STOPS:
+                self._stop(result, takeover=action == PolicyAction.STOP_AND_TAKE_OVER)
+            elif action == PolicyAction.REQUIRE_APPROVAL:
+                self._require_approval(result)
+            elif action == PolicyAction.NOTIFY:
+                self._notify(result)
+
+    @property
+    def facts(self) -> RunFacts:
+        return self.ref()
+
+    def _hit(self, result: Result, outcome: str, action: str, **extra: Any) -> PolicyHit:
+        policy = result.policy
+        return PolicyHit.objects.create(
+            policy_id=policy.id,
+            team_id=self.run.team_id,
+            run_id=self.run.pk,
+            policy_name=policy.name,
+            expression=policy.expression,
+            mode=policy.mode,
+            action=action,
+            outcome=outcome,
+            event_type=self.moment.event_type[:40],
+            values=_json_values(result.values),
+            error=result.error,
+            created_at=self.now,
+            **extra,
+        )
+
+    def _once(self, policy: Compiled, kind: str) -> bool:
+        """True the first time this policy does `kind` on this run."""
+        key = f"{policy.id}:{kind}"
+        if key in self.facts.fired:
+            return False
+        self.facts.fired = [*self.facts.fired, key]
+        self.facts_changed = True
+        return True
+
+    def _payload(self, result: Result) -> dict[str, Any]:
+        return {
+            "policy": result.policy.name,
+            "policy_id": result.policy.id,
+            "expression": result.policy.expression,
+            "values": _json_values(result.values),
+            "event_type": self.moment.event_type,
+            "mode": result.policy.mode,
+            "action": result.policy.action,
+            **({"error": result.error} if result.error else {}),
+        }
+
+    def _error(self, result: Result) -> None:
+        policy = result.policy
+        Policy.objects.filter(pk=policy.id).update(
+            errors_count=F("errors_count") + 1,
+            last_error=f"run {self.run.pk} at {self.moment.event_type}: {result.error}"[:2000],
+            last_error_at=self.now,
+        )
+        if self._once(policy, "error"):
+            action = "" if policy.mode == PolicyMode.OBSERVE else policy.on_error
+            self._hit(result, HitOutcome.ERROR, action)
+
+    def _observe(self, result: Result) -> None:
+        if not self._once(result.policy, "observe"):
+            return
+        self._hit(result, HitOutcome.WOULD_ACT, result.policy.action)
+        ledger_append(
+            run=self.run,
+            actor=policy_actor(result.policy),
+            action="policy.observed",
+            payload=self._payload(result),
+        )
+
+    def _stop(self, result: Result, *, takeover: bool) -> None:
+        policy = result.policy
+        if RunStatus.CANCEL_REQUESTED not in TRANSITIONS[self.run.status]:
+            return  # already stopping or finished: never a second stop
+        why = f"evaluation error ({result.error}); on_error stops" if result.error else "matched"
+        note = (
+            f"policy {policy.name} {why}: {policy.expression} — saw "
+            f"{describe_values(result.values)}"
+        )
+        stop_request = _stop_locked(
+            self.run,
+            reason=StopReason.POLICY_VIOLATION,
+            note=note[:4000],
+            actor=policy_actor(policy),
+            now=self.now,
+            takeover=takeover,
+        )
+        self._hit(
+            result,
+            HitOutcome.ACTED,
+            PolicyAction.STOP_AND_TAKE_OVER if takeover else PolicyAction.STOP,
+            stop_request=stop_request,
+        )
+        self.stopped = f"the run was stopped by policy {policy.name!r} ({policy.expression})"
+
+    def _require_approval(self, result: Result) -> None:
+        policy = result.policy
+        why = f"evaluation error ({result.error}); on_error holds" if result.error else "matched"
+        reason = (
+            f"policy {policy.name} {why}: {policy.expression} — saw "
+            f"{describe_values(result.values)}"
+        )[:500]
+        if self.moment.is_side_effect:
+            if not self.hold[0]:
+                self.hold = (policy.name, reason)
+                self._hit(result, HitOutcome.ACTED, PolicyAction.REQUIRE_APPROVAL)
+        elif not self.facts.hold_name:
+            # Matched away from a side effect: the run's next side effect waits for a person.
+            self.facts.hold_name, self.facts.hold_reason = policy.name, reason
+            self.facts_changed = True
+            self._hit(result, HitOutcome.ACTED, PolicyAction.REQUIRE_APPROVAL)
+
+    def _notify(self, result: Result) -> None:
+        if not self._once(result.policy, "notify"):
+            return
+        self._hit(result, HitOutcome.ACTED, PolicyAction.NOTIFY)
+        ledger_append(
+            run=self.run,
+            actor=policy_actor(result.policy),
+            action="policy.notified",
+            payload=self._payload(result),
+        )
+
+    def verdict(self) -> PolicyVerdict:
+        if self.stopped:
+            return PolicyVerdict(stopped=self.stopped)
+        name, reason = self.hold
+        if not name and self.moment.is_side_effect and self.ref.row and self.facts.hold_name:
+            # A hold an earlier moment asked for takes this side effect.
+            name, reason = self.facts.hold_name, self.facts.hold_reason
+            self.facts.hold_name = self.facts.hold_reason = ""
+            self.facts_changed = True
+        if not name:
+            return NO_VERDICT
+        return PolicyVerdict(hold=reason, hold_name=name)
+
+
+def _json_values(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in values.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# the checks runs calls
+
+
+def _moment_at(
+    run: Run,
+    moment: Moment,
+    *,
+    now: Any,
+    facts: RunFacts | _FactsRef | None = None,
+    policies: list[Compiled] | None = None,
+    facts_changed: bool = False,
+) -> PolicyVerdict:
+    """Evaluate the team's policies at `moment`, act, and save the run's facts if they moved
+    (`facts_changed`: the caller already moved them)."""
+    policies = team_policies(run.team_id) if policies is None else policies
+    ref = facts if isinstance(facts, _FactsRef) else _FactsRef(run, facts)
+    acting = _Acting(run, ref, moment, now)
+    if policies:
+        names = {name for policy in policies for name in policy.names}
+        live = LiveRun(run, ref, now, names)
+        acting.apply(check(policies, agent=live.agent, moment=moment, run_value=live.value))
+    verdict = acting.verdict()
+    if ref.row is not None and (acting.facts_changed or facts_changed):
+        _save(ref.row)
+    return verdict
+
+
+class Checks(PolicyChecks):
+    def permit(
+        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: Any
+    ) -> PolicyVerdict:
+        facts = _facts(run)
+        aggregates.record_call(
+            facts, tool=tool, arguments=arguments, side_effect=side_effect, at=now.timestamp()
+        )
+        moment = Moment(
+            "tool.permit",
+            tool=tool,
+            arguments=arguments,
+            side_effect=side_effect,
+            destination_host=aggregates.call_host(arguments),
+            repeats=facts.repeats,
+            is_call=True,
+        )
+        return _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
+
+    def outbox(
+        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: Any
+    ) -> PolicyVerdict:
+        facts = _facts(run)
+        aggregates.record_side_effect(facts, at=now.timestamp())
+        moment = Moment(
+            "outbox.enqueue",
+            tool=transport,
+            arguments=payload,
+            side_effect="write",
+            destination_host=aggregates.host_of(destination),
+            is_call=True,
+        )
+        return _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
+
+    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: Any) -> None:
+        facts = _facts(run)
+        aggregates.record_result(facts, execution_state=execution_state)
+        if run.status != RunStatus.RUNNING:
+            _save(facts)
+            return
+        moment = Moment("tool.result", tool=tool)
+        _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
+
+    def events(self, run: Run, event_types: list[str], *, now: Any) -> None:
+        policies = [policy for policy in team_policies(run.team_id) if not policy.reads_call]
+        if not policies:
+            return
+        facts = _FactsRef(run, None)
+        for event_type in dict.fromkeys(event_types):  # each type once, in batch order
+            if run.status != RunStatus.RUNNING:
+                return
+            moment = Moment(event_type[:40])
+            _moment_at(run, moment, now=now, facts=facts, policies=policies)
+
+
+def time_policies(team_id: int) -> list[Compiled]:
+    return [policy for policy in team_policies(team_id) if "run.elapsed_seconds" in policy.names]
+
+
+def tick_run(run: Run, policies: list[Compiled], *, now: Any) -> None:
+    """A periodic look at a running run, for rules of time (`run.elapsed_seconds`)."""
+    if run.status == RunStatus.RUNNING and policies:
+        _moment_at(run, Moment("tick"), now=now, policies=policies)

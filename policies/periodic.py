@@ -1,0 +1,34 @@
+"""The periodic tick for rules of time (`run.elapsed_seconds`): nothing else changes a run's
+values between its facts, so only policies that read the clock are evaluated here."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from policies.evaluate import tick_run, time_policies
+from policies.models import Policy
+from runs.models import Run, RunStatus
+from runs.services import locked_run
+
+
+def policies_tick() -> int:
+    """Evaluate time rules on every running run of the teams that have one; returns how many
+    runs were looked at."""
+    team_ids = set(
+        Policy.objects.filter(enabled=True, expression__contains="elapsed_seconds").values_list(
+            "team_id", flat=True
+        )
+    )
+    looked = 0
+    for team_id in team_ids:
+        policies = time_policies(team_id)
+        if not policies:
+            continue
+        run_ids = Run.objects.filter(team_id=team_id, status=RunStatus.RUNNING).values_list(
+            "pk", flat=True
+        )
+        for run_id in list(run_ids):
+            with locked_run(run_id) as run:
+                tick_run(run, policies, now=timezone.now())
+            looked += 1
+    return looked
