@@ -26,6 +26,7 @@ class Event(models.TextChoices):
     HANDOFF_WAITING = "handoff.waiting", _("A handoff is waiting")
     DRAIN_DEADLINE_PASSED = "drain.deadline_passed", _("A drain deadline passed")
     LEDGER_BROKEN = "ledger.broken", _("The ledger chain is broken")
+    # xgettext:no-python-format
     BUDGET_WARNING = "budget.warning", _("A team budget is 80 % spent")
     POLICY_STOPPED = "policy.stopped", _("A policy stopped a run")
     POLICY_NOTIFIED = "policy.notified", _("A policy matched (notify)")
