@@ -745,10 +745,14 @@ class AgentRun:
 
     # -- events ----------------------------------------------------------------------
 
-    def event(self, type: str, **fields: Any) -> EventAnswer:
-        """Send one event with a fresh `event_id` at this lease's epoch; return its answer."""
+    def event(self, type: str, *, event_id: str | None = None, **fields: Any) -> EventAnswer:
+        """Send one event at this lease's epoch; return its answer.
+
+        `event_id` defaults to a fresh one; give your own to make a repeat of the same fact
+        (another process reporting it again) a `duplicate` rather than a second event.
+        """
         _, epoch = self._require_lease()
-        event = {"event_id": f"evt_{uuid.uuid4().hex}", "type": type, **fields}
+        event = {"event_id": event_id or f"evt_{uuid.uuid4().hex}", "type": type, **fields}
         try:
             answer = retry(
                 lambda: self.client.send_events(self.run_id, epoch=epoch, events=[event]),
@@ -851,14 +855,18 @@ class AgentRun:
         cache_write_tokens: int | None = None,
         cost_usd: float | Decimal | None = None,
         step_key: str | None = None,
+        event_id: str | None = None,
     ) -> EventAnswer:
         """Report one model call's tokens (`cost_usd` only if the provider said what it cost).
 
         The server prices the call and counts it against the run's cost and token budgets;
         reaching one stops the run. `step_key` defaults to the step open in this thread.
+        `event_id` (e.g. derived from the provider's response id) makes a repeated report
+        of the same call a `duplicate`, counted once.
         """
         return self.event(
             "usage",
+            event_id=event_id,
             **usage_fields(
                 model=model,
                 input_tokens=input_tokens,
