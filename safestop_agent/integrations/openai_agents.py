@@ -34,6 +34,13 @@ What the adapter does (DESIGN §9, §10):
   lease block turns into `drained`.
 - **Each model call is a step** (`model#<n>`) reported by `SafestopHooks`,
   which wrap the caller's own `RunHooks`.
+- **Usage is reported by itself.** Each model response's `usage` becomes one
+  `usage` event (`on_llm_end`; the step is the model call's): the top agent's
+  through `SafestopHooks`, and those of agents run as tools (their own
+  `Runner.run`) through the `AgentHooks` that `guard_agent` gives each copy.
+  The model is the run config's, else the agent's (a name, or a `Model`'s
+  `.model`); a response with a `response_id` is named by it, so a repeated
+  report counts once.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import asyncio
 import contextvars
 import copy
 import dataclasses
+import hashlib
 import inspect
 import json
 import logging
@@ -51,7 +59,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Literal, cast
 
-from agents import Agent, FunctionTool, Handoff, RunHooks, Runner
+from agents import Agent, AgentHooks, FunctionTool, Handoff, RunHooks, Runner
 from agents.result import RunResult, RunResultStreaming
 from agents.run_state import RunState
 from agents.tool import default_tool_error_function
@@ -356,6 +364,8 @@ def _guard_graph(
             handoffs.append(target)
     guarded.tools = tools
     guarded.handoffs = handoffs
+    if not isinstance(agent.hooks, _UsageAgentHooks):
+        guarded.hooks = _UsageAgentHooks(agent.hooks)
     return guarded
 
 
@@ -506,15 +516,115 @@ def _rebind(fn: Any, old: Any, new: Any, depth: int = 4) -> Any:
     return rebound
 
 
+def _model_name(agent: Any, run_config: Any = None) -> str:
+    """The model a response came from: the run config's, else the agent's, else the default."""
+    for candidate in (getattr(run_config, "model", None), getattr(agent, "model", None)):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+        named = getattr(candidate, "model", None)  # OpenAIResponsesModel, LitellmModel, ...
+        if isinstance(named, str) and named:
+            return named
+        if candidate is not None:
+            return type(candidate).__name__  # a model we cannot name: unpriced, still counted
+    try:
+        from agents.models import get_default_model
+    except ImportError:  # an SDK without a named default
+        return "unknown"
+    return str(get_default_model())
+
+
+def _claim(response: Any) -> bool:
+    """True the first time a response's usage is to be reported (run and agent hooks both see it).
+
+    Called before any await, so of two hooks handling the same response only one reports it.
+    """
+    if getattr(response, "_safestop_usage_reported", False):
+        return False
+    try:
+        object.__setattr__(response, "_safestop_usage_reported", True)
+    except (AttributeError, TypeError):  # a response that takes no attribute: report it anyway
+        pass
+    return True
+
+
+async def _report_usage(
+    run: AgentRun, agent: Any, response: Any, *, step_key: str | None, run_config: Any = None
+) -> None:
+    """One `usage` event for a model response (nothing for a response that used no tokens)."""
+    usage = getattr(response, "usage", None)
+    input_tokens = int(getattr(usage, "input_tokens", 0) or 0)
+    output_tokens = int(getattr(usage, "output_tokens", 0) or 0)
+    if usage is None or input_tokens + output_tokens == 0:
+        return
+    details = getattr(usage, "input_tokens_details", None)
+    cached = int(getattr(details, "cached_tokens", 0) or 0)
+    written = int(getattr(details, "cache_write_tokens", 0) or 0)  # in later SDKs only
+    response_id = getattr(response, "response_id", None) or getattr(response, "request_id", None)
+    event_id = None
+    if response_id:
+        digest = hashlib.sha256(f"{run.run_id}|{response_id}".encode()).hexdigest()[:32]
+        event_id = f"evt_usage_{digest}"
+    try:
+        await asyncio.to_thread(
+            run.report_usage,
+            model=_model_name(agent, run_config),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cache_read_tokens=cached or None,
+            cache_write_tokens=written or None,
+            step_key=step_key,
+            event_id=event_id,
+        )
+    except Exception as error:  # a fact that cannot be sent must not end the run
+        log.warning("safestop: usage of a model call not reported: %r", error)
+
+
+class _UsageAgentHooks(AgentHooks[Any]):
+    """The agent hooks `guard_agent` gives each copy: usage of the agent's model calls when it
+    runs under another `Runner.run` (as a tool), where `SafestopHooks` are not the run's hooks.
+    Every callback also goes to the agent's own hooks."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        await asyncio.sleep(0)  # the run's own hooks, started first, claim a response first
+        if _claim(response):
+            try:
+                run = active_run(context)
+            except RuntimeError:
+                run = None
+            if run is not None:
+                await _report_usage(run, agent, response, step_key=None)
+        if self.inner is not None:
+            await self.inner.on_llm_end(context, agent, response)
+
+
+def _delegate(name: str) -> Any:
+    async def delegated(self: _UsageAgentHooks, *args: Any, **kwargs: Any) -> None:
+        if self.inner is not None:
+            await getattr(self.inner, name)(*args, **kwargs)
+
+    delegated.__name__ = name
+    return delegated
+
+
+for _name in ("on_start", "on_end", "on_handoff", "on_tool_start", "on_tool_end", "on_llm_start"):
+    setattr(_UsageAgentHooks, _name, _delegate(_name))
+
+
 class SafestopHooks(RunHooks[Any]):
     """Run hooks: no model call or tool starts after a stop; each model call is a step.
 
     Wraps `inner` (the caller's own hooks), which still sees every callback.
     """
 
-    def __init__(self, run: AgentRun, inner: RunHooks[Any] | None = None) -> None:
+    def __init__(
+        self, run: AgentRun, inner: RunHooks[Any] | None = None, *, run_config: Any = None
+    ) -> None:
         self.run = run
         self.inner = inner
+        self.run_config = run_config
         self._open: dict[int, str] = {}
         self._counter = _Counter()
 
@@ -530,6 +640,8 @@ class SafestopHooks(RunHooks[Any]):
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         key = self._open.pop(id(agent), None)
+        if _claim(response):
+            await _report_usage(self.run, agent, response, step_key=key, run_config=self.run_config)
         if key is not None:
             await _fact(self.run, "step.completed", key=key)
         if self.inner is not None:
@@ -583,7 +695,7 @@ async def run_agent(
 ) -> RunResult:
     """`Runner.run(agent, input, ...)` that a stop cancels (raises `Cancelled`)."""
     run.token.raise_if_cancelled()
-    safestop_hooks = SafestopHooks(run, hooks)
+    safestop_hooks = SafestopHooks(run, hooks, run_config=kwargs.get("run_config"))
     active, steps = _ACTIVE.set(run), _STEPS.set(_Counter())
     try:
         task = asyncio.ensure_future(Runner.run(agent, input, hooks=safestop_hooks, **kwargs))
@@ -674,7 +786,12 @@ def run_agent_streamed(
     loop = asyncio.get_running_loop()
     active, steps = _ACTIVE.set(run), _STEPS.set(_Counter())
     try:
-        result = Runner.run_streamed(agent, input, hooks=SafestopHooks(run, hooks), **kwargs)
+        result = Runner.run_streamed(
+            agent,
+            input,
+            hooks=SafestopHooks(run, hooks, run_config=kwargs.get("run_config")),
+            **kwargs,
+        )
     finally:
         _ACTIVE.reset(active)
         _STEPS.reset(steps)
