@@ -48,6 +48,7 @@ import type {
   StopSignal,
   WireEvent,
 } from "./types.js";
+import { usageFields, type UsageReport } from "./usage.js";
 import { retry, shortText } from "./util.js";
 import { isNetworkError, type OutboxItem, type WireClient } from "./wire.js";
 
@@ -797,8 +798,8 @@ export class AgentRun {
   }
 
   /** Queue one event (a fact); it is sent with the next batch. Returns its `event_id`. */
-  event(type: string, fields: JsonObject = {}): string {
-    const event: WireEvent = { ...fields, event_id: `evt_${randomUUID().replaceAll("-", "")}`, type };
+  event(type: string, fields: JsonObject = {}, eventId?: string): string {
+    const event: WireEvent = { ...fields, event_id: eventId ?? `evt_${randomUUID().replaceAll("-", "")}`, type };
     this.queue.push({ event });
     if (this.queue.length >= this.options.eventBatchSize) void this.flush();
     else this.flushTimer ??= setTimeout(() => void this.flush(), this.options.eventFlushIntervalMs);
@@ -876,6 +877,22 @@ export class AgentRun {
     const stepKey = fields.stepKey ?? this.steps.getStore();
     if (stepKey !== undefined) event["step_key"] = stepKey;
     return this.event("artifact.added", event);
+  }
+
+  /**
+   * Report one model call's tokens as a `usage` event (DESIGN §13; OpenTelemetry's
+   * `gen_ai.usage.*` names). Queued and batched like every fact; returns its `event_id`.
+   * `inputTokens` counts every input token, cached ones included; give `costUsd` only when the
+   * provider said what the call cost (it then wins over the server's price table). `stepKey`
+   * defaults to the step open here; `eventId` (e.g. from the provider's response id) makes a
+   * repeated report of the same call a `duplicate`, counted once. Bad figures throw
+   * `RangeError` before anything is queued: the server would refuse the event.
+   */
+  reportUsage(usage: UsageReport): string {
+    const fields = usageFields(usage);
+    const stepKey = usage.stepKey ?? this.steps.getStore();
+    if (stepKey !== undefined) fields["step_key"] = stepKey;
+    return this.event("usage", fields, usage.eventId);
   }
 
   /** Report the run finished. After a stop the server keeps it as a late fact only. */

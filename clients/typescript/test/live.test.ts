@@ -448,6 +448,35 @@ describe("events", () => {
   });
 });
 
+describe("usage", () => {
+  test("reportUsage is batched with the other facts, counted once per eventId, and priced on the run", async () => {
+    const runId = await newRun("TS usage");
+    const run = await leased(runId, { eventFlushIntervalMs: 10_000 });
+    const sizes: number[] = [];
+    const send = run.client.sendEvents.bind(run.client);
+    run.client.sendEvents = (id, epoch, events) => {
+      sizes.push(events.length);
+      return send(id, epoch, events);
+    };
+    try {
+      await run.step("plan", "Plan", async () => {
+        run.reportUsage({ model: "gpt-4o", provider: "openai", inputTokens: 1200, outputTokens: 80, cacheReadTokens: 1000, eventId: "evt_usage_resp_1" });
+        run.reportUsage({ model: "gpt-4o", provider: "openai", inputTokens: 1200, outputTokens: 80, cacheReadTokens: 1000, eventId: "evt_usage_resp_1" });
+        run.reportUsage({ model: "my-own-model", inputTokens: 10, outputTokens: 5 });
+      });
+      assert.equal((await run.complete({ done: true })).status, "accepted");
+      await run.finish();
+    } finally {
+      run.client.sendEvents = send;
+    }
+    assert.deepEqual(sizes, [1, 5], "the usage events went out with the step's end, in one batch");
+    const info = await reviewer.getRun(runId);
+    assert.deepEqual(info["tokens"], { input: 1210, output: 85, total: 1295 }, "the repeat counted once");
+    assert.equal(info["unpriced_tokens"], 15, "a model the table lacks is unpriced, not $0");
+    assert.ok(Number(info["cost_usd"]) > 0, `priced from the table: ${String(info["cost_usd"])}`);
+  });
+});
+
 describe("the example", () => {
   test("examples/agent.ts runs, waits for a reviewer, and completes with the edited refund", async () => {
     const here = dirname(fileURLToPath(import.meta.url));
