@@ -46,6 +46,7 @@ What the adapter does (DESIGN §9, §10):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import copy
 import dataclasses
@@ -744,16 +745,21 @@ async def resume_agent(
     return await run_agent(run, agent, state, hooks=hooks, **kwargs)
 
 
-def _reviewer_approved(run: AgentRun, item: Any) -> bool:
-    """Ask the interrupted call's permit again until the reviewer has decided; True if approved."""
+def _interrupted_call(run: AgentRun, item: Any) -> ToolCall:
+    """The call an SDK interruption stands for, named as its permit was asked."""
     raw = item.raw_item
     field = raw.get if isinstance(raw, Mapping) else (lambda key: getattr(raw, key, None))
     arguments = field("arguments") or "{}"
-    call = run.new_tool_call(
+    return run.new_tool_call(
         str(item.tool_name or field("name")),
         json.loads(arguments) if isinstance(arguments, str) else dict(arguments),
         tool_call_id=f"{field('call_id')}.e{run.epoch}"[-120:],
     )
+
+
+def _reviewer_approved(run: AgentRun, item: Any) -> bool:
+    """Ask the interrupted call's permit again until the reviewer has decided; True if approved."""
+    call = _interrupted_call(run, item)
     try:
         while not run.ask_permit(call, wait=False):
             decision = run.wait_for_approval(str((call.approval or {})["id"]), poll_now=True)
@@ -762,6 +768,166 @@ def _reviewer_approved(run: AgentRun, item: Any) -> bool:
     except ApprovalRejected:
         return False
     return True
+
+
+SUSPENDED_FORMAT = "safestop.openai-agents.suspended/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class SuspendedRun:
+    """A run suspended at the SDK's approval interruptions, holding no lease and no process.
+
+    `state` is the SDK's saved `RunState` (`to_string()`), `approvals` the safestop
+    approvals the reviewers decide. Keep `to_string()` wherever the process that goes on
+    will find it (a file, a database row, a queue message), then
+    `resume_when_decided(client, agent, saved, worker_id=...)`.
+    """
+
+    run_id: str
+    epoch: int
+    approvals: tuple[str, ...]
+    state: str
+
+    def to_string(self) -> str:
+        return json.dumps(
+            {
+                "format": SUSPENDED_FORMAT,
+                "run_id": self.run_id,
+                "epoch": self.epoch,
+                "approvals": list(self.approvals),
+                "state": self.state,
+            }
+        )
+
+    @classmethod
+    def from_string(cls, text: str) -> SuspendedRun:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != SUSPENDED_FORMAT:
+            raise ValueError(
+                f"not a suspended run saved by suspend_for_approvals ({SUSPENDED_FORMAT})"
+            )
+        return cls(
+            run_id=str(data["run_id"]),
+            epoch=int(data["epoch"]),
+            approvals=tuple(str(a) for a in data["approvals"]),
+            state=str(data["state"]),
+        )
+
+
+def _waiting_approvals(run: AgentRun, interruptions: list[Any]) -> list[str]:
+    """The approvals of `interruptions` that still wait for a reviewer (asked again, not waited)."""
+    waiting: list[str] = []
+    for item in interruptions:
+        call = _interrupted_call(run, item)
+        try:
+            if not run.ask_permit(call, wait=False):
+                waiting.append(str((call.approval or {})["id"]))
+        except ApprovalRejected:
+            pass  # decided already: nothing to wait for
+    return waiting
+
+
+async def suspend_for_approvals(
+    run: AgentRun,
+    agent: Agent[Any],
+    result: RunResult,
+    *,
+    reason: str = "waiting_for_approval",
+    **kwargs: Any,
+) -> SuspendedRun | RunResult:
+    """Let the run wait for its reviewers without holding a process (`approval_flow="interrupt"`).
+
+    With interruptions in `result` that still wait for a reviewer, the lease is released
+    with `suspend` (the run is `suspended`; its approvals stay open for the reviewers) and a
+    `SuspendedRun` is returned: save its `to_string()` and let the process end. Decisions
+    that are already in are applied at once, in this process, with `resume_agent`, as is
+    the whole wait if a decision lands while the lease is being given back; so a
+    `RunResult` comes back when the run got past its interruptions here (call
+    `run.complete(...)`). `kwargs` go to `resume_agent`.
+    """
+    while result.interruptions:
+        waiting = await asyncio.to_thread(_waiting_approvals, run, list(result.interruptions))
+        state = result.to_state()
+        if waiting:
+            try:
+                await asyncio.to_thread(run.release, suspend=True, reason=reason)
+            except Refused as refused:
+                if refused.code != "illegal_transition":
+                    raise
+                # A decision landed in between (its call is permitted now): go on here.
+                log.info("safestop: not suspended (%s); resuming in this process", refused)
+            else:
+                assert run.epoch is not None
+                return SuspendedRun(run.run_id, run.epoch, tuple(waiting), state.to_string())
+        result = await resume_agent(run, agent, state, **kwargs)
+    return result
+
+
+async def _wait_for_decisions(
+    client: Any, suspended: SuspendedRun, *, poll_interval: float, timeout: float | None
+) -> None:
+    """Poll the approvals (no lease held) until none waits; `Cancelled` if the run was stopped."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        run_info = await asyncio.to_thread(client.get_run, suspended.run_id)
+        status = str(run_info.get("status") or "")
+        if status != "suspended":
+            raise Cancelled(
+                str(run_info.get("stop_reason") or status),
+                stop_epoch=run_info.get("stop_epoch"),
+            )
+        waiting = [
+            approval_id
+            for approval_id in suspended.approvals
+            if (await asyncio.to_thread(client.get_approval, approval_id)).get("status")
+            == "waiting"
+        ]
+        if not waiting:
+            return
+        if timeout is not None and loop.time() - started >= timeout:
+            raise TimeoutError(f"approvals {waiting} still waiting after {timeout}s")
+        await asyncio.sleep(poll_interval)
+
+
+@contextlib.asynccontextmanager
+async def resume_when_decided(
+    client: Any,
+    agent: Agent[Any],
+    saved: SuspendedRun | str,
+    *,
+    worker_id: str,
+    poll_interval: float = 2.0,
+    timeout: float | None = None,
+    lease_options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[AgentRun, SuspendedRun | RunResult]]:
+    """Go on with a `SuspendedRun` once its reviewers have decided, in any process.
+
+        async with resume_when_decided(client, agent, saved, worker_id="w2") as (run, outcome):
+            if isinstance(outcome, SuspendedRun):
+                store(outcome.to_string())  # it waits for reviewers again
+            else:
+                run.complete({"answer": outcome.final_output})
+
+    Waits holding nothing (the approvals are polled every `poll_interval` seconds), then
+    leases the run (same epoch: the decisions belong to it), answers each interruption
+    with its reviewer's decision (`resume_agent`: an approved call runs once, with the
+    final arguments) and goes on; new interruptions suspend the run again
+    (`suspend_for_approvals`). The lease is finished when the block ends. A stop of the
+    suspended run raises `Cancelled` (nothing to drain: no worker held it). `kwargs` go to
+    `resume_agent`; `lease_options` to `client.lease`.
+    """
+    suspended = SuspendedRun.from_string(saved) if isinstance(saved, str) else saved
+    await _wait_for_decisions(client, suspended, poll_interval=poll_interval, timeout=timeout)
+    run = client.lease(suspended.run_id, worker_id, **dict(lease_options or {}))
+    await asyncio.to_thread(run.acquire)
+    try:
+        result = await resume_agent(run, agent, suspended.state, **kwargs)
+        outcome = await suspend_for_approvals(run, agent, result, **kwargs)
+        yield run, outcome
+    finally:
+        await asyncio.to_thread(run.finish)
 
 
 def run_agent_sync(run: AgentRun, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
@@ -818,7 +984,9 @@ async def stream_events(run: AgentRun, result: RunResultStreaming) -> AsyncItera
 
 
 __all__ = [
+    "SUSPENDED_FORMAT",
     "SafestopHooks",
+    "SuspendedRun",
     "active_run",
     "default_rejection_output",
     "guard_agent",
@@ -827,5 +995,7 @@ __all__ = [
     "resume_agent",
     "run_agent_sync",
     "safestop_tool",
+    "resume_when_decided",
     "stream_events",
+    "suspend_for_approvals",
 ]
