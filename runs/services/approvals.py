@@ -576,7 +576,7 @@ def keeps_approvals(run: Run) -> bool:
     )
 
 
-def settle_approved_while_suspended_locked(run: Run, *, now: Any, why: str) -> list[str]:
+def settle_approved_while_suspended_locked(run: Run, *, now: datetime, why: str) -> list[str]:
     """The calls approved while the run was suspended for reviewers never ran: no worker held a
     lease since the suspension (a suspension with calls in flight is refused), so when the run
     is stopped or resumed at a new epoch instead of leased again, they are `not_started`, never

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -28,6 +28,7 @@ from runs.models import (
     ExecutionRecord,
     Lease,
     LeaseReleaseReason,
+    Run,
     RunStatus,
     StopReason,
 )
@@ -180,7 +181,7 @@ def lease_release(
     return lease
 
 
-def _suspend_locked(run: Any, lease: Lease, *, reason: str, actor: Actor, now: Any) -> None:
+def _suspend_locked(run: Run, lease: Lease, *, reason: str, actor: Actor, now: datetime) -> None:
     """running → suspended, the lease released, the waiting approvals kept open (DESIGN §2, §10).
 
     Unlike a release (an interruption: approvals void, calls in flight unknown), the worker says
