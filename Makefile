@@ -70,8 +70,9 @@ ts-client: install node
 ADAPTER_OLDEST := langgraph==1.0.0 langgraph-prebuilt==1.0.2 openai-agents==0.8.0 openai==2.9.0
 ADAPTER_NEWEST := langgraph==1.2.24 langgraph-prebuilt==1.1.3 openai-agents==0.24.0
 ADAPTER_TESTS := tests/agent/test_langgraph.py tests/agent/test_langgraph_toolnode.py \
-	tests/agent/test_langgraph_async.py tests/agent/test_openai_agents.py \
-	tests/agent/test_openai_agents_graph.py
+	tests/agent/test_langgraph_async.py tests/agent/test_langgraph_usage.py \
+	tests/agent/test_openai_agents.py tests/agent/test_openai_agents_graph.py \
+	tests/agent/test_openai_agents_usage.py tests/agent/test_openai_agents_suspend.py
 MATRIX := .venv-matrix
 
 $(MATRIX)/%/.installed: agent/pyproject.toml Makefile

@@ -53,7 +53,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
             RunStatus.CANCEL_REQUESTED,
         }
     ),
-    RunStatus.SUSPENDED: frozenset({RunStatus.PENDING, RunStatus.CANCEL_REQUESTED}),
+    # → running: a lease on a run its worker suspended to wait for reviewers (same epoch).
+    RunStatus.SUSPENDED: frozenset(
+        {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED}
+    ),
     RunStatus.INTERRUPTED: frozenset({RunStatus.PENDING, RunStatus.CANCEL_REQUESTED}),
     RunStatus.CANCEL_REQUESTED: frozenset({RunStatus.DRAINING, RunStatus.STOPPED_DIRTY}),
     RunStatus.DRAINING: frozenset({RunStatus.STOPPED_CLEANLY, RunStatus.STOPPED_DIRTY}),

@@ -62,7 +62,10 @@ from runs.services._base import (
     locked_run,
 )
 from runs.services._stop_sql import locked_run_for_stop, write_stop
-from runs.services.approvals import void_waiting_approvals_locked
+from runs.services.approvals import (
+    settle_approved_while_suspended_locked,
+    void_waiting_approvals_locked,
+)
 
 
 @dataclass
@@ -171,6 +174,8 @@ def _stop_locked(
     epoch_before, status_before = run.stop_epoch, run.status
     if RunStatus.CANCEL_REQUESTED not in TRANSITIONS[status_before]:
         raise IllegalTransition.for_run(run, f"a {status_before} run cannot be stopped")
+    # Calls approved while the run was suspended for reviewers never started (no lease since).
+    settle_approved_while_suspended_locked(run, now=now, why=f"the run was stopped ({reason})")
     run.stop_epoch = epoch_before + 1
     run.stop_reason = reason
     run.stop_requested_by = actor.name
@@ -566,6 +571,13 @@ def run_resume(
     with locked_run(run_id) as run:
         if run.status not in RESUMABLE_STATUSES:
             raise IllegalTransition.for_run(run, f"a {run.status} run cannot be resumed")
+        if run.status == RunStatus.SUSPENDED:
+            # A new epoch is a new round: what waited for a reviewer, or was approved and never
+            # ran, belongs to the old one (the worker asks again at the new epoch).
+            now = timezone.now()
+            why = "the run was resumed at a new epoch"
+            settle_approved_while_suspended_locked(run, now=now, why=why)
+            void_waiting_approvals_locked(run, now=now, why=why, actor=actor)
         reasons = run_dirty_reasons(run)
         if reasons:
             raise IllegalTransition.for_run(run, resume_blocked_reason(run.status, reasons))

@@ -7,7 +7,16 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SKIPPED_DIRS = {".git", ".venv", "node_modules", "dist", "staticfiles", "results", "__pycache__"}
+SKIPPED_DIRS = {
+    ".git",
+    ".venv",
+    ".venv-matrix",
+    "node_modules",
+    "dist",
+    "staticfiles",
+    "results",
+    "__pycache__",
+}
 TEXT_SUFFIXES = {".py", ".md", ".ts", ".js", ".html", ".toml", ".yml", ".yaml", ".cfg", ".txt"}
 TEXT_NAMES = {"Makefile", "Dockerfile"}
 CITATION = re.compile(r"\bissues? #?\d+|\bpoints? \d+ of issue", re.IGNORECASE)
