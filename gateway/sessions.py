@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.db import database_sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import DatabaseError, connection
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
@@ -33,7 +36,7 @@ from gateway import records
 from gateway.records import Caller, StopFacts, UpstreamConfig
 from gateway.services import session_ended
 from gateway.upstream import UpstreamLink, UpstreamUnavailable
-from runs import services
+from runs import notify, services
 from runs.actors import Actor
 from runs.errors import ApprovalClosed, DomainError, LeaseRevoked, RunNotRunning, StaleEpoch
 from runs.groups import agent_group, token_group
@@ -44,11 +47,59 @@ logger = logging.getLogger(__name__)
 OBSERVATION_CHARS = 2000
 
 
+# The gateway's database work runs on threads of its own, each keeping its connection between
+# calls: a tool call's permit is on the path of every call an agent makes, and handing the
+# connection back to the pool after each call (as `database_sync_to_async` does) cost a pool
+# round trip and a health check per call. Not the one thread Django's sync work shares by
+# default either: a session's result report, another session's permit and a heartbeat need
+# not queue behind each other.
+_DB_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcp-gateway-db")
+
+
+def _keeping_connection(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DatabaseError:
+            # A connection the server dropped is not kept: the next call takes a fresh one.
+            if not connection.in_atomic_block:
+                connection.close_if_unusable_or_obsolete()
+            raise
+
+    return call
+
+
 def _db(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    # Not the one thread Django's sync work shares by default: a session's result report,
-    # another session's permit and a heartbeat need not queue behind each other. Each worker
-    # thread takes its own connection from the process's pool.
-    return database_sync_to_async(fn, thread_sensitive=False)  # type: ignore[no-any-return]
+    return sync_to_async(_keeping_connection(fn), thread_sensitive=False, executor=_DB_THREADS)
+
+
+def _db_held(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """`_db`, with the run-change events kept back (`runs.notify.held`) and published after
+    the caller has its answer: the agent's call does not wait for the console's frames."""
+
+    def call(*args: Any, **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
+        with notify.held() as events:
+            try:
+                return fn(*args, **kwargs), events
+            except Exception:
+                notify.deliver(events)  # what committed before the refusal is still news
+                raise
+
+    run = _db(call)
+
+    async def answer(*args: Any, **kwargs: Any) -> Any:
+        result, events = await run(*args, **kwargs)
+        if events:
+            publish = asyncio.create_task(_db(notify.deliver)(events))
+            _PUBLISHING.add(publish)
+            publish.add_done_callback(_PUBLISHING.discard)
+        return result
+
+    return answer
+
+
+_PUBLISHING: set[asyncio.Task[Any]] = set()
 
 
 class ToolError(Exception):
@@ -341,7 +392,7 @@ class GatewaySession:
         self, call: InFlight, arguments: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         try:
-            record, _ = await _db(services.permit_request)(
+            record, _ = await _db_held(services.permit_request)(
                 run_id=self.run_id,
                 epoch=self.epoch,
                 tool_call_id=call.tool_call_id,
@@ -453,7 +504,7 @@ class GatewaySession:
     ) -> None:
         took = time.monotonic() - started
         try:
-            await _db(services.tool_result_report)(
+            await _db_held(services.tool_result_report)(
                 run_id=self.run_id,
                 tool_call_id=call.tool_call_id,
                 execution_state=state,
