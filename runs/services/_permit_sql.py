@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import connection
 
@@ -89,7 +90,15 @@ def read_for_permit(run: Run, *, tool_call_id: str, step_key: str) -> PermitRead
     if not sql.prepared_statements() or step_key:
         return _read_with_the_orm(run, tool_call_id=tool_call_id, step_key=step_key)
     # In the statement's order: the columns' subqueries, then the lease's and the head's joins.
-    params = [run.pk, tool_call_id, run.pk, StepStatus.RUNNING, run.team_id, run.pk, run.pk]
+    params: list[Any] = [
+        run.pk,
+        tool_call_id,
+        run.pk,
+        StepStatus.RUNNING,
+        run.team_id,
+        run.pk,
+        run.pk,
+    ]
     with connection.cursor() as cursor:
         cursor.execute(_read_statement(), params)
         row = cursor.fetchone()
