@@ -76,10 +76,10 @@ urlpatterns = [
     path("stops/bulk/", bulk.bulk_stop_confirm, name="bulk_stop_confirm"),
     path("stops/bulk/<str:bulk_id>/", bulk.bulk_stop_page, name="bulk_stop"),
     path("handoffs/<int:handoff_id>/<str:action>/", handoffs.handoff_action, name="handoff_action"),
-    path("mcp/upstreams/", upstreams.upstreams, name="mcp_upstreams"),
-    path("mcp/upstreams/<int:upstream_id>/", upstreams.upstream_edit, name="mcp_upstream"),
+    path("upstreams/", upstreams.upstreams, name="mcp_upstreams"),
+    path("upstreams/<int:upstream_id>/", upstreams.upstream_edit, name="mcp_upstream"),
     path(
-        "mcp/upstreams/<int:upstream_id>/delete/",
+        "upstreams/<int:upstream_id>/delete/",
         upstreams.upstream_remove,
         name="mcp_upstream_delete",
     ),

@@ -13,7 +13,7 @@ from runs.models import LedgerEntry
 
 pytestmark = pytest.mark.django_db
 
-PAGE = "/mcp/upstreams/"
+PAGE = "/upstreams/"
 
 
 def _post(**overrides: str) -> dict[str, str]:

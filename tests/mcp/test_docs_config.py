@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from runs.models import ExecutionRecord, Run
-from tests.mcp.test_gateway_langchain import PYTHON as LANGCHAIN_PYTHON
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "agents.md"
+LANGCHAIN_PYTHON = REPO / ".venv-mcp-langchain/bin/python"  # `make mcp-clients`
 HEADING = "## No code: point your MCP client at safestop"
 
 
