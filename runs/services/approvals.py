@@ -564,24 +564,6 @@ def approval_escalate(*, approval_id: int, now: Any = None) -> bool:
     return True
 
 
-def approvals_due_ids(*, now: Any = None, limit: int = 500) -> tuple[list[int], list[int]]:
-    """(expired, to escalate): the sweep's candidates, read without locks (each is re-checked)."""
-    now = now or timezone.now()
-    expired = list(
-        Approval.objects.filter(status=ApprovalStatus.WAITING, deadline__lte=now)
-        .order_by("deadline")
-        .values_list("pk", flat=True)[:limit]
-    )
-    escalate = list(
-        Approval.objects.filter(
-            status=ApprovalStatus.WAITING, escalated_at__isnull=True, escalate_at__lte=now
-        )
-        .order_by("escalate_at")
-        .values_list("pk", flat=True)[:limit]
-    )
-    return expired, escalate
-
-
 # --------------------------------------------------------------------------------------------
 # void (called by the stop and the interruption, in their transaction)
 

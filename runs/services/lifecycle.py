@@ -47,6 +47,7 @@ from runs.models import (
     StopReason,
     StopRequest,
 )
+from runs.selectors import resume_blocked_reason, run_dirty_reasons
 from runs.services._base import (
     _RESULT_STATES,
     OPEN_EXECUTION_STATES,
@@ -410,18 +411,6 @@ def _settle_locked(run: Run, *, actor: Actor, now: Any, forced_dirty_reason: str
         _hand_off_locked(run, stop_request, actor=Actor.system(), now=now, packet=packet)
 
 
-def run_dirty_reasons(run: Run) -> list[str]:
-    """What is still unknown about this run's side effects (empty means clean)."""
-    reasons = []
-    if ExecutionRecord.objects.filter(run=run).unconfirmed().exists():
-        reasons.append("unconfirmed_side_effects")
-    if OutboxItem.objects.filter(run=run).unconfirmed().exists():
-        reasons.append("outbox_in_flight")
-    if Lease.objects.filter(run=run, fenced_unconfirmed=True).exists():
-        reasons.append("worker_unconfirmed")
-    return reasons
-
-
 def _settle_dirty_if_resolved(run: Run, *, actor: Actor, now: Any) -> None:
     """stopped_dirty → stopped_cleanly once the last unknown is resolved (by a fact or a human)."""
     if run.status != RunStatus.STOPPED_DIRTY or run_dirty_reasons(run):
@@ -587,15 +576,6 @@ def run_resume(
             via=via,
         )
     return run
-
-
-def resume_blocked_reason(status: str, reasons: list[str]) -> str:
-    """Why a run with these dirty reasons cannot resume: the server's refusal and the console's
-    disabled Resume say the same words (DESIGN §2: resume is refused while a reason holds)."""
-    what = ", ".join(reason.replace("_", " ") for reason in reasons)
-    if status == RunStatus.INTERRUPTED:
-        return f"resolve the interruption's unknowns before resuming ({what})"
-    return f"resolve the run's unknown side effects before resuming it ({what})"
 
 
 def _resume_locked(
