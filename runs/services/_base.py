@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -151,7 +152,7 @@ def _live_lease(run: Run) -> Lease | None:
     return Lease.objects.filter(run=run, released_at__isnull=True).first()
 
 
-def _lease_is_current(lease: Lease | None, run: Run, now: Any) -> bool:
+def _lease_is_current(lease: Lease | None, run: Run, now: datetime) -> bool:
     return lease is not None and lease.epoch == run.stop_epoch and lease.expires_at > now
 
 
@@ -159,7 +160,7 @@ _UNREAD: Any = object()
 
 
 def _check_work_may_start(
-    run: Run, epoch: int, *, now: Any, lease: Lease | None = _UNREAD
+    run: Run, epoch: int, *, now: datetime, lease: Lease | None = _UNREAD
 ) -> StaleEpoch | RunNotRunning | None:
     """The entrance: only a running run, at its current epoch, with a live current lease.
 
@@ -177,7 +178,7 @@ def _check_work_may_start(
     return None
 
 
-def _release_lease(lease: Lease, *, reason: str, now: Any, fenced: bool = False) -> None:
+def _release_lease(lease: Lease, *, reason: str, now: datetime, fenced: bool = False) -> None:
     lease.released_at = now
     lease.release_reason = reason
     lease.fenced_unconfirmed = fenced
@@ -228,7 +229,7 @@ def _apply_tool_result(
     source: str,
     recovery_action: str,
     actor: Actor,
-    now: Any,
+    now: datetime,
 ) -> None:
     after_stop = run.stop_epoch > record.permit_epoch
     keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved

@@ -4,6 +4,7 @@ the result (accepted after a stop, as a fact).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
@@ -190,7 +191,7 @@ def _create_permit(
     run: Run,
     *,
     reads: PermitReads,
-    now: Any,
+    now: datetime,
     held: bool,
     epoch: int,
     tool_call_id: str,
