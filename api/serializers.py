@@ -1108,6 +1108,14 @@ class ApprovalFiguresOut(serializers.Serializer):
     waiting = StrictIntegerField()
 
 
+class LateSpendOut(serializers.Serializer):
+    cost_usd = StrictFloatField(help_text="priced late calls only")
+    tokens = StrictIntegerField()
+    unpriced_tokens = StrictIntegerField(help_text="late tokens no price is known for")
+    calls = StrictIntegerField()
+    runs = StrictIntegerField()
+
+
 class StopQualityOut(serializers.Serializer):
     period = PeriodOut()
     stops = StrictIntegerField()
@@ -1122,6 +1130,9 @@ class StopQualityOut(serializers.Serializer):
     interruptions_recovered_cleanly = InterruptionsOut()
     handoff_completion = HandoffsOut()
     approvals = ApprovalFiguresOut(help_text="approvals requested in the period (DESIGN §10)")
+    late_spend = LateSpendOut(
+        help_text="model calls of a stopped epoch reported after its stop request (DESIGN §13)"
+    )
 
 
 class DenialOut(serializers.Serializer):
@@ -1231,3 +1242,66 @@ class ApprovalRuleCreateIn(ApprovalRuleChangeIn):
         help_text="the team's slug; may be left out by an admin of exactly one team",
     )
     name = StrictCharField(max_length=120)
+
+
+# ---------------------------------------------------------------------------------------------
+# team budgets (DESIGN §13)
+
+
+class TeamBudgetIn(serializers.Serializer):
+    """The team's budgets; a field left out clears it (no limit). Unknown fields are refused."""
+
+    closed = True  # api.schema: additionalProperties false
+
+    time_zone = StrictCharField(
+        max_length=64, required=False, help_text="IANA time zone of the days and months (UTC)"
+    )
+    daily_usd = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        allow_null=True,
+        help_text="USD per day in the team's time zone; null: no daily budget",
+    )
+    monthly_usd = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        allow_null=True,
+        help_text="USD per calendar month in the team's time zone; null: no monthly budget",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        given = self.initial_data if isinstance(self.initial_data, dict) else {}
+        unknown = sorted(set(given) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {unknown[0]: f"unknown field: the fields are {', '.join(self.fields)}"}
+            )
+        return attrs
+
+
+class TeamBudgetOut(serializers.Serializer):
+    team = StrictCharField()
+    time_zone = StrictCharField()
+    daily_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False
+    )
+    monthly_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=6, allow_null=True, coerce_to_string=False
+    )
+    day = serializers.DateField(allow_null=True, help_text="today in the team's time zone")
+    day_spent_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=10, coerce_to_string=False
+    )
+    month = serializers.DateField(allow_null=True, help_text="the current month's first day")
+    month_spent_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=10, coerce_to_string=False
+    )
+    exhausted = StrictCharField(
+        help_text="team_daily_usd or team_monthly_usd when used up (permits answer 409 "
+        "budget_exhausted), else blank"
+    )
+    updated_by = StrictCharField()

@@ -60,6 +60,7 @@ urlpatterns = [
         views.ApprovalRuleDetailView.as_view(),
         name="approval-rule",
     ),
+    path("teams/<str:slug>/budget/", views.TeamBudgetView.as_view(), name="team-budget"),
     path("ledger/", views.LedgerView.as_view(), name="ledger"),
     path("metrics/stop-quality/", views.StopQualityView.as_view(), name="stop-quality"),
     path("security/denials/", views.DenialsView.as_view(), name="denials"),

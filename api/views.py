@@ -1038,6 +1038,94 @@ class ApprovalRuleDetailView(ApiView):
 
 
 # ---------------------------------------------------------------------------------------------
+# team budgets (DESIGN §13): team configuration, written by the team's admins
+
+_BUDGET_WHY_NOT = {
+    Capability.REVIEW: "a team's budget is read by reviewers and admins",
+    Capability.ADMIN: "a team's budget is set by the team's admins (the admin role; no token "
+    "role holds it)",
+}
+
+
+def _budget_team(caller: Caller, slug: str, capability: Capability) -> Team:
+    team = Team.objects.filter(slug=slug[:64]).first()
+    if team is None or not caller.may(Capability.READ, team.pk):
+        raise NotFound(f"team {slug[:64]!r} does not exist")
+    if not caller.may(capability, team.pk):
+        raise WrongRole(_BUDGET_WHY_NOT[capability])
+    return team
+
+
+def _budget_answer(team: Team) -> Response:
+    now = timezone.now()
+    budget = services.team_budget_spent(team.pk, now=now)
+    exhausted, _note = services.team_budget_refusal(team.pk, now=now)
+    return Response(
+        s.TeamBudgetOut(
+            {
+                "team": team.slug,
+                "time_zone": budget.time_zone if budget else "UTC",
+                "daily_usd": budget.daily_usd if budget else None,
+                "monthly_usd": budget.monthly_usd if budget else None,
+                "day": budget.day if budget else None,
+                "day_spent_usd": budget.day_spent_usd if budget else 0,
+                "month": budget.month if budget else None,
+                "month_spent_usd": budget.month_spent_usd if budget else 0,
+                "exhausted": exhausted,
+                "updated_by": budget.updated_by if budget else "",
+            }
+        ).data
+    )
+
+
+TEAM_SLUG = OpenApiParameter(
+    "slug", OpenApiTypes.STR, OpenApiParameter.PATH, description="team slug"
+)
+
+
+class TeamBudgetView(ApiView):
+    @extend_schema(
+        operation_id="team_budget_retrieve",
+        summary="A team's daily and monthly budgets and what it spent in the current period",
+        description="Reviewer tokens, reviewers and admins. Periods are days and months in the "
+        "team's time zone; `exhausted` names a used-up budget (the team's permits then answer "
+        "409 budget_exhausted).",
+        parameters=[TEAM_SLUG],
+        responses={200: s.TeamBudgetOut, **READ_ERRORS},
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        self.caller.require(Capability.REVIEW)
+        return _budget_answer(_budget_team(self.caller, slug, Capability.REVIEW))
+
+    @extend_schema(
+        operation_id="team_budget_set",
+        summary="Set a team's budgets (team admins)",
+        description="Admins of the team. A field left out or null clears that budget. At 80 % "
+        "a `budget.warning` goes through the notification channels (once per budget and "
+        "period); at 100 % the run whose usage reached it is stopped (`budget_exhausted`, the "
+        "budget named in its stop packet) and every permit of the team answers 409 "
+        "`budget_exhausted` until an admin raises the budget or the period ends. Ledgered "
+        "(`team_budget.changed`, old and new values). The current period's spend is counted "
+        "from the usage rows.",
+        parameters=[TEAM_SLUG],
+        request=s.TeamBudgetIn,
+        responses={200: s.TeamBudgetOut, **_errors(*_ALWAYS, 400, 403, 404, 413, 415)},
+    )
+    def put(self, request: Request, slug: str) -> Response:
+        self.caller.require(Capability.ADMIN)
+        team = _budget_team(self.caller, slug, Capability.ADMIN)
+        data = self.parse(s.TeamBudgetIn)
+        services.team_budget_set(
+            team_id=team.pk,
+            actor=self.caller.actor,
+            time_zone=data.get("time_zone", "UTC"),
+            daily_usd=data.get("daily_usd"),
+            monthly_usd=data.get("monthly_usd"),
+        )
+        return _budget_answer(team)
+
+
+# ---------------------------------------------------------------------------------------------
 # stop packets
 
 

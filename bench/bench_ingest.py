@@ -152,8 +152,15 @@ def _run_clients(
 
 
 def api_batches(
-    stack: Stack, clients: int, batches: int, time_limit: float, base_urls: list[str] | None = None
+    stack: Stack,
+    clients: int,
+    batches: int,
+    time_limit: float,
+    base_urls: list[str] | None = None,
+    events_for: Callable[[int, int], list[dict[str, Any]]] | None = None,
 ) -> tuple[float, int, list[float]]:
+    """`events_for(client, batch)`: the batch's 100 events (default `batch_events`)."""
+    make_events = events_for or batch_events
     runs = _leased_runs(stack, clients, f"batch-c{clients}")
     urls = base_urls or [stack.base_url]
 
@@ -170,7 +177,7 @@ def api_batches(
             for batch in range(batches):
                 if time.perf_counter() > deadline:
                     break
-                body = {"epoch": epoch, "events": batch_events(index, batch)}
+                body = {"epoch": epoch, "events": make_events(index, batch)}
                 started = time.perf_counter()
                 response = http.post(f"/api/v1/runs/{run_id}/events/", json=body)
                 latencies.append((time.perf_counter() - started) * 1000)

@@ -1,7 +1,7 @@
 """`make bench`: every benchmark against a real stack, then one table.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,pages,approvals,bulk,fanout,ledger,scale] \\
+        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,usage,pages,approvals,bulk,fanout,ledger,scale] \\
         [--keep-db]
 
 1. (re)creates a dedicated database (`BENCH_DB_NAME`, default `safestop_bench`) next to the
@@ -50,7 +50,18 @@ from bench.common import (  # noqa: E402
     with_redis_db,
 )
 
-SECTIONS = ("stop", "ingest", "pages", "approvals", "bulk", "fanout", "ledger", "mcp", "scale")
+SECTIONS = (
+    "stop",
+    "ingest",
+    "usage",
+    "pages",
+    "approvals",
+    "bulk",
+    "fanout",
+    "ledger",
+    "mcp",
+    "scale",
+)
 # A row's section → the `--only` that measures it (the fan-out also reports daphne's memory).
 ONLY_FOR_SECTION = {"memory": "fanout"}
 
@@ -223,6 +234,13 @@ def main() -> None:
 
             section_rows, sections["ingest"] = _run_section(
                 "ingest", lambda: bench_ingest.run(stack)
+            )
+            rows += section_rows
+        if "usage" in only:
+            from bench import bench_usage
+
+            section_rows, sections["usage"] = _run_section(
+                "usage (the events path with usage events)", lambda: bench_usage.run(stack)
             )
             rows += section_rows
         if "pages" in only:

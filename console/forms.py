@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 from django.utils import timezone
-from django.utils.translation import gettext
+from django.utils.translation import gettext, gettext_lazy
 
 from handoff.models import ResolutionDecision
 from runs.argument_schemas import MAX_JSON_DEPTH, json_too_deep
@@ -135,6 +135,14 @@ class RunFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=200, label="Search")
     after = forms.CharField(required=False, max_length=200)
     before = forms.CharField(required=False, max_length=200)
+    sort = forms.ChoiceField(
+        required=False,
+        choices=[
+            ("", gettext_lazy("Newest first")),
+            ("cost", gettext_lazy("Cost, most first")),
+            ("tokens", gettext_lazy("Tokens, most first")),
+        ],
+    )
 
 
 def _aware(value: datetime | None) -> datetime | None:

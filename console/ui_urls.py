@@ -11,6 +11,7 @@ from console.views import (
     approvals,
     audit,
     auth,
+    budgets,
     bulk,
     handoffs,
     needs_me,
@@ -88,6 +89,9 @@ urlpatterns = [
     path("audit.csv", audit.audit_csv, name="audit_csv"),
     path("quality/", quality.quality, name="quality"),
     path("tokens/", tokens.tokens, name="tokens"),
+    path("budgets/", budgets.budgets, name="team_budget"),
+    path("budgets/prices/", budgets.price_save, name="team_price_save"),
+    path("budgets/prices/<int:price_id>/delete/", budgets.price_delete, name="team_price_delete"),
     path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token_revoke"),
     path("notifications/", notifications.channels, name="notifications"),
     path(

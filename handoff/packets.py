@@ -30,7 +30,12 @@ from runs.models import (
     is_unconfirmed_side_effect,
 )
 from runs.selectors import run_dirty_reasons
-from runs.services.budget import budget_from_note, exhausted_budget
+from runs.services.budget import (
+    TEAM_BUDGET_NAMES,
+    budget_from_note,
+    budget_limit_from_note,
+    exhausted_budget,
+)
 
 
 def _iso(value: Any) -> str | None:
@@ -184,12 +189,15 @@ def _cost_part(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "late_tokens": totals["late_tokens"] or 0,
         "late_unpriced_tokens": totals["late_unpriced"] or 0,
         "by_model": by_model,
-        "budget": _budget_part(run, budget) if budget else None,
+        "budget": _budget_part(run, budget, stop_request.note) if budget else None,
     }
 
 
-def _budget_part(run: Run, budget: str) -> dict[str, Any]:
-    limit: Any = getattr(run, budget)
+def _budget_part(run: Run, budget: str, note: str) -> dict[str, Any]:
+    if budget in TEAM_BUDGET_NAMES:  # the team's limit when it stopped the run, from the note
+        limit: Any = budget_limit_from_note(note)
+        return {"name": budget, "limit": None if limit is None else float(limit), "note": note}
+    limit = getattr(run, budget)
     return {"name": budget, "limit": float(limit) if isinstance(limit, Decimal) else limit}
 
 

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
+from django.db.models import Count, F, Q, QuerySet, Sum
 
 from handoff.models import Handoff, HandoffStatus
 from runs.access import ROLE_CAPABILITIES, Capability
@@ -21,6 +22,7 @@ from runs.models import (
     SteeringMessage,
     SteeringStatus,
     StopRequest,
+    Usage,
 )
 from runs.selectors import (
     approval_figures,
@@ -85,6 +87,33 @@ def stop_quality(
         ),
         "handoff_completion": handoff_completion(since=since, until=until, team_ids=team_ids),
         "approvals": approval_figures(since=since, until=until, team_ids=team_ids),
+        "late_spend": late_spend(stops),
+    }
+
+
+def late_spend(stops: QuerySet[StopRequest]) -> dict[str, Any]:
+    """What the period's stops did not save: model calls of the stopped epoch reported after
+    the stop request (what runs were about to spend is unknowable; this is measured). One
+    query, the usage rows joined to their stop."""
+    late = Usage.objects.filter(
+        run__stop_requests__in=stops,
+        epoch=F("run__stop_requests__epoch_before"),
+        at__gt=F("run__stop_requests__requested_at"),
+    )
+    tokens = F("input_tokens") + F("output_tokens")
+    totals = late.aggregate(
+        cost=Sum("cost_usd"),
+        tokens=Sum(tokens),
+        unpriced=Sum(tokens, filter=Q(cost_usd__isnull=True)),
+        calls=Count("pk"),
+        runs=Count("run", distinct=True),
+    )
+    return {
+        "cost_usd": float(totals["cost"] or 0),
+        "tokens": totals["tokens"] or 0,
+        "unpriced_tokens": totals["unpriced"] or 0,
+        "calls": totals["calls"],
+        "runs": totals["runs"],
     }
 
 

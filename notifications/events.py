@@ -59,6 +59,7 @@ _WATCHED = frozenset(
         "run.stopped_dirty",
         "run.interrupted",
         "run.handed_off",
+        "budget.warning",
     }
 )
 
@@ -75,6 +76,8 @@ def event_for_entry(entry: LedgerEntry, run: Run | None) -> Notice | None:
         return _stopped_dirty_notice(entry, payload, run)
     if action == "run.interrupted":
         return _interrupted_notice(entry, payload, run)
+    if action == "budget.warning":
+        return _budget_warning_notice(payload, run)
     return _handoff_notice(payload, run)
 
 
@@ -213,6 +216,32 @@ def _interrupted_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -
     )
     epoch = payload.get("stop_epoch", entry.run_seq)
     return _notice(event, f"{event}:{run.pk}:{epoch}", run, message)
+
+
+_BUDGET_PERIODS = {"team_daily_usd": "daily", "team_monthly_usd": "monthly"}
+
+
+def _budget_warning_notice(payload: dict[str, Any], run: Run) -> Notice:
+    """80 % of a team budget is spent. The key names the budget and its period: one warning
+    per budget and period, whatever run crossed it."""
+    budget = str(payload.get("budget", ""))
+    period = str(payload.get("period", ""))
+    which = _BUDGET_PERIODS.get(budget, budget)
+    spent, limit = str(payload.get("spent_usd", "")), str(payload.get("limit_usd", ""))
+    message = Message(
+        title=f"Team {which} budget 80 % spent: {spent} of {limit} USD",
+        text=(
+            f"The team has spent {spent} USD of its {which} budget of {limit} USD ({period}, "
+            f"{payload.get('time_zone', 'UTC')}). At 100 % its runs are stopped and it gets no "
+            "new permits until an admin raises the budget or the period ends."
+        ),
+        link=public_url(reverse("console:team_budget")),
+        link_label="Open the team budget",
+        facts=[("Budget", budget), ("Period", period), *_run_facts(run)],
+        run_id=run.pk,
+    )
+    event = Event.BUDGET_WARNING
+    return _notice(event, f"{event}:{run.team_id}:{budget}:{period}", run, message)
 
 
 def _handoff_notice(payload: dict[str, Any], run: Run) -> Notice:

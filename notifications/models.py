@@ -25,6 +25,7 @@ class Event(models.TextChoices):
     HANDOFF_WAITING = "handoff.waiting", "A handoff is waiting"
     DRAIN_DEADLINE_PASSED = "drain.deadline_passed", "A drain deadline passed"
     LEDGER_BROKEN = "ledger.broken", "The ledger chain is broken"
+    BUDGET_WARNING = "budget.warning", "A team budget is 80 % spent"
 
 
 ALL_EVENTS: list[str] = list(Event.values)

@@ -42,6 +42,8 @@ from runs.models import (
     StopReason,
     StopRequest,
     Team,
+    TeamBudget,
+    TeamPrice,
     Usage,
 )
 from runs.tokens import api_token_revoke
@@ -270,6 +272,39 @@ class UsageAdmin(ReadOnlyAdmin):
     list_filter = ["price_source", "provider"]
     search_fields = ["run__id", "model", "event_id"]
     list_select_related = ["run"]
+
+
+# Read-only: a team's budgets and prices change through the console's Budgets page or the API,
+# whose services ledger every change.
+@admin.register(TeamBudget)
+class TeamBudgetAdmin(ReadOnlyAdmin):
+    list_display = [
+        "team",
+        "time_zone",
+        "daily_usd",
+        "monthly_usd",
+        "day",
+        "day_spent_usd",
+        "month",
+        "month_spent_usd",
+        "updated_by",
+    ]
+    list_select_related = ["team"]
+
+
+@admin.register(TeamPrice)
+class TeamPriceAdmin(ReadOnlyAdmin):
+    list_display = [
+        "team",
+        "model",
+        "provider",
+        "input_usd_per_mtok",
+        "output_usd_per_mtok",
+        "version",
+        "updated_by",
+    ]
+    search_fields = ["model"]
+    list_select_related = ["team"]
 
 
 @admin.register(SteeringMessage)

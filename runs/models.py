@@ -693,6 +693,69 @@ class Usage(models.Model):
         return f"{self.run_id} {self.model} {self.input_tokens}+{self.output_tokens}"
 
 
+class TeamBudget(models.Model):
+    """A team's daily and monthly spend limits, in the team's time zone (DESIGN §13).
+
+    Also what the team has spent in the current day and month: the events batch adds each
+    priced call to these counters under this row's lock, so many runs on one budget see one
+    total, and a new day or month starts the counter at zero. `day_warned` / `month_warned`
+    name the period whose 80 % warning was sent: one warning per budget and period.
+    """
+
+    team = models.OneToOneField(
+        Team, on_delete=models.CASCADE, primary_key=True, related_name="budget"
+    )
+    time_zone = models.CharField(max_length=64, default="UTC")
+    daily_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    monthly_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    day = models.DateField(null=True, blank=True)
+    day_spent_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    month = models.DateField(null=True, blank=True)  # the month's first day
+    month_spent_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    day_warned = models.DateField(null=True, blank=True)
+    month_warned = models.DateField(null=True, blank=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.team_id} daily={self.daily_usd} monthly={self.monthly_usd}"
+
+
+class TeamPrice(models.Model):
+    """A team's own price for a model (USD per million tokens), used before the price table:
+    for models the table lacks (Qwen, Doubao, a private deployment) or a negotiated rate.
+
+    `version` grows with every change; a usage row priced by it keeps `team:<id>:v<version>`,
+    so a later change never rewrites a stored cost."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="prices")
+    model = models.CharField(max_length=200)
+    # Blank: any provider. A price naming the call's provider wins over a blank one.
+    provider = models.CharField(max_length=100, blank=True)
+    input_usd_per_mtok = models.DecimalField(max_digits=14, decimal_places=6)
+    output_usd_per_mtok = models.DecimalField(max_digits=14, decimal_places=6)
+    # Blank: cached tokens cost what other input tokens cost.
+    cache_read_usd_per_mtok = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True
+    )
+    cache_write_usd_per_mtok = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True
+    )
+    version = models.PositiveIntegerField(default=1)
+    updated_by = models.CharField(max_length=150, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "model", "provider"], name="teamprice_unique_team_model"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id} {self.model} {self.provider or '*'}"
+
+
 class RejectedWrite(models.Model):
     """A stale-epoch write that was refused: counted for the stop-quality figures."""
 

@@ -14,6 +14,7 @@ from django.db.models import (
     Exists,
     ExpressionWrapper,
     F,
+    Min,
     OuterRef,
     Q,
     QuerySet,
@@ -334,6 +335,25 @@ def usage_by_model(*, run_id: str) -> QuerySet[Any, Any]:
             unpriced=Sum(tokens, filter=Q(cost_usd__isnull=True), default=0),
         )
         .order_by("model")
+    )
+
+
+def usage_by_step(*, run_id: str) -> QuerySet[Any, Any]:
+    """One run's calls per step (`step_key`; blank: calls reported without a step), in the
+    order the steps first spent: `cost` None when every call of that step was unpriced."""
+    tokens = F("input_tokens") + F("output_tokens")
+    return (
+        Usage.objects.filter(run_id=run_id)
+        .values("step_key")
+        .annotate(
+            calls=Count("pk"),
+            cost=Sum("cost_usd"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            unpriced=Sum(tokens, filter=Q(cost_usd__isnull=True), default=0),
+            first=Min("at"),
+        )
+        .order_by("first", "step_key")
     )
 
 

@@ -8,8 +8,12 @@ from typing import Any
 # 409 codes that mean "the server refuses to let this work start or move on":
 # the run was stopped, the epoch is stale, or the lease is gone. They are
 # decisions, not glitches, so they are never retried. (A run over budget is
-# stopped with reason `budget_exhausted`; its permits then fail `stale_epoch`.)
-REFUSAL_CODES = frozenset({"stale_epoch", "run_not_running", "lease_revoked", "illegal_transition"})
+# stopped with reason `budget_exhausted`; its permits then fail `stale_epoch`. A
+# team over its daily or monthly budget answers `budget_exhausted` itself, and the
+# run is stopped with it.)
+REFUSAL_CODES = frozenset(
+    {"stale_epoch", "run_not_running", "lease_revoked", "illegal_transition", "budget_exhausted"}
+)
 
 
 class ApiError(Exception):

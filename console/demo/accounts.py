@@ -14,8 +14,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from runs.actors import Actor
-from runs.models import ApprovalRule, Membership, Role, Team
-from runs.services import approval_rule_create
+from runs.models import ApprovalRule, Membership, Role, Team, TeamBudget, TeamPrice
+from runs.services import approval_rule_create, team_budget_set, team_price_set
 from runs.tokens import team_ensure
 
 DEMO_TEAMS: tuple[tuple[str, str], ...] = (("payments", "Payments"), ("platform", "Platform"))
@@ -130,6 +130,7 @@ def demo_accounts_ensure() -> EnsureReport:
                     membership.role = spec.role
                     membership.save(update_fields=["role"])
         rules_created = demo_rules_ensure()
+        demo_costs_ensure()
     return EnsureReport(
         teams_created, users_created, memberships_created, passwords_reset, rules_created
     )
@@ -149,3 +150,25 @@ def demo_rules_ensure() -> int:
         approval_rule_create(team_id=team.pk, actor=actor, **fields)
         created += 1
     return created
+
+
+# The payments team's own price for a model the price table lacks (its `payout-bot` calls it),
+# and a daily budget for payments, so the budgets page shows a period's spend.
+DEMO_TEAM_PRICES = [
+    ("payments", {"model": "qwen-max", "input_usd_per_mtok": "1.6", "output_usd_per_mtok": "6.4"})
+]
+DEMO_TEAM_BUDGETS = [("payments", {"time_zone": "UTC", "daily_usd": "20", "monthly_usd": "400"})]
+
+
+def demo_costs_ensure() -> None:
+    """The demo's team prices and budgets, each set once (through the services: ledgered);
+    an admin's later change is kept."""
+    actor = Actor.system("demo-setup")
+    for slug, fields in DEMO_TEAM_PRICES:
+        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        if not TeamPrice.objects.filter(team=team, model=fields["model"]).exists():
+            team_price_set(team_id=team.pk, actor=actor, **fields)
+    for slug, budget in DEMO_TEAM_BUDGETS:
+        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        if not TeamBudget.objects.filter(team=team).exists():
+            team_budget_set(team_id=team.pk, actor=actor, **budget)

@@ -5,7 +5,8 @@ the steps, complete). The simulator (`console.demo.simulator`) picks them and ru
 Scenarios (`SCENARIOS`): model calls streamed through `collect_tool_calls`, read tools, write
 tools that queue webhooks to the local receiver, a slow tool, a shell tool that ignores SIGTERM
 (`run_process` escalates to SIGKILL), a worker that crashes mid-call (the server turns its call
-`unknown`), a run that exhausts its budget, a steering message, and long runs to stop.
+`unknown`), a run that exhausts its budget, a run whose model calls reach its cost budget,
+a steering message, and long runs to stop. Every model call reports its usage (`AGENT_MODELS`).
 
 Approvals (DESIGN §10, `APPROVAL_SCENARIOS`): a refund (`payments.refund`), a production deploy
 (`deploy.production`) and a customer email (an `email` outbox item to `*@customer.example`),
@@ -49,6 +50,19 @@ if TYPE_CHECKING:
 # The simulator's logger: a scenario's lines read as the simulator's.
 log = logging.getLogger("safestop.simulator")
 
+# The model (and provider) each demo agent calls, so the console shows costs priced from the
+# price table, one model priced by the payments team's own price (`qwen-max`, which the table
+# lacks; `console.demo.accounts`) and one nobody prices (`doubao-pro-32k`: unpriced, never $0).
+AGENT_MODELS: dict[str, tuple[str, str | None]] = {
+    "support-bot": ("gpt-4o", "openai"),
+    "report-bot": ("claude-sonnet-4-5", "anthropic"),
+    "incident-bot": ("gemini-2.0-flash", "google"),
+    "payout-bot": ("qwen-max", None),
+    "mail-bot": ("doubao-pro-32k", None),
+    "summary-bot": ("gpt-4o", "openai"),
+}
+DEFAULT_MODEL: tuple[str, str | None] = ("gpt-4o-mini", "openai")
+
 
 @dataclass(frozen=True)
 class Step:
@@ -75,6 +89,7 @@ class Context:
     team: str
     worker_id: str
     run_id: str = ""
+    agent: str = ""
     active: ActiveRun | None = None
     rng: random.Random = field(default_factory=random.Random)
 
@@ -94,7 +109,7 @@ class Context:
         return self.sim.config.receiver_url.rstrip("/") + path
 
     def plan(
-        self, title: str, agent: str, steps: Plan, budget: dict[str, int] | None = None
+        self, title: str, agent: str, steps: Plan, budget: dict[str, Any] | None = None
     ) -> str:
         """Create the run with the steps of `steps` as its plan."""
         info = self.client.create_run(
@@ -108,6 +123,7 @@ class Context:
             budget=budget,
         )
         self.run_id = str(info["id"])
+        self.agent = agent
         self.active = self.sim.register(self.run_id, self.kind, self.team)
         return self.run_id
 
@@ -135,7 +151,7 @@ class Context:
         steps: Plan,
         *,
         result: Callable[[], Any],
-        budget: dict[str, int] | None = None,
+        budget: dict[str, Any] | None = None,
     ) -> AgentRun:
         """The shape every planned scenario shares: create the run with its steps, take the
         lease, run each step's body inside `run.step` (and what comes between steps as it
@@ -196,8 +212,38 @@ class Context:
         tool: str | None = None,
         arguments: dict[str, Any] | None = None,
         words: int = 12,
+        prompt_tokens: int | None = None,
     ) -> StreamOutcome:
-        """A streamed model answer; a stop mid-stream discards any half-received tool call."""
+        """A streamed model answer; a stop mid-stream discards any half-received tool call.
+        The call's usage is reported either way (a stopped stream is billed too), under the
+        model the run's agent uses (`AGENT_MODELS`)."""
+        try:
+            return self._stream(run, tool=tool, arguments=arguments, words=words)
+        finally:
+            self.report_usage(run, words, prompt_tokens)
+
+    def report_usage(self, run: AgentRun, words: int, prompt_tokens: int | None) -> None:
+        model, provider = AGENT_MODELS.get(self.agent, DEFAULT_MODEL)
+        prompt = prompt_tokens if prompt_tokens is not None else self.rng.randint(800, 4000)
+        try:
+            run.report_usage(
+                model=model,
+                provider=provider,
+                input_tokens=prompt,
+                output_tokens=words * 3,
+                cache_read_tokens=prompt // 4 if provider == "openai" else None,
+            )
+        except Exception:  # a lost usage report must not end the demo's run
+            log.exception("simulator: %s: usage report failed", self.run_id)
+
+    def _stream(
+        self,
+        run: AgentRun,
+        *,
+        tool: str | None,
+        arguments: dict[str, Any] | None,
+        words: int,
+    ) -> StreamOutcome:
         call_id = f"call_{uuid.uuid4().hex[:12]}"
         delay = 0.06 * self.pace
 
@@ -550,6 +596,27 @@ def budget(ctx: Context) -> str:
     return ctx.ended(run)
 
 
+def spend(ctx: Context) -> str:
+    """Summarise long contracts with a big model until the run's cost budget stops it: each
+    call reads a whole contract (about $0.05 at gpt-4o's table price), and the call whose
+    usage reaches $0.12 stops the run (`budget_exhausted`) in the batch that reports it."""
+
+    def summarise(run: AgentRun) -> None:
+        for contract in range(1, 50):
+            ctx.model_call(run, words=30, prompt_tokens=16_000 + ctx.rng.randint(0, 2_000))
+            run.artifact(f"summary of contract {contract}", kind="text", content="...")
+            ctx.pause(run, 0.3, 0.6)
+
+    run = ctx.perform(
+        "Summarise the quarter's supplier contracts",
+        "summary-bot",
+        [Step("summarise", "Summarise each contract", "model_call", summarise)],
+        budget={"max_cost_usd": 0.12},
+        result=lambda: {"contracts": 49},
+    )
+    return ctx.ended(run)
+
+
 def steering(ctx: Context) -> str:
     """A reviewer steers the run; the agent applies the message at its next step."""
     incident = ctx.rng.randint(1000, 9999)
@@ -834,6 +901,8 @@ class Scenario:
 
 SCENARIOS: dict[str, Scenario] = {
     "research": Scenario(research, "payments", 3),
+    # Early in the first pass: a cost budget stop is on screen within a minute of `make run`.
+    "spend": Scenario(spend, "platform", 1),
     "notify": Scenario(notify, "payments", 2),
     "slow_report": Scenario(slow_report, "platform", 2),
     "deploy": Scenario(deploy, "platform", 2),

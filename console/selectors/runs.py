@@ -8,10 +8,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -59,6 +60,7 @@ class RunFilters:
     q: str = ""
     after: str = ""  # cursor: older than this row
     before: str = ""  # cursor: newer than this row
+    sort: str = ""  # "" newest first; "cost" / "tokens": the most spent first (RUN_SORTS)
 
     @property
     def active(self) -> bool:
@@ -176,6 +178,44 @@ def _agents(access: Access, limit: int = 200) -> list[str]:
         return [name for (name,) in cursor.fetchall()]
 
 
+# The runs page sorted by what runs spent: the most first, paged by keyset on (amount, id).
+RUN_SORTS = {
+    "cost": F("cost_usd"),
+    "tokens": F("input_tokens") + F("output_tokens"),
+}
+
+
+def _spend_sorted(
+    listed: QuerySet[Run], sort: str, after: str, size: int
+) -> tuple[list[Run], bool, str]:
+    """A page of runs by spend, most first; the cursor is "amount|id" of the last row (a
+    tampered one is ignored: first page)."""
+    ranked = listed.annotate(spend=RUN_SORTS[sort])
+    mark = _spend_cursor_decode(after) if after else None
+    if mark is not None:
+        amount, run_id = mark
+        ranked = ranked.filter(Q(spend__lt=amount) | Q(spend=amount, pk__lt=run_id))
+    chunk: list[Run] = list(ranked.order_by("-spend", "-pk")[: size + 1])
+    rows = chunk[:size]
+    cursor = ""
+    if len(chunk) > size:
+        raw = f"{rows[-1].spend}|{rows[-1].pk}".encode()  # type: ignore[attr-defined]
+        cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return rows, len(chunk) > size, cursor
+
+
+def _spend_cursor_decode(value: str) -> tuple[Decimal, str] | None:
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+        amount_text, run_id = raw.split("|", 1)
+        amount = Decimal(amount_text)
+    except (ValueError, ArithmeticError, binascii.Error, UnicodeDecodeError):
+        return None
+    if not amount.is_finite() or not re.fullmatch(RunIdConverter.regex, run_id):
+        return None
+    return amount, run_id
+
+
 def runs_page(
     access: Access,
     filters: RunFilters,
@@ -210,7 +250,11 @@ def runs_page(
 
     after = cursor_decode(filters.after) if filters.after else None
     before = cursor_decode(filters.before) if filters.before and not after else None
-    if before is not None:
+    if filters.sort in RUN_SORTS:
+        rows, has_older, next_cursor = _spend_sorted(listed, filters.sort, filters.after, size)
+        has_newer = bool(filters.after)
+        before = after = None
+    elif before is not None:
         stamp, run_id = before
         chunk = list(
             listed.filter(Q(created_at__gt=stamp) | Q(created_at=stamp, pk__gt=run_id)).order_by(
@@ -231,6 +275,9 @@ def runs_page(
     interrupted_unresolved, unresolved_ids = _interrupted_unresolved(
         narrowed, rows, counts, count_cap
     )
+    older_cursor = cursor_encode(rows[-1].created_at, rows[-1].pk) if rows else ""
+    if filters.sort in RUN_SORTS:
+        older_cursor = next_cursor
     return RunsPage(
         rows=rows,
         counts=counts,
@@ -238,7 +285,7 @@ def runs_page(
         has_newer=has_newer and bool(rows),
         has_older=has_older,
         newer_cursor=cursor_encode(rows[0].created_at, rows[0].pk) if rows else "",
-        older_cursor=cursor_encode(rows[-1].created_at, rows[-1].pk) if rows else "",
+        older_cursor=older_cursor,
         agents=agents,
         teams=teams,
         needs_resolution=counts.get(RunStatus.STOPPED_DIRTY, 0),

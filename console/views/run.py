@@ -49,6 +49,7 @@ from runs.selectors import (
     resume_blocked_reason,
     run_dirty_reasons,
     usage_by_model,
+    usage_by_step,
 )
 
 TEMPLATE = "console/run.html"
@@ -98,6 +99,7 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "run_tokens": run.input_tokens + run.output_tokens,
         # Lazy too, and read only when the run reported usage.
         "cost_by_model": usage_by_model(run_id=run.pk),
+        "cost_by_step": usage_by_step(run_id=run.pk),
     }
     context.update(extra)
     return context

@@ -48,7 +48,7 @@ def runs_list(request: HtmxHttpRequest) -> HttpResponse:
     filters = RunFilters(
         **{
             key: str(data.get(key) or "")[:200]
-            for key in ("status", "agent", "team", "q", "after", "before")
+            for key in ("status", "agent", "team", "q", "after", "before", "sort")
         }
     )
     teams = visible_teams(access)

@@ -115,12 +115,26 @@ from runs.services.steering import (
     steering_decide,
     steering_queue,
 )
+from runs.services.team_budgets import (
+    team_budget_charge,
+    team_budget_refusal,
+    team_budget_set,
+    team_budget_spent,
+    team_price_delete,
+    team_price_set,
+)
 from runs.services.tool_calls import (
     permit_request,
     tool_result_report,
 )
 
 __all__ = [
+    "team_budget_charge",
+    "team_budget_refusal",
+    "team_budget_set",
+    "team_budget_spent",
+    "team_price_delete",
+    "team_price_set",
     "BULK_STOP_REASONS",
     "MAX_BULK_IDS",
     "RUN_ID_PATTERN",

@@ -6,6 +6,7 @@ tokens) by the events batch whose usage reaches it.
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db.models import Q
@@ -66,12 +67,29 @@ def budget_note(run: Run, budget: str) -> str:
     return f"budget {budget} exhausted: {used} of {limit}"
 
 
+# A team's budgets (runs.services.team_budgets) write notes of the same shape.
+TEAM_BUDGET_NAMES = ("team_daily_usd", "team_monthly_usd")
+
+
 def budget_from_note(note: str) -> str:
-    """The budget a `budget_note` names ("" for any other note)."""
+    """The budget a `budget_note` (or a team budget's note) names ("" for any other note)."""
     words = note.split()
     if len(words) >= 3 and words[0] == "budget" and words[2].rstrip(":") == "exhausted":
-        return words[1] if words[1] in BUDGET_NAMES else ""
+        return words[1] if words[1] in BUDGET_NAMES + TEAM_BUDGET_NAMES else ""
     return ""
+
+
+def budget_limit_from_note(note: str) -> Decimal | None:
+    """The limit a budget note names ("... of 10 USD ..."): a team budget's limit is not on the
+    run, and the admin may have changed it since."""
+    words = note.split()
+    for index, word in enumerate(words[:-1]):
+        if word == "of":
+            try:
+                return Decimal(words[index + 1])
+            except InvalidOperation:
+                return None
+    return None
 
 
 def _budget_exceeded(run: Run, *, now: datetime, adding_tool_call: bool = False) -> str:

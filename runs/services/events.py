@@ -44,7 +44,7 @@ from runs.models import (
     StopReason,
     Usage,
 )
-from runs.pricing import price_call
+from runs.pricing import TeamPrices, price_call
 from runs.services._base import (
     _live_lease,
     _lock_run,
@@ -53,6 +53,7 @@ from runs.services._base import (
 )
 from runs.services.budget import budget_note, exhausted_spend_budget
 from runs.services.lifecycle import _stop_locked
+from runs.services.team_budgets import team_budget_charge
 
 
 @dataclass
@@ -175,18 +176,31 @@ def events_ingest(
         budget = (
             exhausted_spend_budget(run) if batch.spent and run.status == RunStatus.RUNNING else ""
         )
+        note = budget_note(run, budget) if budget else ""
         batch.flush(touch=touch)
         if touch:
             notify.run_changed(run, kind="events")
-        if budget:
+        note = note or _charge_team_budget(run, batch, now)
+        if note:
             _stop_locked(
                 run,
                 reason=StopReason.BUDGET_EXHAUSTED,
-                note=budget_note(run, budget),
+                note=note,
                 actor=Actor.system("budget"),
                 now=now,
             )
     return answers
+
+
+def _charge_team_budget(run: Run, batch: _Batch, now: Any) -> str:
+    """The batch's priced spend counts on the team's budget too (late spend included: the
+    bill comes all the same); the note of the team budget it used up, if the run still runs."""
+    if not batch.cost_usd:
+        return ""
+    charge = team_budget_charge(run, batch.cost_usd, now=now)
+    if charge is None or not charge.exhausted or run.status != RunStatus.RUNNING:
+        return ""
+    return charge.note
 
 
 def _step_keys(events: Iterable[dict[str, Any]]) -> set[str]:
@@ -378,10 +392,18 @@ class _Batch:
         self.checkpoints: list[Checkpoint] = []
         self.usages: list[Usage] = []
         self.spent = False  # a usage event was accepted: the cost budgets need a look
+        self.cost_usd = Decimal(0)  # what the accepted usage cost (priced rows only)
+        self._team_prices: TeamPrices | None = None
         self.run_fields: set[str] = set()
 
     def get(self, key: str) -> Step | None:
         return self.by_key.get(key)
+
+    def team_prices(self) -> TeamPrices:
+        """The team's own prices, read once, on the batch's first usage event."""
+        if self._team_prices is None:
+            self._team_prices = TeamPrices.for_team(self.run.team_id)
+        return self._team_prices
 
     def saved(self, key: str) -> Step | None:
         """The step, with a primary key (for a row that points at it)."""
@@ -889,6 +911,7 @@ MAX_CALL_TOKENS = 100_000_000
 MAX_CALL_COST_USD = Decimal(10_000)
 _COST_PLACES = Decimal("1e-10")  # Usage.cost_usd's scale: stored sums equal the rows' sums
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+_STEP_KEY_LIMIT = 120  # Usage.step_key
 
 
 def _tokens(event: dict[str, Any], key: str, *, required: bool) -> int:
@@ -962,7 +985,9 @@ def _on_usage(
             "cache_read_tokens + cache_write_tokens exceed input_tokens "
             "(input_tokens counts every input token, cached or not)",
         )
-    step_key = _text(event, "step_key", limit=120)
+    step_key = _text(event, "step_key", limit=_STEP_KEY_LIMIT + 1)
+    if len(step_key) > _STEP_KEY_LIMIT:  # refused, not cut: a cut key names another step
+        raise _EventRejected("invalid", f"step_key is longer than {_STEP_KEY_LIMIT} characters")
     price = price_call(
         model=model,
         provider=provider,
@@ -972,6 +997,7 @@ def _on_usage(
         cache_write_tokens=counts["cache_write_tokens"],
         reported_cost_usd=cost,
         at=now,
+        team_prices=batch.team_prices(),
     )
     priced = None if price.cost_usd is None else price.cost_usd.quantize(_COST_PLACES)
     batch.usages.append(
@@ -997,6 +1023,7 @@ def _on_usage(
         fields.append("unpriced_tokens")
     else:
         run.cost_usd += priced
+        batch.cost_usd += priced
         fields.append("cost_usd")
     batch.run_fields.update(fields)
     batch.spent = True

@@ -12,6 +12,7 @@ from django.utils import timezone
 from runs import notify
 from runs.actors import Actor
 from runs.errors import (
+    BudgetExhausted,
     IllegalTransition,
     InvalidInput,
     NotFound,
@@ -28,6 +29,7 @@ from runs.models import (
     Run,
     SideEffect,
     SideEffectState,
+    StopReason,
 )
 from runs.services._base import (
     _RESULT_STATES,
@@ -46,6 +48,7 @@ from runs.services.approvals import (
 )
 from runs.services.budget import _budget_exceeded
 from runs.services.lifecycle import _settle_dirty_if_resolved, _stop_locked
+from runs.services.team_budgets import team_budget_refusal
 
 
 def permit_request(
@@ -83,7 +86,7 @@ def permit_request(
     """
     schema = validate_arguments_schema(arguments_schema)
     validate_risk(risk)
-    refusal: StaleEpoch | RunNotRunning | None = None
+    refusal: StaleEpoch | RunNotRunning | BudgetExhausted | None = None
     with locked_run(run_id) as run:
         now = timezone.now()
         reads = read_for_permit(run, tool_call_id=tool_call_id, step_key=step_key)
@@ -104,7 +107,10 @@ def permit_request(
                 refuse_if_approval_closed(existing, run)
                 return existing, False
             budget_reason = _budget_exceeded(run, now=now, adding_tool_call=True)
-            if budget_reason:
+            team_refusal = None if budget_reason else _team_budget_refusal_locked(run, now=now)
+            if team_refusal is not None:
+                refusal = team_refusal
+            elif budget_reason:
                 _stop_locked(
                     run,
                     reason=budget_reason,
@@ -151,8 +157,27 @@ def permit_request(
                     )
                 return record, True
     assert refusal is not None
+    if isinstance(refusal, BudgetExhausted):
+        raise refusal
     _reject_late_write(run_id, kind="permit", epoch=epoch, error=refusal)
     raise refusal
+
+
+def _team_budget_refusal_locked(run: Run, *, now: Any) -> BudgetExhausted | None:
+    """A team over its daily or monthly budget gets no permit: the run is stopped through the
+    stop path (`budget_exhausted`, the budget named in its note) and the answer is
+    `409 budget_exhausted` naming the budget, until an admin raises it or the period ends."""
+    budget, note = team_budget_refusal(run.team_id, now=now)
+    if not budget:
+        return None
+    _stop_locked(
+        run, reason=StopReason.BUDGET_EXHAUSTED, note=note, actor=Actor.system("budget"), now=now
+    )
+    return BudgetExhausted.for_run(
+        run,
+        f"the team's budget is used up ({note}); an admin of the team can raise it",
+        budget=budget,
+    )
 
 
 def _refuse_another_call(

@@ -167,6 +167,7 @@ def test_bad_usage_is_rejected_alone_and_nothing_is_kept(api, team, agent_token,
         ({"model": "m" * 10_000}, "model is longer than 200 characters"),
         ({"model": "gpt-4o", "provider": "p" * 101}, "provider is longer than 100 characters"),
         ({"model": 42}, "model must be a string"),
+        ({"model": "gpt-4o", "step_key": "s" * 10_000}, "step_key is longer than 120"),
     ],
 )
 def test_a_model_is_required_and_bounded(api, team, agent_token, fields, detail):
@@ -264,3 +265,58 @@ def test_a_usage_batch_costs_the_same_statements_whatever_its_size(team):
     statements(make_running(team)[0], 1)  # the price table loads once per process
     assert statements(hundred, 100) == statements(one, 1)
     assert reload(hundred).input_tokens == 1000
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        '"input_tokens": 1e400, "output_tokens": 1',
+        '"input_tokens": 1, "output_tokens": 1, "cost_usd": -1e400',
+    ],
+)
+def test_a_number_too_large_to_be_finite_is_a_400_for_the_batch(api, team, agent_token, literal):
+    """1e400 is infinity once parsed: refused like NaN, by the parser, before anything runs."""
+    run, _ = make_running(team)
+    raw = (
+        '{"epoch": 1, "events": [{"event_id": "bad", "type": "usage", "model": "gpt-4o", '
+        + literal
+        + "}]}"
+    )
+    response = api.post(url(run, "events/"), raw=raw, token=agent_token)
+    assert response.status_code == 400
+    assert response.json()["error"] == "parse_error"
+    assert not Usage.objects.filter(run=run).exists()
+    assert not EventReceipt.objects.filter(run=run).exists()
+
+
+def test_a_400_digit_token_count_is_refused_alone(api, team, agent_token):
+    run, _ = make_running(team)
+    raw = (
+        '{"epoch": 1, "events": [{"event_id": "bad", "type": "usage", "model": "gpt-4o", '
+        '"input_tokens": 1' + "0" * 400 + ', "output_tokens": 1}, {"event_id": "good", '
+        '"type": "usage", "model": "gpt-4o", "input_tokens": 2, "output_tokens": 2, '
+        '"cost_usd": 0.5}]}'
+    )
+    response = api.post(url(run, "events/"), raw=raw, token=agent_token)
+    assert response.status_code == 200, response.content
+    bad, good = response.json()["results"]
+    assert (bad["status"], bad["code"]) == ("rejected", "invalid")
+    assert "is more than one call can use" in bad["detail"]
+    assert good["status"] == "accepted"
+    assert list(Usage.objects.filter(run=run).values_list("event_id", flat=True)) == ["good"]
+    assert reload(run).cost_usd == Decimal("0.5")
+
+
+def test_the_drf_path_refuses_a_10000_character_model_per_event(api, team, agent_token):
+    run, _ = make_running(team)
+    answers = send(
+        api,
+        run,
+        agent_token,
+        {"event_id": "c", "type": "checkpoint.saved", "label": "c1", "step_seq": 1},
+        usage("u1", model="m" * 10_000, input_tokens=1, output_tokens=1),
+    )
+    assert answers[0][:2] == ("accepted", None)
+    assert answers[1][:2] == ("rejected", "invalid")
+    assert "model is longer than 200 characters" in answers[1][2]
+    assert not Usage.objects.filter(run=run).exists()

@@ -44,3 +44,36 @@ def test_report_usage_is_priced_and_its_budget_stops_the_run(client, agent_token
         stopped = Run.objects.get(pk=run_id)
         assert (stopped.status, stopped.stop_reason) == ("cancel_requested", "budget_exhausted")
     assert Run.objects.get(pk=run_id).cost_usd > 1
+
+
+def test_a_team_over_its_budget_refuses_the_clients_permit_as_a_refusal(client, team, agent_token):
+    from runs import services
+    from runs.actors import Actor
+    from safestop_agent import Refused
+
+    services.team_budget_set(
+        team_id=team.pk,
+        actor=Actor.system("test"),
+        time_zone="UTC",
+        daily_usd="0.5",
+        monthly_usd=None,
+    )
+    api = bridge(client, agent_token)
+    spender = api.create_run(title="spender", agent="a")["id"]
+    other = api.create_run(title="other", agent="a")["id"]
+    with AgentRun(api, spender, "w1", push=False, heartbeat_interval=3600) as run:
+        run.report_usage(model="gpt-4o", input_tokens=1, output_tokens=1, cost_usd=Decimal("0.5"))
+    assert Run.objects.get(pk=spender).stop_reason == "budget_exhausted"
+    with AgentRun(api, other, "w2", push=False, heartbeat_interval=3600) as run:
+        with pytest.raises(Refused) as refused:
+            api.request_permit(
+                other,
+                epoch=run.epoch,
+                tool_call_id="c1",
+                tool="search",
+                side_effect="none",
+                arguments={},
+            )
+    assert refused.value.code == "budget_exhausted"
+    assert "team_daily_usd" in refused.value.detail
+    assert Run.objects.get(pk=other).stop_reason == "budget_exhausted"
