@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers adapter-matrix
+.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers mcp-clients adapter-matrix
 
 install: $(VENV)/.installed
 
@@ -50,6 +50,22 @@ axe: node
 # at run time.
 mcp-servers: node
 	cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error
+
+# `langchain-mcp-adapters` (a LangGraph agent's MCP client) in a small venv of its own: every
+# release so far requires mcp<2 and the repository runs the 2.x SDK. The wire protocol is the
+# same: tests/mcp/test_gateway_langchain.py runs tests/mcp/langchain_client.py with this
+# interpreter against the live gateway over HTTP. Move the pins when a release takes mcp 2.
+MCP_LANGCHAIN := .venv-mcp-langchain
+MCP_LANGCHAIN_PINS := langchain-mcp-adapters==0.3.2 mcp==1.30.0 langgraph==1.2.24 \
+	langgraph-prebuilt==1.1.3
+mcp-clients: $(MCP_LANGCHAIN)/.installed
+
+$(MCP_LANGCHAIN)/.installed: Makefile
+	rm -rf $(MCP_LANGCHAIN)
+	$(PYTHON) -m venv $(MCP_LANGCHAIN)
+	$(MCP_LANGCHAIN)/bin/pip install -q --upgrade pip
+	$(MCP_LANGCHAIN)/bin/pip install -q $(MCP_LANGCHAIN_PINS)
+	touch $@
 
 # The TypeScript client (clients/typescript, `@safestop/agent`): dependencies from its lockfile,
 # a strict `tsc` build, then Node's test runner against a live server the tests start (about
@@ -98,7 +114,7 @@ adapter-matrix: $(MATRIX)/oldest/.installed $(MATRIX)/newest/.installed
 PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
-test: install services chromium nginx axe mcp-servers
+test: install services chromium nginx axe mcp-servers mcp-clients
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client

@@ -448,12 +448,16 @@ SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 # The MCP gateway (gateway/, `/mcp/<name>/`). Upstream secrets (env, headers) are sealed with a
 # key derived from SAFESTOP_MCP_SECRET_KEY, or SECRET_KEY when it is empty. A session leases its
 # run for SAFESTOP_MCP_LEASE_TTL_SECONDS (renewed every third of it) and ends, like a client
-# that left, after SAFESTOP_MCP_SESSION_IDLE_SECONDS without a request.
+# that left, after SAFESTOP_MCP_SESSION_IDLE_SECONDS without a request. A request the upstream
+# sends the client (sampling, elicitation) waits SAFESTOP_MCP_CLIENT_ANSWER_SECONDS for its answer.
 SAFESTOP_MCP_SECRET_KEY = os.environ.get("SAFESTOP_MCP_SECRET_KEY", "")
 SAFESTOP_MCP_MAX_MESSAGE_BYTES = int(os.environ.get("SAFESTOP_MCP_MAX_MESSAGE_BYTES", "1048576"))
 SAFESTOP_MCP_LEASE_TTL_SECONDS = float(os.environ.get("SAFESTOP_MCP_LEASE_TTL_SECONDS", "30"))
 SAFESTOP_MCP_SESSION_IDLE_SECONDS = float(
     os.environ.get("SAFESTOP_MCP_SESSION_IDLE_SECONDS", "1800")
+)
+SAFESTOP_MCP_CLIENT_ANSWER_SECONDS = float(
+    os.environ.get("SAFESTOP_MCP_CLIENT_ANSWER_SECONDS", "600")
 )
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))
 SAFESTOP_WEBHOOK_READ_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_READ_TIMEOUT", 10))

@@ -22,6 +22,7 @@ from console.views import (
     run,
     runs,
     tokens,
+    upstreams,
 )
 
 app_name = "console"
@@ -81,6 +82,13 @@ urlpatterns = [
     path("stops/bulk/", bulk.bulk_stop_confirm, name="bulk_stop_confirm"),
     path("stops/bulk/<str:bulk_id>/", bulk.bulk_stop_page, name="bulk_stop"),
     path("handoffs/<int:handoff_id>/<str:action>/", handoffs.handoff_action, name="handoff_action"),
+    path("upstreams/", upstreams.upstreams, name="mcp_upstreams"),
+    path("upstreams/<int:upstream_id>/", upstreams.upstream_edit, name="mcp_upstream"),
+    path(
+        "upstreams/<int:upstream_id>/delete/",
+        upstreams.upstream_remove,
+        name="mcp_upstream_delete",
+    ),
     path("audit/", audit.audit, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit_verify"),
     path("audit.csv", audit.audit_csv, name="audit_csv"),

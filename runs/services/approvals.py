@@ -129,10 +129,12 @@ def _team_rules(team_id: int) -> list[ApprovalRule]:
 
 
 def gate_for_call(
-    run: Run, *, tool: str, side_effect: str, needs_approval: bool
+    run: Run, *, tool: str, side_effect: str, needs_approval: bool, rules_exist: bool = True
 ) -> GateAnswer | None:
-    """The first matching rule decides; an agent's own `needs_approval` holds the call too."""
-    for rule in _team_rules(run.team_id):
+    """The first matching rule decides; an agent's own `needs_approval` holds the call too.
+
+    `rules_exist=False`: the caller has just read that the team has no enabled rule."""
+    for rule in _team_rules(run.team_id) if rules_exist else []:
         if _rule_matches_call(rule, agent=run.agent, tool=tool, side_effect=side_effect):
             return GateAnswer(rule, _describe(rule))
     return GateAnswer(None, "asked by the agent") if needs_approval else None
