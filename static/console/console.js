@@ -5,7 +5,10 @@
  *   {"type": "run.updated", "run_id", "team", "status", "stop_epoch", "seq", "kind"}
  * — never HTML — and this script decides which regions to refetch. Each region is a
  * `[data-live]` element with a `data-live-url`; it is refetched with htmx (the server answers
- * with the `{% partialdef %}` fragment matching the HX-Target id) and swapped whole.
+ * with the `{% partialdef %}` fragment matching the HX-Target id) and morphed into place with
+ * idiomorph's htmx extension (`morph` swap, static/console/vendor/), out-of-band parts too: the
+ * nodes that did not change stay the same nodes, so the focus, a selection, the scroll position,
+ * open <details>, typed text and messages (`data-flash`) survive a refresh.
  *   data-live="always"  refetch on every frame, unless its data-seq shows it is already newer
  *   data-live="status"  refetch only when the run's status or epoch differs from what it shows
  *   data-live="guarded" refetch unless the user is typing in it; then show a "changed" notice
@@ -43,7 +46,7 @@
       state.parts = {};
       var el = document.getElementById(id);
       if (!el || !el.dataset.liveUrl) { state.busy = false; return; }
-      var options = { source: el, target: el, swap: "outerHTML", headers: { "X-Safestop-Live": "1" } };
+      var options = { source: el, target: el, swap: "morph", headers: { "X-Safestop-Live": "1" } };
       if (parts.length) options.values = { "with": parts.join(",") };
       htmx.ajax("GET", el.dataset.liveUrl, options)
         .catch(function () { /* network error: the next frame or a reconnect retries */ })
@@ -53,6 +56,38 @@
     };
     var later = function () { setTimeout(run, Math.max(0, state.startedAt + MIN_GAP_MS - Date.now())); };
     later();
+  }
+
+  // A live refresh morphs rather than replaces (a replaced node takes the focus with it: tabbing
+  // into a table that refreshes every second never reached its rows). `liveSwap` says whether
+  // the swap under way is one: set for every swap, so a person's own request never inherits it.
+  var liveSwap = false;
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var config = evt.detail.requestConfig;
+    liveSwap = !!(config && config.headers && config.headers["X-Safestop-Live"]);
+    // The regions riding along out of band morph as well (the templates say
+    // hx-swap-oob="true", which would replace them).
+    if (liveSwap && typeof evt.detail.serverResponse === "string") {
+      evt.detail.serverResponse = evt.detail.serverResponse.replace(/ hx-swap-oob="true"/g, ' hx-swap-oob="morph"');
+    }
+  });
+  if (window.Idiomorph) {
+    // A value someone is typing into the focused field stays theirs. (Not idiomorph's
+    // ignoreActiveValue: it skips the children of any focused element, and after a Stop the
+    // focus rests on the run's status, which must still change.)
+    Idiomorph.defaults.callbacks.beforeNodeMorphed = function (node) {
+      return !(liveSwap && node === document.activeElement && /^(INPUT|TEXTAREA|SELECT)$/.test(node.tagName));
+    };
+    // A message (`data-flash`: "Approved as it was…") is the answer to what the person did: a
+    // live refresh, rendered without it, must not take it away. A person's own next request
+    // replaces its region and the message with it.
+    Idiomorph.defaults.callbacks.beforeNodeRemoved = function (node) {
+      return !(liveSwap && node.nodeType === 1 && node.hasAttribute("data-flash"));
+    };
+    // An open confirmation or dialog stays open (the server renders it closed).
+    Idiomorph.defaults.callbacks.beforeAttributeUpdated = function (name, node) {
+      return !(liveSwap && name === "open" && /^(DETAILS|DIALOG)$/.test(node.tagName));
+    };
   }
 
   // A filtered region (data-query-form="<form id>", the runs table) shows what that form asks
