@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from django import forms
-from django.utils.functional import SimpleLazyObject
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.urls import reverse
+from django.utils.functional import SimpleLazyObject
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for

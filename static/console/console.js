@@ -264,6 +264,9 @@
   function onFrame(root, msg) {
     if (!msg || msg.type !== "run.updated") return;
     recentlyChanged[msg.run_id] = Date.now();
+    // The navigation's counts refetch themselves on this event (base.html: hx-trigger with a
+    // delay, so a burst of frames costs one request).
+    htmx.trigger(document.body, "safestop:frame");
     var scopeRun = root.dataset.runId;
     if (scopeRun && scopeRun !== msg.run_id) return;
     // A lost frame may have been the one a filter or a status check would have let through.
