@@ -38,6 +38,7 @@ from console.access import Access, request_access, visible_teams
 from console.forms import APPROVAL_TABS, ApprovalDecisionForm, ApprovalFilterForm, ApprovalRuleForm
 from console.selectors import run_detail
 from console.views.common import (
+    DecidableTeams,
     HtmxHttpRequest,
     actor_of,
     error_text,
@@ -281,10 +282,11 @@ def approval_context(
 def approval_page(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     approval = _approval_for(request, approval_id)
     if wants_fragment(request) and request.htmx.target == "approval-status":
-        context = approval_context(request, approval, full=False)
+        context = approval_context(request, approval)
         # Decided meanwhile (by someone else, by the deadline, or voided by a stop): the forms
-        # give way to the outcome. While it waits, a half-typed edit is left alone.
-        oob = [] if context["waiting"] else ["decision", "nav-count"]
+        # give way to the outcome. While it waits, a half-typed edit is left alone. The run's
+        # steps ride along: the timeline of what led to the call goes on while it waits.
+        oob = ["steps"] if context["waiting"] else ["decision", "nav-count", "steps"]
         return fragments(request, PAGE_TEMPLATE, "status", context, oob=oob)
     return page(request, PAGE_TEMPLATE, approval_context(request, approval))
 
@@ -355,16 +357,6 @@ def approval_decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
 
 # --------------------------------------------------------------------------------------------
 # inline decisions: approve as it is, or reject with a message, from a list
-
-
-class DecidableTeams:
-    """`team_id in …` for the templates: the teams where the user may decide approvals."""
-
-    def __init__(self, access: Access) -> None:
-        self.ids = access.ids_may(Capability.REVIEW)
-
-    def __contains__(self, team_id: object) -> bool:
-        return self.ids is None or team_id in self.ids
 
 
 def _back_to(request: HttpRequest) -> str:

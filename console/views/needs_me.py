@@ -34,8 +34,7 @@ from console.selectors import (
     needs_me_counts,
     needs_me_group,
 )
-from console.views.approvals import DecidableTeams
-from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
+from console.views.common import DecidableTeams, HtmxHttpRequest, fragments, page, wants_fragment
 
 TEMPLATE = "console/needs_me.html"
 

@@ -14,9 +14,9 @@
  *   data-live="guarded" refetch unless the user is typing in it; then show a "changed" notice
  * A region with data-live-via="<id>" data-live-part="<name>" is not fetched on its own: it rides
  * out of band on the response of region <id> (the run's actions change with its summary).
- * At most one request per region is in flight, and fetches of a region start at least
- * MIN_GAP_MS apart; frames arriving meanwhile coalesce into one trailing fetch that starts after
- * the last of them, so a burst of changes costs two requests and the last state still wins.
+ * Each region fetches itself with htmx (hx-get, hx-trigger="safestop:refresh", hx-sync="this:queue
+ * last"): at most one request per region is in flight, frames arriving meanwhile coalesce into
+ * one trailing fetch, so a burst of changes costs two requests and the last state still wins.
  * Frames are at most once (Redis Pub/Sub, console/settings.py): when a run's `seq` skips a
  * number, a frame was lost, and every region showing that run refetches whatever the frame says.
  * After a reconnect every region is refetched (frames sent while offline are not replayed).
@@ -24,39 +24,41 @@
 (function () {
   "use strict";
 
-  var MIN_GAP_MS = 250; // between the starts of two fetches of one region
-  var regions = {}; // id -> {busy, again, parts, startedAt}
-
+  // A region fetches itself, declaratively (its template says so):
+  //   hx-get="<its url>" hx-trigger="safestop:refresh" hx-sync="this:queue last"
+  //   hx-swap="morph" hx-disinherit="*"
+  // `queue last` keeps at most one request in flight and one waiting: a burst of frames costs
+  // two requests and the last state still wins. What htmx cannot say stays here: which frames
+  // concern a region (below), the parts riding along (`?with=`), and waiting for a person's own
+  // request for the region.
   // `part`: another region to bring along out of band (`?with=actions`), so regions that
   // depend on one another change in the same swap.
-  // `busy` covers a fetch in flight *or* one waiting for its MIN_GAP_MS slot; a frame arriving
-  // then only sets `again`, so the whole burst costs one more fetch, started after it.
+  var LIVE_EVENT = "safestop:refresh";
   function refresh(id, part) {
-    var state = regions[id] || (regions[id] = { busy: false, again: false, parts: {}, startedAt: 0 });
-    if (part) state.parts[part] = true;
-    if (state.busy) { state.again = true; return; }
-    state.busy = true;
-    var run = function () {
-      // A person's own request for this region is under way: it carries what they asked for,
-      // so the live fetch waits for its answer and starts after it (see queryRegion below).
-      if (userGets[id] > 0) { heldLive[id] = run; return; }
-      state.again = false;
-      state.startedAt = Date.now();
-      var parts = Object.keys(state.parts);
-      state.parts = {};
-      var el = document.getElementById(id);
-      if (!el || !el.dataset.liveUrl) { state.busy = false; return; }
-      var options = { source: el, target: el, swap: "morph", headers: { "X-Safestop-Live": "1" } };
-      if (parts.length) options.values = { "with": parts.join(",") };
-      htmx.ajax("GET", el.dataset.liveUrl, options)
-        .catch(function () { /* network error: the next frame or a reconnect retries */ })
-        .then(function () {
-          if (state.again) { later(); } else { state.busy = false; }
-        });
-    };
-    var later = function () { setTimeout(run, Math.max(0, state.startedAt + MIN_GAP_MS - Date.now())); };
-    later();
+    var el = document.getElementById(id);
+    if (!el || !el.hasAttribute("hx-get")) return;
+    if (part) (el.safestopParts || (el.safestopParts = {}))[part] = true;
+    // A person's own request for this region is under way: it carries what they asked for, so
+    // the live fetch starts after its answer (see queryRegion below).
+    if (userGets[id] > 0) { heldLive[id] = true; return; }
+    htmx.trigger(el, LIVE_EVENT);
   }
+
+  function isLiveRequest(detail) {
+    var event = detail && (detail.triggeringEvent || (detail.requestConfig && detail.requestConfig.triggeringEvent));
+    return !!event && event.type === LIVE_EVENT;
+  }
+
+  // A live request says so (the server and the swap below tell it from a person's own), and
+  // carries the parts asked for since the last one.
+  document.addEventListener("htmx:configRequest", function (evt) {
+    var detail = evt.detail;
+    if (!isLiveRequest(detail)) return;
+    detail.headers["X-Safestop-Live"] = "1";
+    var parts = detail.elt.safestopParts ? Object.keys(detail.elt.safestopParts) : [];
+    detail.elt.safestopParts = null;
+    if (parts.length) detail.parameters["with"] = parts.join(",");
+  });
 
   // A live refresh morphs rather than replaces (a replaced node takes the focus with it: tabbing
   // into a table that refreshes every second never reached its rows). `liveSwap` says whether
@@ -102,7 +104,7 @@
   var PAGE_PARAMS = ["after", "before"];
   var issued = {}; // region id -> number of the newest GET issued for it
   var userGets = {}; // region id -> GETs a person started, in flight
-  var heldLive = {}; // region id -> the live fetch waiting for them
+  var heldLive = {}; // region id -> a live fetch waits for them
   var newestUser = {}; // region id -> the issue number of the newest GET a person started
 
   function queryRegion(target) {
@@ -187,9 +189,8 @@
     var id = xhr.safestopRegion;
     userGets[id] = Math.max(0, (userGets[id] || 0) - 1);
     if (!userGets[id] && heldLive[id]) {
-      var go = heldLive[id];
-      heldLive[id] = null;
-      go();
+      heldLive[id] = false;
+      refresh(id);
     }
   });
 

@@ -23,7 +23,7 @@ from runs.models import (
 )
 from tests.support.approvals import SCHEMA, rule, url, waiting
 from tests.support.htmx import htmx
-from tests.support.scenarios import new_run
+from tests.support.scenarios import AGENT, new_run
 
 pytestmark = pytest.mark.django_db
 
@@ -523,3 +523,26 @@ def test_approvals_are_read_only_in_the_django_admin(as_staff, team):
     response = as_staff.post(f"/admin/runs/approval/{approval.pk}/delete/", {"post": "yes"})
     assert response.status_code == 403
     assert Approval.objects.filter(pk=approval.pk).exists()
+
+
+def test_the_steps_timeline_follows_the_run_while_the_approval_waits(as_reviewer, team):
+    approval = waiting(team)
+    key = approval.run.steps.order_by("seq").first().key
+    before = as_reviewer.get(url(approval), **htmx("approval-status")).content.decode()
+    assert (
+        'id="approval-steps" class="panel" aria-labelledby="context-title" hx-swap-oob="true"'
+        in (before)
+    )
+    lease = approval.run.leases.filter(released_at__isnull=True).get()
+    services.events_ingest(
+        run_id=approval.run_id,
+        epoch=lease.epoch,
+        actor=AGENT,
+        events=[
+            {"event_id": "later-step", "type": "step.started", "key": key, "kind": "tool_read"}
+        ],
+    )
+    after = as_reviewer.get(url(approval), **htmx("approval-status")).content.decode()
+    steps = after[after.index('id="approval-steps"') :]
+    assert 'id="approval-step-1" class="timeline__item timeline__item--running"' in steps
+    assert steps != before[before.index('id="approval-steps"') :]
