@@ -33,7 +33,7 @@ def _resolve(client, run: Run, target: str, target_id: str, **headers):
 
 
 def _row(body: str, run: Run) -> str:
-    match = re.search(rf'<tr data-run-id="{run.pk}".*?</tr>', body, re.S)
+    match = re.search(rf'<tr [^>]*data-run-id="{run.pk}".*?</tr>', body, re.S)
     assert match, f"no row for {run.pk}"
     return match.group(0)
 
