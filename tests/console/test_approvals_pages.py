@@ -546,3 +546,29 @@ def test_the_steps_timeline_follows_the_run_while_the_approval_waits(as_reviewer
     steps = after[after.index('id="approval-steps"') :]
     assert 'id="approval-step-1" class="timeline__item timeline__item--running"' in steps
     assert steps != before[before.index('id="approval-steps"') :]
+
+
+def test_an_expired_email_approval_says_the_email_was_never_sent(as_reviewer, team):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.support.scenarios import start
+
+    run = new_run(team, title="Mail the customer")
+    lease = start(run)
+    services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=lease.epoch,
+        transport="email",
+        destination="customer@example.org",
+        payload={"subject": "Your refund", "body": "Done."},
+        idempotency_key="mail-1",
+        actor=AGENT,
+        needs_approval=True,
+    )
+    approval = Approval.objects.get(run=run)
+    services.approval_expire(approval_id=approval.pk, now=timezone.now() + timedelta(days=2))
+    body = as_reviewer.get(url(approval)).content.decode()
+    assert "the e-mail was never sent" in body
+    assert "The call never ran" not in body
