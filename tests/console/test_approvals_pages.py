@@ -48,7 +48,7 @@ def test_inbox_lists_waiting_approvals_soonest_deadline_first(as_reviewer, team)
     )
     assert f'data-approval-id="{middle.public_id}" data-status="waiting" class=""' in body
     assert "data-countdown" in body  # time left, kept current by console.js
-    assert '<td class="small">deploys</td>' in body  # the rule that holds it
+    assert '<td class="small" data-label="Why">deploys</td>' in body  # the rule that holds it
 
 
 def test_inbox_filters_by_team_agent_tool_and_risk(as_staff, team, other_team):
