@@ -165,6 +165,6 @@ def nav_counts_fragment(request: HtmxHttpRequest) -> HttpResponse:
     and now and then (a page without a socket too), so the badge follows what waits."""
     counts = _counts(request)
     context = {"needs_me_count": counts.needs_me, "approvals_waiting": counts.approvals_waiting}
-    return fragments(
-        request, TEMPLATE, None, context, oob=["nav-needs-count", "nav-approvals-count"]
-    )
+    # Only a reviewer's navigation has the Needs me link and its count.
+    shown = ["nav-needs-count"] if request_access(request).is_reviewer_anywhere else []
+    return fragments(request, TEMPLATE, None, context, oob=[*shown, "nav-approvals-count"])

@@ -249,3 +249,10 @@ def test_a_handoff_says_when_it_was_handed_off(as_reviewer, team):
     handed_off(team, by=Actor.system("watchdog"))  # open: nobody has accepted it
     body = as_reviewer.get("/needs-me/").content.decode()
     assert "handed off <time" in body and "waiting <time" not in body
+
+
+def test_a_viewers_navigation_counts_have_no_needs_me_part(as_viewer, team):
+    waiting(team)
+    body = as_viewer.get("/nav-counts/", **htmx()).content.decode()
+    assert 'id="nav-needs-count"' not in body  # a viewer's navigation has no such link
+    assert 'id="nav-approvals-count" class="nav-count" hx-swap-oob="true">1<' in body
