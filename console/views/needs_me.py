@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_GET
 
 from console.access import request_access
-from console.selectors import (
+from console.selectors.needs_me import (
     NEEDS_ME_GROUP_PAGE,
     NEEDS_ME_KINDS,
     NEEDS_ME_SOON,

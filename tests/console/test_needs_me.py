@@ -204,7 +204,7 @@ def test_each_group_is_counted_and_the_badge_agrees_with_the_groups(as_reviewer,
 
 
 def test_the_kind_filter_shows_one_group_and_pages_through_it(as_reviewer, team):
-    from console.selectors import NEEDS_ME_GROUP_PAGE
+    from console.selectors.needs_me import NEEDS_ME_GROUP_PAGE
 
     made = [
         waiting(team, title=f"refund {index}", deadline_in=600 + index)
