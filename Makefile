@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers mcp-clients adapter-matrix
+.PHONY: install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers mcp-clients adapter-matrix vendor
 
 install: $(VENV)/.installed
 
@@ -67,6 +67,14 @@ $(MCP_LANGCHAIN)/.installed: Makefile
 	$(MCP_LANGCHAIN)/bin/pip install -q $(MCP_LANGCHAIN_PINS)
 	touch $@
 
+# Browser libraries the console serves itself (no CDN), from the committed lockfile in
+# static/console/vendor/. The copies are committed too, so `make run` needs no npm;
+# tests/console/test_vendor.py checks the copy against the version and digest it records.
+VENDOR_DIR := static/console/vendor
+vendor: node
+	cd $(VENDOR_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	cp $(VENDOR_DIR)/node_modules/idiomorph/dist/idiomorph-ext.min.js $(VENDOR_DIR)/idiomorph-ext.min.js
+
 # The TypeScript client (clients/typescript, `@safestop/agent`): dependencies from its lockfile,
 # a strict `tsc` build, then Node's test runner against a live server the tests start (about
 # 20 s). The runner's summary lines (`# tests`, `# pass`, `# fail`, ...) end the output.
@@ -114,7 +122,7 @@ adapter-matrix: $(MATRIX)/oldest/.installed $(MATRIX)/newest/.installed
 PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
-test: install services chromium nginx axe mcp-servers mcp-clients
+test: install services chromium nginx axe mcp-servers mcp-clients vendor
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client

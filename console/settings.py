@@ -472,7 +472,8 @@ SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVA
 # `access.changed` message was lost on the at-most-once viewers layer (console/consumers.py).
 SAFESTOP_WS_ACCESS_RECHECK_SECONDS = float(os.environ.get("SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60))
 
-# Notifications (DESIGN §11; docs/OPERATIONS.md, "Notifications"). Links in messages point here.
+# Notifications (DESIGN §11; docs/OPERATIONS.md, "Notifications"). Links in messages point here;
+# unset, `manage.py serve` sets it to the address it listens on (this default is for the rest).
 SAFESTOP_PUBLIC_URL = os.environ.get("SAFESTOP_PUBLIC_URL", "http://127.0.0.1:8000")
 SAFESTOP_NOTIFY_MAX_ATTEMPTS = int(os.environ.get("SAFESTOP_NOTIFY_MAX_ATTEMPTS", 8))
 SAFESTOP_NOTIFY_RETRY_BASE_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_RETRY_BASE_SECONDS", 10))

@@ -317,10 +317,16 @@ def _calls_part(run: Run, *, also: set[str] | None = None) -> dict[str, list[dic
             side_effect=record["side_effect"],
             side_effect_state=record["side_effect_state"],
             resolved=record["resolved"],
-        ) or (
-            also and record["tool_call_id"] in also and record["side_effect"] == SideEffect.WRITE
         ):
             unconfirmed.append(dict(summary))
+        elif also and record["tool_call_id"] in also and record["side_effect"] == SideEffect.WRITE:
+            # Settled since: the advice stays what it was while the outcome was unknown (it is
+            # what the reviewer acted on), not the blank a settled call would get.
+            marked = dict(summary)
+            if not record["recovery_action"]:
+                unknown = {**record, "side_effect_state": SideEffectState.PENDING_VERIFICATION}
+                marked["recovery_action"] = _default_recovery_action(unknown)
+            unconfirmed.append(marked)
     return {"tool_calls": tool_calls, "unconfirmed_side_effects": unconfirmed}
 
 

@@ -9,10 +9,14 @@ a logged-in reviewer, so a mail scanner or a chat unfurler opening it changes no
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import UTC
 from typing import Any
 
 from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.translation import ngettext
 
 from notifications.models import Event
 from runs.models import LedgerEntry, Run, StopReason
@@ -48,6 +52,17 @@ class Message:
 
 def public_url(path: str) -> str:
     return settings.SAFESTOP_PUBLIC_URL.rstrip("/") + path
+
+
+def readable_time(value: str) -> str:
+    """An ISO timestamp from a ledger payload as a person reads it: "2026-12-03 11:42 UTC".
+    Anything that is not one is shown as it is."""
+    moment = parse_datetime(value) if value else None
+    if moment is None:
+        return value
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 # Actions that may need a person; anything else returns before any work is done.
@@ -109,7 +124,7 @@ def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
     link = public_url(reverse("console:approval", args=[approval_id]))
     facts = [*_run_facts(run), ("Approval", approval_id)]
     if deadline:
-        facts.append(("Expires", deadline))
+        facts.append(("Expires", readable_time(deadline)))
     if action == "approval.requested":
         event = Event.APPROVAL_WAITING
         facts.insert(0, ("Waiting for", subject))
@@ -148,11 +163,16 @@ def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
         )
     else:
         event = Event.APPROVAL_EXPIRED
+        held = (
+            "the held outbox item was refused and will never be sent"
+            if payload.get("outbox_id")
+            else "the held call was refused and will not run"
+        )
         message = Message(
             title="Approval expired",
             text=(
-                "No reviewer decided before the deadline, so the held call was refused and will "
-                "not run. Check whether the run still needs a person."
+                f"No reviewer decided before the deadline, so {held}. Check whether the run "
+                "still needs a person."
             ),
             link=link,
             link_label="See the approval",
@@ -210,7 +230,12 @@ def _interrupted_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -
         return None  # nothing unconfirmed: the run page says enough
     event = Event.RUN_INTERRUPTED
     message = Message(
-        title=f"Run interrupted with {len(in_flight)} unconfirmed write(s): {run.title}",
+        title=ngettext(
+            "Run interrupted with %(count)d unconfirmed write: %(title)s",
+            "Run interrupted with %(count)d unconfirmed writes: %(title)s",
+            len(in_flight),
+        )
+        % {"count": len(in_flight), "title": run.title},
         text=(
             f"The worker was lost ({entry.reason or 'interrupted'}) while calls were running; "
             "their outcomes are unknown. Check them before resuming or closing the run."

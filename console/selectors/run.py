@@ -15,6 +15,7 @@ from handoff.models import Handoff, StopPacket
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     UNCONFIRMED_SIDE_EFFECT,
+    Approval,
     Artifact,
     Checkpoint,
     ExecutionRecord,
@@ -237,3 +238,12 @@ def checkpoint_labels(*, run_id: str) -> list[str]:
 
 def outbox_item_get(*, run_id: str, item_id: int) -> OutboxItem | None:
     return OutboxItem.objects.filter(run_id=run_id, pk=item_id).first()
+
+
+def run_approvals(run: Run, *, limit: int = 100) -> list[Approval]:
+    """The approvals a run asked for, newest first (the run page's list): one query."""
+    return list(
+        Approval.objects.filter(run=run)
+        .defer("arguments", "original_arguments", "arguments_schema")
+        .order_by("-requested_at", "-pk")[:limit]
+    )

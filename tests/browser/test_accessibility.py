@@ -128,6 +128,7 @@ def every_page(team: Team, bob: Any, alice: Any) -> dict[str, str]:
     return {
         "runs": "/",
         "needs me": "/needs-me/",
+        "needs me (approvals only)": "/needs-me/?kind=approval",
         "run (running)": f"/runs/{running.pk}/",
         "run (stopped dirty)": f"/runs/{dirty.pk}/",
         "stop packet": f"/runs/{dirty.pk}/packets/{epoch}/",
