@@ -25,6 +25,7 @@ from console.access import Access
 from console.converters import RunIdConverter
 from handoff.models import Handoff, HandoffStatus, Resolution, StopPacket
 from handoff.packets import interruption_packet
+from runs import frozen
 from runs.access import ROLE_CAPABILITIES, Capability
 from runs.ledger_queries import LedgerFilters, ledger_entries
 from runs.models import (
@@ -422,18 +423,20 @@ def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], 
 
 
 def _latest_outbox(run: Run, window: int | None) -> tuple[list[OutboxItem], int]:
+    # An item the run's epoch froze shows frozen before its row is relabelled (`runs.frozen`).
     items = OutboxItem.objects.filter(run=run)
     if window is None:
-        found = list(items.order_by("pk"))
+        found = frozen.present(run, items.order_by("pk"))
         return found, len(found)
     newest = items.order_by("-pk").values("pk")[:window]
     every_item = (
         OutboxItem.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
     )
-    loaded: list[Any] = list(
+    loaded: list[Any] = frozen.present(
+        run,
         items.filter(Q(pk__in=newest) | ~Q(status__in=OUTBOX_SETTLED))
         .annotate(total=Subquery(every_item))
-        .order_by("pk")
+        .order_by("pk"),
     )
     return loaded, loaded[0].total if loaded else 0
 
@@ -712,7 +715,10 @@ def _packet_view(
     numeric = [
         int(value.split("_", 1)[1]) for value in outbox_ids if value.split("_", 1)[-1].isdigit()
     ]
-    items = {item.public_id: item for item in OutboxItem.objects.filter(run=run, pk__in=numeric)}
+    items = {
+        item.public_id: item
+        for item in frozen.present(run, OutboxItem.objects.filter(run=run, pk__in=numeric))
+    }
     outbox_snap = {entry["id"]: entry for entry in snap.get("outbox", [])}
     lease_tokens = [
         lease["lease_id"] for lease in snap.get("leases", []) if lease.get("fenced_unconfirmed")
@@ -770,7 +776,7 @@ def _packet_view(
                     resolution=resolved.get(("worker", token)),
                 )
             )
-    frozen = [
+    frozen_items = [
         FrozenItem(
             public_id, items[public_id].pk, outbox_snap.get(public_id, {}), items[public_id].status
         )
@@ -785,7 +791,7 @@ def _packet_view(
         snap=snap,
         is_current=is_current,
         unknowns=unknowns,
-        frozen=frozen,
+        frozen=frozen_items,
         resolutions=resolutions,
         completed_steps=completed_steps,
         tool_calls=tool_calls,
