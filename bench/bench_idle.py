@@ -79,12 +79,24 @@ def _postgres_backends() -> set[int]:
         return {pid for (pid,) in cursor.fetchall()}
 
 
+def _settle(pid: int, *, quiet_pct: float = 2.0, longest: float = 90.0) -> None:
+    """Wait until the worker has started and finished what earlier sections queued (its CPU
+    below `quiet_pct` of a core for three seconds running), so the minute measured is idle."""
+    deadline = time.monotonic() + longest
+    quiet = 0
+    while time.monotonic() < deadline and quiet < 3:
+        pids = _tree(pid)
+        before = _cpu(pids)
+        time.sleep(1.0)
+        quiet = quiet + 1 if 100 * (_cpu(pids) - before) < quiet_pct else 0
+
+
 def idle_cpu(stack: Stack, *, seconds: float) -> list[Row]:
     from django.db import connection
 
     assert stack.celery is not None, "the Celery worker must be running"
     connection.close()  # our own backend is not part of the shape
-    time.sleep(3.0)  # whatever the previous section left (a relabel, a wake) settles
+    _settle(stack.celery.pid)
     kinds: dict[str, set[int]] = {
         "daphne": _tree(stack.daphne.pid),
         "celery worker + beat": _tree(stack.celery.pid),

@@ -289,11 +289,12 @@ def _budget_deadlines(now: datetime) -> list[datetime | None]:
         | Q(max_cost_usd__isnull=False)
         | Q(max_tokens__isnull=False)
     ).exists()
-    timed = [
-        started + timedelta(seconds=seconds)
+    timed: list[datetime] = [
+        started + timedelta(seconds=float(seconds))
         for started, seconds in running.filter(
             max_seconds__isnull=False, started_at__isnull=False
         ).values_list("started_at", "max_seconds")[:1000]
+        if started is not None and seconds is not None
     ]
     return [
         min(timed) if timed else None,
