@@ -111,7 +111,7 @@ test-fast: install services mcp-servers
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy console accounts gateway runs handoff notifications safestop_agent
+	$(VENV)/bin/mypy console accounts gateway api runs handoff notifications safestop_agent
 	$(VENV)/bin/lint-imports
 
 migrations-check: install

@@ -1,7 +1,7 @@
 """ASGI entry point: HTTP and websockets.
 
 Two kinds of websocket clients, authorised differently:
-- agents on `/ws/agent/runs/<id>/` (`runs.api.routing`): bearer token, no Origin needed —
+- agents on `/ws/agent/runs/<id>/` (`api.routing`): bearer token, no Origin needed —
   agents are not browsers;
 - browsers on the other `/ws/` routes (`console.routing`): the session, behind
   `AllowedHostsOriginValidator`, each pattern wrapped by `console.routing.browser_only`.
@@ -21,10 +21,10 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from api.routing import agent_websocket_urlpatterns  # noqa: E402
 from console.routing import websocket_urlpatterns as browser_websocket_urlpatterns  # noqa: E402
 from console.static import StaticFiles  # noqa: E402
 from gateway.asgi import McpGateway  # noqa: E402
-from runs.api.routing import agent_websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -26,14 +26,14 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from console.selectors import login_failures, team_slugs
-from handoff.selectors import stop_quality
-from runs.api.ratelimit import (
+from api.ratelimit import (
     bearer_failure_record,
     bearer_guessing_wait,
     client_address,
     denial_counts,
 )
+from console.selectors import login_failures, team_slugs
+from handoff.selectors import stop_quality
 from runs.models import TokenRole
 from runs.selectors import queue_depths, usage_totals
 from runs.tokens import api_token_authenticate
@@ -60,7 +60,7 @@ def _scope(request: HttpRequest) -> list[int] | None:
     """The teams the caller may scrape: None for every team (staff), else one token's team."""
     header = request.headers.get("Authorization", "")
     if header:
-        # The same guessing limit per address as the API (runs.api.ratelimit).
+        # The same guessing limit per address as the API (api.ratelimit).
         address = client_address(request)
         wait = bearer_guessing_wait(client_ip=address)
         if wait is not None:

@@ -1,4 +1,5 @@
-"""Channels publisher for run changes (registered in `console.apps`).
+"""Channels publisher for run changes (registered in `console.apps`): browser frames, and the
+agents' frames that `api.agent_sends` names, sent together.
 
 Group names (`runs.groups`) and channel layers are the contract between publishers and consumers:
 - `run_<id>`: viewers of one run (browser) — every change, with its sequence number;
@@ -7,8 +8,8 @@ Group names (`runs.groups`) and channel layers are the contract between publishe
   memberships, access flags or password change, or the user logs out, so open sockets re-check
   what they may watch and whether their session still logs them in;
   all three on the `VIEWER_LAYER` alias (consumers in `console/consumers.py`);
-- `agent_<id>`: the worker of one run — the stop signal only; on the "default" alias
-  (consumer in `runs/api/consumers.py`).
+- `agent_<id>` and `token_<id>`: agent workers — what they get is decided next to their
+  consumer (`api/agent_sends.py`, consumer in `api/consumers.py`); on the "default" alias.
 
 Why two layers (console/settings.py): with Redis, "viewers" is Pub/Sub — one PUBLISH per change
 however many browsers watch, but at most once. A lost browser frame costs a refetch (the next
@@ -30,7 +31,8 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 from django.utils.crypto import salted_hmac
 
-from runs.groups import agent_group, run_group, team_group, token_group, user_group
+from api.agent_sends import agent_sends, for_agents_only
+from runs.groups import run_group, team_group, user_group
 
 logger = logging.getLogger(__name__)
 
@@ -102,30 +104,25 @@ def browser_frame(event: dict[str, Any]) -> str:
 
 
 def publish(event: dict[str, Any]) -> None:
-    workers = get_channel_layer()
+    """The listener of `runs.notify`: the worker's frames (`api.agent_sends`) first, then the
+    browsers', all in one hop to the event loop."""
+    sends = agent_sends(event)
+    if not for_agents_only(event):
+        sends += viewer_sends(event)
+    _send(sends)
+
+
+def viewer_sends(event: dict[str, Any]) -> list[tuple[Any, str, dict[str, Any]]]:
     viewers = get_channel_layer(VIEWER_LAYER)
+    if viewers is None:
+        return []
     # The frame's JSON is encoded here, once per change, not by each of the 200 consumers that
     # forward it (docs/BENCHMARKS.md, fan-out).
     message = {**event, "type": "run.updated", "frame": browser_frame(event)}
-    sends: list[tuple[Any, str, dict[str, Any]]] = []
-    if event.get("kind") == "token_revoked":
-        if workers is not None:
-            sends.append((workers, token_group(event["token_id"]), event))
-        _send(sends)
-        return
-    if event.get("kind") == "approval_decided":
-        # For the worker only: viewers hear of the decision from its own run.updated frame.
-        if workers is not None:
-            sends.append((workers, agent_group(event["run_id"]), event))
-        _send(sends)
-        return
-    if event.get("kind") == "stop_signal" and workers is not None:
-        # Workers: the reliable layer only (see the module docstring).
-        sends.append((workers, agent_group(event["run_id"]), {**event, "type": "stop.signal"}))
-    if viewers is not None:
-        sends.append((viewers, run_group(event["run_id"]), message))
-        sends.append((viewers, team_group(event["team"]), message))
-    _send(sends)
+    return [
+        (viewers, run_group(event["run_id"]), message),
+        (viewers, team_group(event["team"]), message),
+    ]
 
 
 def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:

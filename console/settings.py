@@ -112,7 +112,7 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "runs",
-    "runs.api",
+    "api",
     "handoff",
     "notifications",
     "gateway",
@@ -261,7 +261,7 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "console.views.auth.login_locked_out"
 # REMOTE_ADDR, as for the API's limits: daphne --proxy-headers puts the client's address there;
 # an X-Forwarded-For read here would let a guesser pick a new address per attempt.
-AXES_CLIENT_IP_CALLABLE = "runs.api.ratelimit.client_address"
+AXES_CLIENT_IP_CALLABLE = "api.ratelimit.client_address"
 AXES_ENABLE_ACCESS_FAILURE_LOG = True  # each failure with its time: /metrics counts them
 AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are not ours to keep
 AXES_SENSITIVE_PARAMETERS = ["password"]
@@ -379,12 +379,12 @@ CELERY_TASK_ALWAYS_EAGER = False
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "runs.api.auth.BearerTokenAuthentication",
+        "api.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "runs.api.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "api.errors.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": None,
@@ -408,7 +408,7 @@ SPECTACULAR_SETTINGS = {
         "ResolutionDecisionEnum": "handoff.models.ResolutionDecision",
         "EventOutcomeEnum": ["accepted", "duplicate", "rejected"],
         # an approval rule's side effect: "write", or blank for any call
-        "RuleSideEffectEnum": "runs.api.serializers.RULE_SIDE_EFFECTS",
+        "RuleSideEffectEnum": "api.serializers.RULE_SIDE_EFFECTS",
         # "transport" names three choice sets: an outbox item's, a rule's, an MCP upstream's
         "OutboxTransportEnum": ["webhook", "email"],
         "McpTransportEnum": "gateway.models.Transport",
@@ -459,7 +459,7 @@ SAFESTOP_WEBHOOK_READ_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_READ_TIME
 SAFESTOP_DEFAULT_LEASE_TTL = float(os.environ.get("SAFESTOP_DEFAULT_LEASE_TTL", 30))
 SAFESTOP_RATE_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_RATE_LIMIT_PER_MINUTE", 6000))
 # Wrong bearer tokens one client address may send per minute before every bearer request from it
-# answers 429 until the minute ends (runs/api/ratelimit.py); 0 turns it off.
+# answers 429 until the minute ends (api/ratelimit.py); 0 turns it off.
 SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE", 30))
 SAFESTOP_SERVE_STATIC = env_bool("SAFESTOP_SERVE_STATIC", True)
 SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVAL", 0.5))

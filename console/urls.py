@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from runs.api.errors import json_not_found
+from api.errors import json_not_found
 
 # The schema and its viewer answer GET only (the viewer has no template for anything else).
 _READ_ONLY = ["get", "head"]
@@ -20,9 +20,9 @@ urlpatterns = [
         SpectacularSwaggerSplitView.as_view(url_name="api-schema", http_method_names=_READ_ONLY),
         name="api-docs",
     ),
-    # before runs.api, whose last pattern answers a JSON 404 for anything else under /api/v1/
+    # before api, whose last pattern answers a JSON 404 for anything else under /api/v1/
     path("api/v1/mcp/", include("gateway.urls")),
-    path("api/v1/", include("runs.api.urls")),
+    path("api/v1/", include("api.urls")),
     re_path(r"^api/", json_not_found),  # /api/, /api/v2/...: JSON too
     path(
         "metrics", include("console.metrics")

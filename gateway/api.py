@@ -14,11 +14,11 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from api.permissions import WrongRole
+from api.views import READ_ERRORS, WRITE_ERRORS, ApiView
 from gateway.models import McpUpstream, Transport
 from gateway.services import upstream_create, upstream_delete
 from runs.access import Capability
-from runs.api.permissions import WrongRole
-from runs.api.views import READ_ERRORS, WRITE_ERRORS, ApiView
 from runs.errors import InvalidInput, NotFound
 from runs.models import Team
 

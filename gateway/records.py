@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from api.ratelimit import bearer_failure_record, bearer_guessing_wait
 from gateway import services as gateway_services
 from gateway.models import McpUpstream, Transport
 from gateway.secrets import unseal
 from runs import services
 from runs.actors import Actor
-from runs.api.ratelimit import bearer_failure_record, bearer_guessing_wait
 from runs.models import ApiToken, Approval, Run, StopRequest, TokenRole
 from runs.services import validate_outbox_destination
 from runs.tokens import api_token_authenticate

@@ -1,4 +1,4 @@
-"""`/api/v1/mcp/` (mounted by console/urls.py before runs.api's catch-all)."""
+"""`/api/v1/mcp/` (mounted by console/urls.py before api's catch-all)."""
 
 from __future__ import annotations
 

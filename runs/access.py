@@ -1,6 +1,6 @@
 """Who may do what, per team (DESIGN §5): the one role → capability table.
 
-The API (`runs.api.permissions`) and the console (`console.access`) both answer from this table;
+The API (`api.permissions`) and the console (`console.access`) both answer from this table;
 neither holds a role model of its own.
 
 A caller holds a token (`agent` or `reviewer`, one team) or is a session user with a Membership

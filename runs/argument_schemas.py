@@ -39,7 +39,7 @@ from django.conf import settings
 
 from runs.errors import InvalidInput
 
-# The nesting the API's parser accepts (runs.api.parsers.MAX_DEPTH): deeper JSON is refused
+# The nesting the API's parser accepts (api.parsers.MAX_DEPTH): deeper JSON is refused
 # everywhere, so json, jsonschema and psycopg never recurse past Python's limit.
 MAX_JSON_DEPTH = 64
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -1,5 +1,5 @@
 """Channel-layer group names: the contract between the publisher (`console.realtime`) and the
-consumers (`runs/api/consumers.py` for agents, `console/consumers.py` for browsers).
+consumers (`api/consumers.py` for agents, `console/consumers.py` for browsers).
 
 They live in runs, the lowest layer, so both sides name a group the same way without the agent
 consumer importing the console.

@@ -41,9 +41,9 @@ SLOW_FOLDERS = frozenset({"faults", "agent_e2e"})
 @pytest.fixture(autouse=True)
 def _no_token_guesser_blocked_after_the_test():
     """Every test client calls from one address: a test that guesses bearer tokens must not
-    leave it blocked for the next (the block is per process, runs.api.ratelimit)."""
+    leave it blocked for the next (the block is per process, api.ratelimit)."""
     yield
-    from runs.api.ratelimit import bearer_guessing_forget
+    from api.ratelimit import bearer_guessing_forget
 
     bearer_guessing_forget()
 

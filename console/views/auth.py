@@ -18,7 +18,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from accounts import conf
-from runs.api.ratelimit import client_address
+from api.ratelimit import client_address
 
 # Lockouts further back than this no longer lengthen the next one.
 LOCKOUT_MEMORY = timedelta(hours=24)

@@ -72,7 +72,7 @@ class EventAnswer:
 
 @dataclass(frozen=True)
 class TokenCheck:
-    """The caller's API token as a per-process cache saw it (`runs.api.events_fast`).
+    """The caller's API token as a per-process cache saw it (`api.events_fast`).
 
     The query that locks the run re-reads the token (not revoked, same team, same role), so a
     revocation takes effect at once in every process without a token lookup of its own.

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 
+from api.permissions import Caller
 from console.access import Access, access_for
 from runs.access import (
     EVERY_TEAM_CAPABILITIES,
@@ -16,7 +17,6 @@ from runs.access import (
     Capability,
     stop_reason_refusal,
 )
-from runs.api.permissions import Caller
 from runs.models import Role, StopReason, TokenRole
 
 pytestmark = pytest.mark.django_db

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs.api.models import Denial
+from api.models import Denial
 from runs.models import LedgerEntry
 
 

@@ -11,8 +11,8 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from api.models import Denial
 from console.asgi import application
-from runs.api.models import Denial
 from runs.models import Run, StopRequest
 from tests.support.api import stop
 from tests.support.scenarios import make_run, make_running

@@ -16,8 +16,8 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from api import consumers, ratelimit
 from console.asgi import application
-from runs.api import consumers, ratelimit
 from tests.support.api import with_time_left_in_the_window
 from tests.support.livestack import start_live_stack
 from tests.support.scenarios import make_running

@@ -18,9 +18,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from api.models import Denial
 from runs import services
 from runs.actors import Actor
-from runs.api.models import Denial
 from runs.models import (
     Approval,
     ApprovalRule,

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs.api.models import Denial
+from api.models import Denial
 from tests.support.api import stop, url
 from tests.support.scenarios import make_run, make_running
 

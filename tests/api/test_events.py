@@ -138,7 +138,7 @@ def test_events_wrong_role_and_other_team(api, client, team, other_team, charlie
 def test_a_warm_run_team_cache_still_hides_the_run_from_another_team(
     api, team, other_team, agent_token
 ):
-    """Agent writes check the run's team from a per-process cache (runs.api.permissions.run_id_for):
+    """Agent writes check the run's team from a per-process cache (api.permissions.run_id_for):
     once the owner's agent has warmed it, another team's token still gets a 404, not the run."""
     from runs.tokens import api_token_create
     from tests.support.accounts import IssuedToken
@@ -161,7 +161,7 @@ def test_a_warm_run_team_cache_still_hides_the_run_from_another_team(
 
 
 def test_an_unknown_run_is_404_and_is_not_remembered_as_missing(api, team, agent_token):
-    from runs.api.permissions import _run_team_id
+    from api.permissions import _run_team_id
 
     missing = api.post(url("run_000000000abc", "events/"), {"epoch": 1, "events": []}, agent_token)
     assert missing.status_code == 404

@@ -1,4 +1,4 @@
-"""POST /events/'s hot path (runs.api.events_fast): same answers as DRF, and the token cache
+"""POST /events/'s hot path (api.events_fast): same answers as DRF, and the token cache
 never outlives a revocation."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 import pytest
 from django.utils import timezone
 
+from api import events_fast
+from api.models import Denial
+from api.views import EventsView
 from runs.actors import Actor
-from runs.api import events_fast
-from runs.api.models import Denial
-from runs.api.views import EventsView
 from runs.models import ApiToken, EventReceipt, Step
 from runs.services import events as event_services
 from runs.tokens import api_token_revoke

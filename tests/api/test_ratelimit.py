@@ -8,9 +8,9 @@ import uuid
 import pytest
 from django.db import connection
 
-from runs.api import ratelimit
-from runs.api.models import RateWindow
-from runs.api.ratelimit import rate_limit_hit
+from api import ratelimit
+from api.models import RateWindow
+from api.ratelimit import rate_limit_hit
 from tests.support.isolation import suite_redis_url
 from tests.support.livestack import redis_reachable
 

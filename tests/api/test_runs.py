@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs.api.models import Denial
+from api.models import Denial
 from runs.models import Step
 from tests.support.api import url
 from tests.support.scenarios import make_run, make_running

@@ -28,10 +28,10 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from api.consumers import AgentRunConsumer
 from console import realtime
 from console.consumers import RunConsumer, TeamRunsConsumer
 from runs import services
-from runs.api.consumers import AgentRunConsumer
 from tests.support.isolation import suite_redis_url
 from tests.support.livestack import LiveStack
 from tests.support.scenarios import AGENT, SYSTEM, new_run, start

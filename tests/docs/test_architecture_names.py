@@ -32,7 +32,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 # The product: what the names in the page must be found in.
-PACKAGES = ("console", "accounts", "runs", "handoff", "notifications", "gateway", "safestop_agent")
+PACKAGES = (
+    "console",
+    "accounts",
+    "api",
+    "runs",
+    "handoff",
+    "notifications",
+    "gateway",
+    "safestop_agent",
+)
 SOURCE_DIRS = (*PACKAGES, "static", "templates", "deploy")
 SOURCE_SUFFIXES = {".py", ".js", ".html", ".conf", ".css"}
 FILE_SUFFIXES = (".py", ".js", ".md", ".conf", ".toml", ".html", ".css", ".json", ".yml")

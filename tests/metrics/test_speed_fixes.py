@@ -20,6 +20,7 @@ from channels.layers import get_channel_layer
 
 from console import realtime
 from runs import services
+from runs.groups import agent_group
 from runs.models import LedgerEntry, OutboxItem, OutboxStatus, StopReason
 from tests.support.scenarios import SYSTEM, make_running
 
@@ -92,7 +93,7 @@ def test_publish_without_an_event_loop_reaches_every_group_through_one_loop(redi
     workers, viewers = redis_layer
     run_id = "run_" + uuid.uuid4().hex[:12]
     groups = {
-        "agent": (workers, realtime.agent_group(run_id)),
+        "agent": (workers, agent_group(run_id)),
         "run": (viewers, realtime.run_group(run_id)),
         "team": (viewers, realtime.team_group(7)),
     }

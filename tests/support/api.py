@@ -8,9 +8,9 @@ from typing import Any
 
 from django.test import Client
 
+from api.ratelimit import WINDOW_SECONDS
 from runs import services
 from runs.actors import Actor
-from runs.api.ratelimit import WINDOW_SECONDS
 from runs.models import Lease, Run
 
 
@@ -53,7 +53,7 @@ def lease_body(lease: Lease, **extra: Any) -> dict[str, Any]:
 
 
 def with_time_left_in_the_window(needed: float = 20.0) -> None:
-    """Per-address and per-caller budgets count per clock minute (`runs.api.ratelimit`): a test
+    """Per-address and per-caller budgets count per clock minute (`api.ratelimit`): a test
     that spends a budget and then expects the refusal must not straddle a window's end, or the
     budget starts over midway and the refusal never comes. When fewer than `needed` seconds are
     left in this window, wait for the next one. (A live server is another process: its clock

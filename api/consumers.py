@@ -3,7 +3,8 @@
 A worker connects with its bearer token (`Authorization: Bearer ...` header, or `?token=`
 for clients that cannot set headers) and no Origin — agents are not browsers; the token is
 what authorises them, per run. The socket carries the stop signal, the moment the
-stop commits (`runs.notify.stop_signal` → `console.realtime` → group `agent_<run_id>`).
+stop commits (`runs.notify.stop_signal` → `console.realtime` with `api.agent_sends` → group
+`agent_<run_id>`).
 
 Frames sent:
 - `{"type": "cancel_requested", "reason", "requested_by", "stop_epoch", "stop_request_id",
@@ -21,7 +22,7 @@ Refusals: the socket is accepted and closed at once with a code a client can rea
 a revoked worker neither hears the next stop nor moves the run with an `ack`, which re-checks
 the token); 4404 no such run *or another team's run* (like the HTTP
 API's 404, so a token cannot probe other teams' run ids); 4429 too many wrong tokens from this
-address (`runs.api.ratelimit`: a wrong token here counts against the same per-address budget as
+address (`api.ratelimit`: a wrong token here counts against the same per-address budget as
 a wrong bearer token over HTTP, and once it is spent every handshake from the address is
 refused, the right token too, before any token lookup, until the window ends — the HTTP 429's
 `Retry-After`). All are counted as denials (`throttled` for 4429, in `/metrics`).
@@ -40,11 +41,11 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from api.permissions import plausible_run_id
+from api.ratelimit import bearer_failure_record, bearer_guessing_wait, denial_record
+from api.selectors import current_stop_signal
 from runs import services
 from runs.actors import Actor
-from runs.api.permissions import plausible_run_id
-from runs.api.ratelimit import bearer_failure_record, bearer_guessing_wait, denial_record
-from runs.api.selectors import current_stop_signal
 from runs.errors import DomainError
 from runs.groups import agent_group, token_group
 from runs.models import ApiToken, Run
@@ -55,7 +56,7 @@ CLOSE_NO_SUCH_RUN = 4404
 CLOSE_TOKEN_GUESSING = 4429
 ROUTE = "ws/agent/runs/<run_id>/"
 
-# The same logger and level as a refused HTTP request (runs.api.errors): one line, no traceback.
+# The same logger and level as a refused HTTP request (api.errors): one line, no traceback.
 refusals = logging.getLogger("safestop.refusals")
 
 
@@ -180,7 +181,7 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=CLOSE_BAD_TOKEN)
 
     async def stop_signal(self, event: dict[str, Any]) -> None:
-        """Group message from `console.realtime.publish` once a stop of this run committed."""
+        """Group message (`api.agent_sends`) once a stop of this run committed."""
         await self._deliver(event["signal"], record=True)
 
     async def approval_decided(self, event: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.urls import re_path
 
-from runs.api.consumers import AgentRunConsumer
+from api.consumers import AgentRunConsumer
 
 agent_websocket_urlpatterns: list[Any] = [
     re_path(r"^ws/agent/runs/(?P<run_id>[^/]+)/$", AgentRunConsumer.as_asgi()),

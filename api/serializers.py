@@ -14,9 +14,7 @@ from django.core.validators import RegexValidator
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from handoff.models import ResolutionDecision
-from runs import services
-from runs.api.fields import (
+from api.fields import (
     JSONObjectOrNullField,
     JSONValueField,
     StrictBooleanField,
@@ -24,7 +22,9 @@ from runs.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
-from runs.api.permissions import API_STOP_REASONS
+from api.permissions import API_STOP_REASONS
+from handoff.models import ResolutionDecision
+from runs import services
 from runs.models import (
     Approval,
     ApprovalAppliesTo,
@@ -1186,7 +1186,7 @@ class ApprovalRuleListQuery(serializers.Serializer):
 class ApprovalRuleChangeIn(serializers.Serializer):
     """The fields a PATCH may change; every one optional. Unknown fields are refused by name."""
 
-    closed = True  # runs.api.schema: additionalProperties false
+    closed = True  # api.schema: additionalProperties false
 
     name = StrictCharField(max_length=120, required=False)
     enabled = StrictBooleanField(required=False)

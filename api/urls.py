@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from runs.api import views
-from runs.api.errors import json_not_found
+from api import views
+from api.errors import json_not_found
 
 app_name = "api"
 

@@ -1,7 +1,7 @@
 """The wire contract (DESIGN §5): one thin view per operation.
 
 Each view: (1) checks access — the caller's team owns the run (else 404) and the caller's role
-allows the operation (else 403), see `runs.api.permissions`; (2) parses the body with a small
+allows the operation (else 403), see `api.permissions`; (2) parses the body with a small
 input serializer (400 names the bad field); (3) calls exactly one service, which raises a typed
 `runs.errors` refusal (409 with the run's `status` and `stop_epoch`) for anything illegal;
 (4) renders the answer with an output serializer. No view or serializer writes a model.
@@ -32,19 +32,19 @@ from rest_framework.serializers import Serializer
 from rest_framework.utils.encoders import JSONEncoder
 from rest_framework.views import APIView
 
+from api import selectors
+from api import serializers as s
+from api.events_fast import events_fast
+from api.parsers import SafeJSONParser
+from api.permissions import Caller, Capability, WrongRole, WrongTeam, run_for, run_id_for
+from api.ratelimit import CallerRateThrottle, denials_list
+from api.schema import ApiAutoSchema
 from handoff import selectors as handoff_selectors
 from handoff import services as handoff_services
 from handoff.packets import interruption_packet
 from runs import selectors as run_selectors
 from runs import services
 from runs.access import WHY_NOT, stop_refusals
-from runs.api import selectors
-from runs.api import serializers as s
-from runs.api.events_fast import events_fast
-from runs.api.parsers import SafeJSONParser
-from runs.api.permissions import Caller, Capability, WrongRole, WrongTeam, run_for, run_id_for
-from runs.api.ratelimit import CallerRateThrottle, denials_list
-from runs.api.schema import ApiAutoSchema
 from runs.errors import (
     AlreadyDecided,
     AlreadyFinished,
@@ -74,7 +74,7 @@ def _errors(*codes: int) -> dict[int, Any]:
 
 
 # Every endpoint can answer these: unauthenticated, an agent client older than the contract
-# (runs.api.agent_version), rate limited, the database unreachable (runs.api.errors).
+# (api.agent_version), rate limited, the database unreachable (api.errors).
 _ALWAYS = (401, 426, 429, 503)
 READ_ERRORS = _errors(*_ALWAYS, 403, 404)
 WRITE_ERRORS = _errors(*_ALWAYS, 400, 403, 404, 409, 413, 415)
@@ -499,7 +499,7 @@ class ToolResultView(ApiView):
 
 class EventsView(ApiView):
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        # A plain batch from an agent token skips DRF (runs.api.events_fast, the hot path of
+        # A plain batch from an agent token skips DRF (api.events_fast, the hot path of
         # ingestion); everything else, and every refusal, is answered below as before.
         answer = events_fast(request, str(kwargs.get("run_id", "")))
         return answer if answer is not None else super().dispatch(request, *args, **kwargs)

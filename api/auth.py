@@ -7,8 +7,8 @@ from typing import Any
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from runs.api.agent_version import check_agent_version
-from runs.api.ratelimit import bearer_failure_record, bearer_guessing_wait, client_address
+from api.agent_version import check_agent_version
+from api.ratelimit import bearer_failure_record, bearer_guessing_wait, client_address
 from runs.models import ApiToken
 from runs.tokens import api_token_authenticate
 
@@ -31,7 +31,7 @@ class TokenPrincipal:
 
 
 class TokenGuessingThrottled(exceptions.Throttled):
-    """Too many wrong bearer tokens from this address (`runs.api.ratelimit`): 429."""
+    """Too many wrong bearer tokens from this address (`api.ratelimit`): 429."""
 
     def __init__(self, wait: float) -> None:
         super().__init__(

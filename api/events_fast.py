@@ -27,14 +27,14 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from rest_framework.exceptions import APIException
 
+from api.agent_version import ClientTooOld, check_agent_version
+from api.parsers import make_storable
+from api.permissions import Caller, run_id_for
+from api.ratelimit import bearer_guessing_wait, client_address, rate_limit_hit
+from api.serializers import INT32_MAX, MAX_EVENTS_PER_BATCH
 from runs import notify, services
 from runs.access import Capability, Grants
 from runs.actors import Actor
-from runs.api.agent_version import ClientTooOld, check_agent_version
-from runs.api.parsers import make_storable
-from runs.api.permissions import Caller, run_id_for
-from runs.api.ratelimit import bearer_guessing_wait, client_address, rate_limit_hit
-from runs.api.serializers import INT32_MAX, MAX_EVENTS_PER_BATCH
 from runs.models import ApiToken
 from runs.services.events import TokenCheck, TokenNoLongerValid
 from runs.tokens import TOKEN_PREFIX, api_token_authenticate, hash_token

@@ -21,7 +21,7 @@ Guessing tokens, per client address: `SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE` wrong
 from one address in a window, then every bearer request from it answers 429 with `Retry-After`
 until the window ends (the right token too, or a 200 would tell the guesser which one it was).
 A wrong token on the agent websocket counts against the same budget, and a blocked address's
-handshakes are closed with 4429 (`runs.api.consumers`).
+handshakes are closed with 4429 (`api.consumers`).
 The failures are counted with the same shared counter; the block itself is remembered per
 process, so with N web processes a guesser gets at most N more tries per window.
 
@@ -47,7 +47,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from runs.api.models import Denial, RateWindow
+from api.models import Denial, RateWindow
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def caller_bucket(request: Request) -> str | None:
     return None
 
 
-# URL names (runs/api/urls.py) of the stop path, never rate limited (see the module docstring).
+# URL names (api/urls.py) of the stop path, never rate limited (see the module docstring).
 STOP_PATH = frozenset({"cancel", "takeover", "lease-heartbeat", "lease-release", "drained"})
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from runs.api.models import Denial
+from api.models import Denial
 
 
 @admin.register(Denial)

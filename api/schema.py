@@ -10,9 +10,9 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer
 
 # Also registers the schema extension of the strict string field.
-from runs.api.fields import NOT_ONLY_WHITESPACE, WHITESPACE_ESCAPED
+from api.fields import NOT_ONLY_WHITESPACE, WHITESPACE_ESCAPED
 
-# A NUL in a JSON body is stored as U+FFFD (runs.api.parsers), but a query string value with
+# A NUL in a JSON body is stored as U+FFFD (api.parsers), but a query string value with
 # one is refused (Django's CharField: "Null characters are not allowed"), so a string query
 # parameter's pattern excludes it.
 QUERY_TEXT = r"^[^\u0000]*$"
@@ -20,7 +20,7 @@ QUERY_TEXT_NOT_BLANK = rf"^[^\u0000]*[^{WHITESPACE_ESCAPED}\u0000][^\u0000]*$"
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "runs.api.auth.BearerTokenAuthentication"
+    target_class = "api.auth.BearerTokenAuthentication"
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

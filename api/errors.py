@@ -25,7 +25,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from runs.api.parsers import RequestTooLarge
+from api.parsers import RequestTooLarge
 from runs.errors import DomainError
 
 logger = logging.getLogger(__name__)
@@ -149,9 +149,9 @@ def _log_refusal(request: Any, view: Any, response: Response, code: str, detail:
 
 
 def _count_denial(exc: Exception, request: Any, view: Any) -> None:
-    from runs.api.auth import TokenGuessingThrottled
-    from runs.api.permissions import WrongRole, WrongTeam
-    from runs.api.ratelimit import client_address, denial_record
+    from api.auth import TokenGuessingThrottled
+    from api.permissions import WrongRole, WrongTeam
+    from api.ratelimit import client_address, denial_record
 
     if isinstance(exc, exceptions.AuthenticationFailed):
         reason, team_slug, credential = "bad_token", *_presented_token(request)

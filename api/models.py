@@ -1,7 +1,7 @@
 """Abuse counters of the API: rate-limit windows and denied attempts.
 
 Both are counters, not records of business state, and both are written with one atomic
-`INSERT ... ON CONFLICT DO UPDATE SET n = n + 1 RETURNING n` (see `runs.api.ratelimit`), so
+`INSERT ... ON CONFLICT DO UPDATE SET n = n + 1 RETURNING n` (see `api.ratelimit`), so
 concurrent requests can never lose an increment or let a burst slip past the limit.
 """
 
