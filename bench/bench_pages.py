@@ -350,7 +350,7 @@ def runs_page_rows(
     staff_username: str, reviewer_username: str, iterations: int
 ) -> tuple[list[Row], dict[str, int]]:
     """Times every runs-page variant; returns the rows and each variant's query count."""
-    from console.selectors import cursor_encode
+    from console.selectors.runs import cursor_encode
     from runs.models import Run
 
     total_runs = Run.objects.count()

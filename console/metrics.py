@@ -32,7 +32,7 @@ from api.ratelimit import (
     client_address,
     denial_counts,
 )
-from console.selectors import login_failures, team_slugs
+from console.selectors.metrics import login_failures, team_slugs
 from handoff.selectors import stop_quality
 from runs.models import TokenRole
 from runs.selectors import queue_depths, usage_totals

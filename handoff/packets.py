@@ -30,7 +30,7 @@ from runs.models import (
     Usage,
     is_unconfirmed_side_effect,
 )
-from runs.services import run_dirty_reasons
+from runs.selectors import run_dirty_reasons
 from runs.services.budget import budget_from_note, exhausted_budget
 
 

@@ -47,12 +47,12 @@ from runs.errors import (
 from runs.hooks import HandoffOpened
 from runs.ledger import ledger_append
 from runs.models import Run, RunStatus, StopRequest
+from runs.selectors import run_dirty_reasons
 from runs.services import (
     RESOLVABLE_STATUSES,
     locked_run,
     resolution_apply,
     run_close_locked,
-    run_dirty_reasons,
     run_move,
     run_resume_locked,
     run_touch,

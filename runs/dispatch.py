@@ -37,7 +37,7 @@ from django.conf import settings
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from runs import hooks, services, transports
+from runs import hooks, selectors, services, transports
 from runs.models import (
     STOPPING_STATUSES,
     Approval,
@@ -199,7 +199,7 @@ def enforce_budgets() -> int:
 def expire_overdue_approvals() -> int:
     """Deny by default (DESIGN §10): waiting approvals past their deadline expire as
     rejections; the held call never runs. Scans through `approval_waiting_idx`."""
-    expired, _ = services.approvals_due_ids()
+    expired, _ = selectors.approvals_due_ids()
     return _each(
         expired, lambda pk: services.approval_expire(approval_id=pk), what="approval deadline"
     )
@@ -208,7 +208,7 @@ def expire_overdue_approvals() -> int:
 def escalate_waiting_approvals() -> int:
     """Approvals still waiting at their rule's escalate-after are marked escalated; the
     ledger entry is what notifications deliver (`approval_escalate_idx`)."""
-    _, escalate = services.approvals_due_ids()
+    _, escalate = selectors.approvals_due_ids()
     return _each(
         escalate, lambda pk: services.approval_escalate(approval_id=pk), what="approval escalation"
     )

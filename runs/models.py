@@ -171,7 +171,7 @@ class Run(models.Model):
             models.Index(fields=["team", "-created_at"], name="run_team_created_idx"),
             # runs page over a million runs: per-state counts capped by LIMIT read these
             # index-only, per team and per agent; the agent list walks the second one
-            # (console.selectors._capped_counts, _agents; docs/BENCHMARKS.md)
+            # (console.selectors.runs._capped_counts, _agents; docs/BENCHMARKS.md)
             models.Index(
                 fields=["team", "status", "-created_at"], name="run_team_status_created_idx"
             ),
@@ -354,7 +354,7 @@ class ExecutionRecord(models.Model):
         ]
         indexes = [
             # the few unconfirmed writes: which runs have one, without visiting every run
-            # (console.selectors._unknown_run_ids, for the nav's and the runs page's counts)
+            # (console.selectors.needs_me._unknown_run_ids, for the nav's and the runs page's counts)
             models.Index(
                 fields=["run"], name="exec_unconfirmed_idx", condition=UNCONFIRMED_SIDE_EFFECT
             ),

@@ -21,6 +21,7 @@ from django.db.models import (
     TextField,
 )
 from django.db.models.functions import Cast, Left, Length
+from django.utils import timezone
 
 from runs import frozen
 from runs.models import (
@@ -341,3 +342,48 @@ def usage_by_model(*, run_id: str) -> QuerySet[Any, Any]:
         )
         .order_by("model")
     )
+
+
+# --------------------------------------------------------------------------------------------
+# reads the transitions share with their callers (the console's Resume, the sweeps)
+
+
+def run_dirty_reasons(run: Run) -> list[str]:
+    """What is still unknown about this run's side effects (empty means clean)."""
+    reasons = []
+    if ExecutionRecord.objects.filter(run=run).unconfirmed().exists():
+        reasons.append("unconfirmed_side_effects")
+    if OutboxItem.objects.filter(run=run).unconfirmed().exists():
+        reasons.append("outbox_in_flight")
+    if Lease.objects.filter(run=run, fenced_unconfirmed=True).exists():
+        reasons.append("worker_unconfirmed")
+    return reasons
+
+
+def resume_blocked_reason(status: str, reasons: list[str]) -> str:
+    """Why a run with these dirty reasons cannot resume: the server's refusal and the console's
+    disabled Resume say the same words (DESIGN §2: resume is refused while a reason holds)."""
+    what = ", ".join(reason.replace("_", " ") for reason in reasons)
+    if status == RunStatus.INTERRUPTED:
+        return f"resolve the interruption's unknowns before resuming ({what})"
+    return f"resolve the run's unknown side effects before resuming it ({what})"
+
+
+def approvals_due_ids(
+    *, now: datetime | None = None, limit: int = 500
+) -> tuple[list[int], list[int]]:
+    """(expired, to escalate): the sweep's candidates, read without locks (each is re-checked)."""
+    now = now or timezone.now()
+    expired = list(
+        Approval.objects.filter(status=ApprovalStatus.WAITING, deadline__lte=now)
+        .order_by("deadline")
+        .values_list("pk", flat=True)[:limit]
+    )
+    escalate = list(
+        Approval.objects.filter(
+            status=ApprovalStatus.WAITING, escalated_at__isnull=True, escalate_at__lte=now
+        )
+        .order_by("escalate_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    return expired, escalate

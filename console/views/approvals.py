@@ -34,7 +34,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import Access, request_access, visible_teams
 from console.forms import APPROVAL_TABS, ApprovalDecisionForm, ApprovalFilterForm, ApprovalRuleForm
-from console.selectors import run_detail
+from console.selectors.run import run_detail
 from console.views.common import (
     HtmxHttpRequest,
     actor_of,

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from console.access import Access, request_access, visible_teams
 from console.forms import AuditFilterForm
-from console.selectors import AuditFilters, audit_page
+from console.selectors.audit import AuditFilters, audit_page
 from console.views.common import HtmxHttpRequest, filter_errors, fragments, page, wants_fragment
 from notifications.tasks import verify_ledger_soon
 from runs.ledger_checks import (

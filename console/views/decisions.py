@@ -13,7 +13,7 @@ from typing import Any
 from django.http import Http404, HttpRequest
 
 from console.forms import SteeringDecisionForm
-from console.selectors import outbox_item_get
+from console.selectors.run import outbox_item_get
 from console.views.common import actor_of
 from runs import services
 from runs.models import Run

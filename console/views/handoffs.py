@@ -21,16 +21,7 @@ from console.forms import (
     NoteForm,
     ResumeForm,
 )
-from console.selectors import (
-    ASSIGNEE_ME,
-    ASSIGNEE_NONE,
-    checkpoint_labels,
-    handoff_card,
-    handoff_get,
-    handoff_inbox,
-    latest_handoff_id,
-    user_by_username,
-)
+from console.selectors.run import checkpoint_labels
 from console.views.common import (
     HtmxHttpRequest,
     Outcome,
@@ -43,6 +34,15 @@ from console.views.common import (
 )
 from console.views.decisions import steering_decision
 from handoff import services as handoff_services
+from handoff.selectors import (
+    ASSIGNEE_ME,
+    ASSIGNEE_NONE,
+    handoff_card,
+    handoff_get,
+    handoff_inbox,
+    latest_handoff_id,
+    user_by_username,
+)
 from runs.errors import InvalidInput
 from runs.models import Role
 

@@ -18,7 +18,7 @@ from django.utils.functional import SimpleLazyObject
 from django.views.decorators.http import require_GET
 
 from console.access import request_access
-from console.selectors import NEEDS_ME_SOON, NavCounts, nav_counts, needs_me_items
+from console.selectors.needs_me import NEEDS_ME_SOON, NavCounts, nav_counts, needs_me_items
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
 
 TEMPLATE = "console/needs_me.html"

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
 from console.forms import ResolutionForm
-from console.selectors import (
+from console.selectors.packets import (
     PacketView,
     interruption_view,
     packet_view,
@@ -37,6 +37,7 @@ from handoff import services as handoff_services
 from handoff.models import ResolutionDecision, StopPacket
 from runs import services
 from runs.models import Role, Run, RunStatus
+from runs.selectors import run_dirty_reasons
 
 TEMPLATE = "console/packet.html"
 INTERRUPTION_TEMPLATE = "console/interruption.html"
@@ -201,7 +202,7 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             ok += " That was the last unknown: the run is now stopped cleanly."
         elif result.run_status == "handed_off":
             ok += " That was the last unknown: the run is stopped cleanly and handed off."
-        elif result.run_status == RunStatus.INTERRUPTED and not services.run_dirty_reasons(run):
+        elif result.run_status == RunStatus.INTERRUPTED and not run_dirty_reasons(run):
             ok += " That was the last unknown: the run can be resumed from its page."
         return ok
 

@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET
 
 from console.access import request_access, visible_teams
 from console.forms import QualityPeriodForm
-from console.selectors import quality_series
+from console.selectors.quality import quality_series
 from console.views.common import HtmxHttpRequest, fragments, page, wants_fragment
 from handoff.selectors import stop_quality
 

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
 from console.forms import NoteForm, ResumeForm, SteeringForm, StopForm
-from console.selectors import checkpoint_labels, run_detail
+from console.selectors.run import checkpoint_labels, run_detail
 from console.views.common import (
     HtmxHttpRequest,
     Outcome,
@@ -44,7 +44,12 @@ from runs.models import (
     Run,
     RunStatus,
 )
-from runs.selectors import approvals_list, usage_by_model
+from runs.selectors import (
+    approvals_list,
+    resume_blocked_reason,
+    run_dirty_reasons,
+    usage_by_model,
+)
 
 TEMPLATE = "console/run.html"
 
@@ -57,7 +62,7 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
     checkpoints = [checkpoint.label for checkpoint in detail.checkpoints]
     can_resume = status in services.RESUMABLE_STATUSES and status != RunStatus.HANDED_OFF
     # The server refuses a resume while a dirty reason holds; the page says so, in its words.
-    reasons = services.run_dirty_reasons(run) if can_resume else []
+    reasons = run_dirty_reasons(run) if can_resume else []
     context: dict[str, Any] = {
         "run": run,
         "d": detail,
@@ -68,7 +73,7 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "is_stopped": status in STOPPED_STATUSES,
         "is_terminal": status in TERMINAL_STATUSES,
         "can_resume": can_resume,
-        "resume_blocked": services.resume_blocked_reason(status, reasons) if reasons else "",
+        "resume_blocked": resume_blocked_reason(status, reasons) if reasons else "",
         # stopped dirty, or interrupted with an unknown: a person decides before it goes on
         "needs_resolution": status == RunStatus.STOPPED_DIRTY
         or (status == RunStatus.INTERRUPTED and bool(reasons)),

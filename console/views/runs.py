@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET
 
 from console.access import request_access, visible_teams
 from console.forms import RunFilterForm
-from console.selectors import RunFilters, RunsPage, runs_page
+from console.selectors.runs import RunFilters, RunsPage, runs_page
 from console.views.common import (
     HtmxHttpRequest,
     filter_errors,

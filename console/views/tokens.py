@@ -11,7 +11,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, require, visible_teams
 from console.forms import TokenCreateForm
-from console.selectors import api_token_get, api_tokens_of
+from console.selectors.tokens import api_token_get, api_tokens_of
 from console.views.common import (
     HtmxHttpRequest,
     actor_of,

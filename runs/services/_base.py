@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -151,11 +152,13 @@ def _live_lease(run: Run) -> Lease | None:
     return Lease.objects.filter(run=run, released_at__isnull=True).first()
 
 
-def _lease_is_current(lease: Lease | None, run: Run, now: Any) -> bool:
+def _lease_is_current(lease: Lease | None, run: Run, now: datetime) -> bool:
     return lease is not None and lease.epoch == run.stop_epoch and lease.expires_at > now
 
 
-def _check_work_may_start(run: Run, epoch: int, *, now: Any) -> StaleEpoch | RunNotRunning | None:
+def _check_work_may_start(
+    run: Run, epoch: int, *, now: datetime
+) -> StaleEpoch | RunNotRunning | None:
     """The entrance: only a running run, at its current epoch, with a live current lease."""
     if epoch != run.stop_epoch:
         return StaleEpoch.for_run(
@@ -168,7 +171,7 @@ def _check_work_may_start(run: Run, epoch: int, *, now: Any) -> StaleEpoch | Run
     return None
 
 
-def _release_lease(lease: Lease, *, reason: str, now: Any, fenced: bool = False) -> None:
+def _release_lease(lease: Lease, *, reason: str, now: datetime, fenced: bool = False) -> None:
     lease.released_at = now
     lease.release_reason = reason
     lease.fenced_unconfirmed = fenced
@@ -219,7 +222,7 @@ def _apply_tool_result(
     source: str,
     recovery_action: str,
     actor: Actor,
-    now: Any,
+    now: datetime,
 ) -> None:
     after_stop = run.stop_epoch > record.permit_epoch
     keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -184,7 +184,7 @@ def refuse_if_approval_closed(held: ExecutionRecord | OutboxItem, run: Run) -> N
 APPROVAL_RATE_WINDOW = timedelta(minutes=1)
 
 
-def _check_team_approval_rate(team_id: int, *, now: Any) -> None:
+def _check_team_approval_rate(team_id: int, *, now: datetime) -> None:
     """Refuse a team's approval request past `SAFESTOP_APPROVAL_REQUESTS_PER_MINUTE` in a
     sliding minute: one agent flooding approvals would otherwise bury its team's reviewers and
     queue thousands of notifications. One query reads the limit-th newest request of the team
@@ -220,7 +220,7 @@ def approval_request_locked(
     *,
     gate: GateAnswer,
     actor: Actor,
-    now: Any,
+    now: datetime,
     record: ExecutionRecord | None = None,
     item: OutboxItem | None = None,
     summary: str = "",
@@ -400,7 +400,7 @@ def approval_decide(
     return approval
 
 
-def _stamp(approval: Approval, status: str, *, actor: Actor, now: Any, message: str) -> None:
+def _stamp(approval: Approval, status: str, *, actor: Actor, now: datetime, message: str) -> None:
     approval.status = status
     approval.decided_by = actor.name
     approval.decided_by_kind = actor.kind
@@ -415,7 +415,7 @@ def _approve_locked(
     final: dict[str, Any],
     edited: bool,
     actor: Actor,
-    now: Any,
+    now: datetime,
     message: str,
 ) -> None:
     _stamp(approval, ApprovalStatus.APPROVED, actor=actor, now=now, message=message)
@@ -466,7 +466,7 @@ def _approve_locked(
 
 
 def _close_locked(
-    run: Run, approval: Approval, status: str, *, actor: Actor, now: Any, message: str
+    run: Run, approval: Approval, status: str, *, actor: Actor, now: datetime, message: str
 ) -> None:
     """Rejected or expired: the call never runs (not_started), the item is discarded."""
     _stamp(approval, status, actor=actor, now=now, message=message)
@@ -492,7 +492,7 @@ def _close_locked(
     notify.approval_decided(run, approval)
 
 
-def _never_ran(record: ExecutionRecord | None, *, now: Any, why: str) -> None:
+def _never_ran(record: ExecutionRecord | None, *, now: datetime, why: str) -> None:
     assert record is not None
     record.execution_state = ExecutionState.NOT_STARTED
     record.side_effect_state = (
@@ -516,7 +516,7 @@ def _never_ran(record: ExecutionRecord | None, *, now: Any, why: str) -> None:
     )
 
 
-def approval_expire(*, approval_id: int, now: Any = None) -> bool:
+def approval_expire(*, approval_id: int, now: datetime | None = None) -> bool:
     """Deny by default: a waiting approval past its deadline is expired, as a rejection."""
     with locked_run(_run_id_of(approval_id)) as run:
         approval = _lock_approval(approval_id)
@@ -534,7 +534,7 @@ def approval_expire(*, approval_id: int, now: Any = None) -> bool:
     return True
 
 
-def approval_escalate(*, approval_id: int, now: Any = None) -> bool:
+def approval_escalate(*, approval_id: int, now: datetime | None = None) -> bool:
     """Mark a still-waiting approval escalated; the ledger entry is what notifications deliver."""
     with locked_run(_run_id_of(approval_id)) as run:
         approval = _lock_approval(approval_id)
@@ -562,29 +562,11 @@ def approval_escalate(*, approval_id: int, now: Any = None) -> bool:
     return True
 
 
-def approvals_due_ids(*, now: Any = None, limit: int = 500) -> tuple[list[int], list[int]]:
-    """(expired, to escalate): the sweep's candidates, read without locks (each is re-checked)."""
-    now = now or timezone.now()
-    expired = list(
-        Approval.objects.filter(status=ApprovalStatus.WAITING, deadline__lte=now)
-        .order_by("deadline")
-        .values_list("pk", flat=True)[:limit]
-    )
-    escalate = list(
-        Approval.objects.filter(
-            status=ApprovalStatus.WAITING, escalated_at__isnull=True, escalate_at__lte=now
-        )
-        .order_by("escalate_at")
-        .values_list("pk", flat=True)[:limit]
-    )
-    return expired, escalate
-
-
 # --------------------------------------------------------------------------------------------
 # void (called by the stop and the interruption, in their transaction)
 
 
-def void_waiting_approvals_locked(run: Run, *, now: Any, why: str, actor: Actor) -> list[str]:
+def void_waiting_approvals_locked(run: Run, *, now: datetime, why: str, actor: Actor) -> list[str]:
     """A stop never waits on an approval: every waiting one is void, its call never starts,
     its outbox item is frozen with the rest of the outbox."""
     # Most stops find nothing waiting: ask with the cheapest query first (the locking read

@@ -5,6 +5,7 @@ tokens) by the events batch whose usage reaches it.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
@@ -73,7 +74,7 @@ def budget_from_note(note: str) -> str:
     return ""
 
 
-def _budget_exceeded(run: Run, *, now: Any, adding_tool_call: bool = False) -> str:
+def _budget_exceeded(run: Run, *, now: datetime, adding_tool_call: bool = False) -> str:
     if exhausted_budget(run, adding_tool_call=adding_tool_call):
         return StopReason.BUDGET_EXHAUSTED
     if run.max_seconds is not None and run.started_at is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -361,7 +362,7 @@ class _Batch:
     (docs/BENCHMARKS.md, ingestion).
     """
 
-    def __init__(self, run: Run, keys: set[str], found: list[Step], now: Any) -> None:
+    def __init__(self, run: Run, keys: set[str], found: list[Step], now: datetime) -> None:
         self.run = run
         self.now = now
         self.by_key = {step.key: step for step in found if step.key in keys}
@@ -666,7 +667,7 @@ def _apply_event(
     *,
     epoch: int,
     actor: Actor,
-    now: Any,
+    now: datetime,
     batch: _Batch,
 ) -> None:
     if event_type not in EVENT_TYPES:
@@ -690,7 +691,7 @@ def _apply_event(
 
 
 def _keep_late_outcome(
-    run: Run, event_type: str, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any
+    run: Run, event_type: str, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime
 ) -> None:
     """DESIGN §2: a completion after the stop does not move the run but is kept as a fact."""
     if event_type not in ("run.completed", "run.failed"):
@@ -725,7 +726,7 @@ def _text(event: dict[str, Any], key: str, default: str = "", limit: int = 300) 
 
 
 def _on_step_started(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     key = _text(event, "key", limit=120)
     if not key:
@@ -761,7 +762,7 @@ def _step_owned_by_epoch(run: Run, event: dict[str, Any], epoch: int, batch: _Ba
 
 def _on_step_finished(status: str) -> Any:
     def handler(
-        run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+        run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
     ) -> None:
         step = _step_owned_by_epoch(run, event, epoch, batch)
         step.status = status
@@ -776,7 +777,7 @@ def _on_step_finished(status: str) -> Any:
 
 
 def _on_artifact_added(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     name = _text(event, "name")
     if not name:
@@ -801,7 +802,7 @@ def _on_artifact_added(
 
 
 def _on_checkpoint_saved(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     label = _text(event, "label", limit=120)
     if not label:
@@ -830,7 +831,7 @@ def _on_checkpoint_saved(
 
 
 def _on_steering_applied(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     message_id = event.get("steering_id")
     updated = SteeringMessage.objects.filter(
@@ -843,7 +844,7 @@ def _on_steering_applied(
 
 
 def _on_run_suspended(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     lease = _live_lease(run)
     if lease is not None:
@@ -863,13 +864,13 @@ def _on_run_suspended(
 
 
 def _on_run_completed(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     _finish_locked(run, RunStatus.COMPLETED, actor=actor, now=now, result=event.get("result"))
 
 
 def _on_run_failed(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     error = event.get("error")
     _finish_locked(
@@ -942,7 +943,7 @@ def _name(event: dict[str, Any], key: str, limit: int) -> str:
 
 
 def _on_usage(
-    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: Any, batch: _Batch
+    run: Run, event: dict[str, Any], *, epoch: int, actor: Actor, now: datetime, batch: _Batch
 ) -> None:
     """One model call's tokens, priced now (DESIGN §13). A fact: accepted after a stop too (the
     bill still comes), and then counted as late spend. Everything is checked before anything
@@ -1016,7 +1017,7 @@ _EVENT_HANDLERS = {
 
 
 def _finish_locked(
-    run: Run, to: str, *, actor: Actor, now: Any, result: Any = None, failure: Any = None
+    run: Run, to: str, *, actor: Actor, now: datetime, result: Any = None, failure: Any = None
 ) -> None:
     lease = _live_lease(run)
     if lease is not None:

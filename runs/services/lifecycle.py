@@ -9,7 +9,7 @@ belongs in the same transaction (the stop packet, opening and ending handoffs) r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -47,6 +47,7 @@ from runs.models import (
     StopReason,
     StopRequest,
 )
+from runs.selectors import resume_blocked_reason, run_dirty_reasons
 from runs.services._base import (
     _RESULT_STATES,
     OPEN_EXECUTION_STATES,
@@ -133,7 +134,9 @@ def run_takeover(*, run_id: str, actor: Actor, note: str = "") -> StopOutcome:
     )
 
 
-def _upgrade_to_takeover(run: Run, stop_request: StopRequest, *, actor: Actor, now: Any) -> None:
+def _upgrade_to_takeover(
+    run: Run, stop_request: StopRequest, *, actor: Actor, now: datetime
+) -> None:
     stop_request.takeover = True
     stop_request.save(update_fields=["takeover"])
     ledger_append(
@@ -155,7 +158,7 @@ def _stop_locked(
     reason: str,
     note: str,
     actor: Actor,
-    now: Any,
+    now: datetime,
     takeover: bool = False,
     bulk_id: str = "",
 ) -> StopRequest:
@@ -227,7 +230,7 @@ def _stop_locked(
     return stop_request
 
 
-def _drain_without_live_lease(run: Run, stop_request: StopRequest, *, now: Any) -> None:
+def _drain_without_live_lease(run: Run, stop_request: StopRequest, *, now: datetime) -> None:
     """No worker holds a live lease, so none can drain: settle in the stop's transaction."""
     lease = _live_lease(run)
     if lease is not None:
@@ -255,7 +258,7 @@ def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -
 
 
 def _acknowledge_locked(
-    run: Run, stop_request: StopRequest, *, actor: Actor, now: Any, via: str
+    run: Run, stop_request: StopRequest, *, actor: Actor, now: datetime, via: str
 ) -> None:
     stop_request.acknowledged_at = now
     stop_request.signal_delivered_at = stop_request.signal_delivered_at or now
@@ -309,7 +312,7 @@ def run_drained(
 
 
 def _drained_locked(
-    run: Run, lease: Lease, *, observations: list[dict[str, Any]], actor: Actor, now: Any
+    run: Run, lease: Lease, *, observations: list[dict[str, Any]], actor: Actor, now: datetime
 ) -> None:
     stop_request = _current_stop_request(run)
     for observation in observations:
@@ -325,7 +328,7 @@ def _drained_locked(
 
 
 def _apply_drain_observation(
-    run: Run, observation: dict[str, Any], *, actor: Actor, now: Any
+    run: Run, observation: dict[str, Any], *, actor: Actor, now: datetime
 ) -> None:
     tool_call_id = str(observation.get("tool_call_id", ""))
     state = str(observation.get("execution_state", ""))
@@ -368,7 +371,7 @@ def run_fence_overdue(*, run_id: str, actor: Actor | None = None) -> bool:
     return True
 
 
-def _settle_locked(run: Run, *, actor: Actor, now: Any, forced_dirty_reason: str = "") -> None:
+def _settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason: str = "") -> None:
     """The clean/dirty decision, then the stop packet (and the handoff for a takeover).
 
     1. calls still permitted/running never reported: `unknown` (never assumed failed);
@@ -415,19 +418,7 @@ def _settle_locked(run: Run, *, actor: Actor, now: Any, forced_dirty_reason: str
         _hand_off_locked(run, stop_request, actor=Actor.system(), now=now, packet=packet)
 
 
-def run_dirty_reasons(run: Run) -> list[str]:
-    """What is still unknown about this run's side effects (empty means clean)."""
-    reasons = []
-    if ExecutionRecord.objects.filter(run=run).unconfirmed().exists():
-        reasons.append("unconfirmed_side_effects")
-    if OutboxItem.objects.filter(run=run).unconfirmed().exists():
-        reasons.append("outbox_in_flight")
-    if Lease.objects.filter(run=run, fenced_unconfirmed=True).exists():
-        reasons.append("worker_unconfirmed")
-    return reasons
-
-
-def _settle_dirty_if_resolved(run: Run, *, actor: Actor, now: Any) -> None:
+def _settle_dirty_if_resolved(run: Run, *, actor: Actor, now: datetime) -> None:
     """stopped_dirty → stopped_cleanly once the last unknown is resolved (by a fact or a human)."""
     if run.status != RunStatus.STOPPED_DIRTY or run_dirty_reasons(run):
         return
@@ -450,7 +441,7 @@ def _hand_off_locked(
     stop_request: StopRequest,
     *,
     actor: Actor,
-    now: Any,
+    now: datetime,
     note: str = "",
     packet: Any = None,
 ) -> None:
@@ -474,7 +465,7 @@ def _interrupt_locked(
     *,
     reason: str,
     actor: Actor,
-    now: Any,
+    now: datetime,
     detail: str = "",
     lease_already_closed: bool = False,
 ) -> None:
@@ -532,7 +523,7 @@ def _interrupt_locked(
     )
 
 
-def _mark_outcomes_unknown(records: list[ExecutionRecord], *, now: Any, source: str) -> None:
+def _mark_outcomes_unknown(records: list[ExecutionRecord], *, now: datetime, source: str) -> None:
     """Calls whose result never arrived are `unknown` — never retried, never assumed failed."""
     for record in records:
         record.execution_state = ExecutionState.UNKNOWN
@@ -550,7 +541,7 @@ def _mark_outcomes_unknown(records: list[ExecutionRecord], *, now: Any, source: 
         )
 
 
-def _freeze_outbox(run: Run, *, now: Any) -> int:
+def _freeze_outbox(run: Run, *, now: datetime) -> int:
     """Freeze the run's pending items at its current epoch (an interruption bumps no epoch, so
     it relabels them itself; older ones an earlier stop froze already); returns how many.
     Called under the run lock, which every enqueue also takes, so no item can slip in between.
@@ -596,15 +587,6 @@ def run_resume(
             via=via,
         )
     return run
-
-
-def resume_blocked_reason(status: str, reasons: list[str]) -> str:
-    """Why a run with these dirty reasons cannot resume: the server's refusal and the console's
-    disabled Resume say the same words (DESIGN §2: resume is refused while a reason holds)."""
-    what = ", ".join(reason.replace("_", " ") for reason in reasons)
-    if status == RunStatus.INTERRUPTED:
-        return f"resolve the interruption's unknowns before resuming ({what})"
-    return f"resolve the run's unknown side effects before resuming it ({what})"
 
 
 def _resume_locked(

@@ -10,7 +10,7 @@ from channels.testing import HttpCommunicator
 from django.core.asgi import get_asgi_application
 from django.test import Client
 
-from console.selectors import cursor_decode
+from console.selectors.runs import cursor_decode
 from console.static import StaticFiles
 from runs.models import Run
 from tests.support.scenarios import new_run

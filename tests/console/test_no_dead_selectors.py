@@ -4,22 +4,33 @@ that still has to be kept right through every schema change."""
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import pkgutil
 from pathlib import Path
 
 import console.selectors
 
-ROOT = Path(console.selectors.__file__).parent.parent
-SELECTORS = Path(console.selectors.__file__)
+PACKAGE = Path(console.selectors.__file__).parent
+ROOT = PACKAGE.parent.parent
+
+
+def _page_modules() -> list:
+    return [
+        importlib.import_module(f"console.selectors.{info.name}")
+        for info in pkgutil.iter_modules([str(PACKAGE)])
+    ]
 
 
 def _callers() -> set[str]:
-    """Names imported from console.selectors or read as `selectors.x` anywhere in the console
-    (and the benchmarks), and names selectors.py itself calls."""
+    """Names imported from a `console.selectors` page module or read as `selectors.x` anywhere
+    in the console (and the benchmarks), and names the page modules themselves call."""
     used: set[str] = set()
     for path in [*(ROOT / "console").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "console.selectors":
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "console.selectors"
+            ):
                 used |= {alias.name for alias in node.names}
             elif (
                 isinstance(node, ast.Attribute)
@@ -28,20 +39,26 @@ def _callers() -> set[str]:
             ):
                 used.add(node.attr)
             elif (
-                path == SELECTORS and isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                path.parent == PACKAGE
+                and isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
             ):
                 used.add(node.func.id)
     return used
 
 
+def test_the_selectors_are_split_by_page():
+    assert len(_page_modules()) >= 7
+
+
 def test_every_console_selector_has_a_caller():
     callers = _callers()
-    own = console.selectors.__name__
     unused = [
-        name
-        for name, value in vars(console.selectors).items()
+        f"{module.__name__}.{name}"
+        for module in _page_modules()
+        for name, value in vars(module).items()
         if inspect.isfunction(value)
-        and value.__module__ == own
+        and value.__module__ == module.__name__
         and not name.startswith("_")
         and name not in callers
     ]

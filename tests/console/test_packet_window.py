@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-import console.selectors as console_selectors
+import console.selectors.packets as console_selectors
 from handoff.packets import stop_packet_snapshot
 from runs import services
 from runs.models import (

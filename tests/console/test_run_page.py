@@ -263,7 +263,7 @@ def test_run_page_queries_do_not_grow_with_rows(as_reviewer, team, django_assert
 def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(
     as_viewer, team, settings
 ):
-    import console.selectors as console_selectors
+    import console.selectors.run as console_selectors
 
     window = 5
     original = console_selectors.RUN_STEP_WINDOW
@@ -322,7 +322,7 @@ def test_a_long_run_shows_its_newest_steps_and_calls_and_every_unresolved_call(
 def test_sent_outbox_items_and_artifacts_are_windowed_open_items_never(
     as_viewer, team, monkeypatch
 ):
-    import console.selectors as console_selectors
+    import console.selectors.run as console_selectors
 
     monkeypatch.setattr(console_selectors, "RUN_HISTORY_WINDOW", 3)
     run = services.run_create(team=team, title="chatty", agent="bot", actor=AGENT)

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from console import selectors
+from console.selectors import runs as selectors
 from tests.support.htmx import htmx
 from tests.support.scenarios import completed, interrupted, new_run, stopped_dirty
 

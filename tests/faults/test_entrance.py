@@ -126,13 +126,13 @@ def test_cancel_during_retry_backoff_ends_the_wait_and_starts_no_next_attempt(st
                     "fetch_rates", {"pairs": ["EURUSD"]}, tool_call_id="call_rates"
                 ) as call:
                     try:
-                        # 5 s between attempts: a stop must not wait for it.
+                        # A minute between attempts: a stop must not wait for it.
                         call.result = retry(
                             fetch_rates,
                             token=run.token,
                             attempts=5,
-                            base_delay=5.0,
-                            max_delay=5.0,
+                            base_delay=60.0,
+                            max_delay=60.0,
                             jitter=False,
                             retry_if=lambda error: True,
                         )
@@ -144,14 +144,16 @@ def test_cancel_during_retry_backoff_ends_the_wait_and_starts_no_next_attempt(st
     worker = WorkerThread(work)
     worker.start()
     assert receiver.wait_for(1, timeout=10)
-    time.sleep(0.3)  # the first attempt failed: the worker is now in its 5-second backoff
+    time.sleep(0.3)  # the first attempt failed: the worker is now in its one-minute backoff
     stop_sent = time.monotonic()
     reviewer.cancel(run_id, "user_stop", note="rates are not needed")
     worker.outcome()
 
     waited = cancelled_at[0] - stop_sent
-    print(f"\nretry backoff ended {waited * 1000:.0f} ms after the stop (backoff was 5000 ms)")
-    assert waited < 1.0
+    print(f"\nretry backoff ended {waited * 1000:.0f} ms after the stop (backoff was 60 s)")
+    # Not a speed figure (bench/ has those): a backoff that ran its course would end a minute
+    # later, a busy machine delivers the stop in seconds.
+    assert waited < 30, "the stop did not end the retry backoff"
     time.sleep(0.5)
     assert len(attempts) == 1 and receiver.count() == 1, "an attempt started after the stop"
     wait_status(run_id, RunStatus.STOPPED_CLEANLY)

@@ -419,7 +419,13 @@ def _fuzz(fuzzer: Fuzzer, team: Any, admin: Any, bob: Any) -> None:
             fuzzer.send(who, "GET", path)
         names = sorted(read | set(COMMON_PARAMS))
         for value in [*HOSTILE_TEXT, *HOSTILE_CURSORS]:
+            # A cursor-shaped value is hostile only to a parameter that decodes cursors; to any
+            # other it is one more string, which HOSTILE_TEXT already covers (and the walk
+            # spends most of its time here: every value, every name, every page).
+            cursor_only = value in HOSTILE_CURSORS
             for name in names:
+                if cursor_only and "cursor" not in name:
+                    continue
                 fuzzer.send(who, "GET", path, query={name: value})
             # some only act together: a period needs both of its ends
             fuzzer.send(who, "GET", path, query=dict.fromkeys(names, value))

@@ -16,7 +16,7 @@ from runs import services
 from runs.actors import Actor
 from runs.errors import IllegalTransition
 from runs.models import OutboxStatus, Run, RunStatus
-from runs.selectors import interruptions_recovered, needs_resolution_q
+from runs.selectors import interruptions_recovered, needs_resolution_q, run_dirty_reasons
 from tests.support.scenarios import interrupted, reload, running
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +53,7 @@ def test_the_interruption_keeps_the_outbox_items_it_left_in_flight(team):
     item = run.outbox_items.get(status=OutboxStatus.DISPATCHING)
     assert run.interruption["outbox_in_flight"] == [item.public_id]
     assert run.interruption["calls_in_flight"] == [_write_id(run)]
-    assert services.run_dirty_reasons(run) == ["unconfirmed_side_effects", "outbox_in_flight"]
+    assert run_dirty_reasons(run) == ["unconfirmed_side_effects", "outbox_in_flight"]
 
 
 def test_resume_is_refused_while_an_unknown_remains_and_says_which(team):

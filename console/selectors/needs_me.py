@@ -1,0 +1,216 @@
+"""The "needs me" page and the navigation's counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db.models import F, Func, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from console.access import Access
+from handoff.models import Handoff, HandoffStatus
+from runs.models import (
+    UNCONFIRMED_SIDE_EFFECT,
+    Approval,
+    ApprovalStatus,
+    ExecutionRecord,
+    Lease,
+    OutboxItem,
+    Role,
+    Run,
+    RunStatus,
+)
+from runs.selectors import needs_resolution_q
+
+NEEDS_ME_LIMIT = 100
+# An approval this close to its deadline goes to the top: when it passes, the call is rejected.
+NEEDS_ME_SOON = timedelta(minutes=10)
+
+
+def _count(queryset: QuerySet[Any]) -> Subquery:
+    """`SELECT COUNT(pk) … WHERE …` as a scalar subquery (COUNT as a plain function, so the
+    subquery has no GROUP BY and always answers one row)."""
+    return Subquery(queryset.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n"))
+
+
+def _count_rows(queryset: QuerySet[Any]) -> Subquery:
+    """`SELECT COUNT(*) …` as a scalar subquery: unlike COUNT(pk), it may be answered from an
+    index alone (a run's status index has no id)."""
+    counted = Func(template="COUNT(*)", output_field=IntegerField())
+    return Subquery(queryset.order_by().annotate(n=counted).values("n"))
+
+
+def _unknown_run_ids() -> RawSQL:
+    """The ids of runs with an unknown (`runs.selectors.needs_resolution_q`): an unconfirmed
+    write, an outbox item in flight, a worker fenced without confirming — read from the three
+    small partial indexes, where asking each interrupted run in turn visited every one of them
+    (20,000 at 1,000,000 runs: 380 ms, and 2.7 s more when PostgreSQL chose to JIT-compile)."""
+    parts = [
+        ExecutionRecord.objects.unconfirmed().values("run_id"),
+        OutboxItem.objects.unconfirmed().values("run_id"),
+        Lease.objects.filter(fenced_unconfirmed=True).values("run_id"),
+    ]
+    sqls: list[str] = []
+    params: list[Any] = []
+    for part in parts:
+        sql, part_params = part.order_by().query.sql_with_params()
+        sqls.append(sql)
+        params.extend(part_params)
+    return RawSQL(" UNION ".join(sqls), params)
+
+
+def unresolved_interrupted(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """`runs` that are interrupted with an unknown: the same rows as
+    `runs.filter(needs_resolution_q(), status=INTERRUPTED)`, found from the unknowns' side."""
+    return runs.filter(status=RunStatus.INTERRUPTED, pk__in=_unknown_run_ids())
+
+
+def _needs_runs(team_ids: list[int] | None) -> QuerySet[Run]:
+    runs = Run.objects.filter(needs_resolution_q())
+    return runs if team_ids is None else runs.filter(team_id__in=team_ids)
+
+
+def _acting_runs(team_ids: list[int] | None) -> QuerySet[Run]:
+    return Run.objects.all() if team_ids is None else Run.objects.filter(team_id__in=team_ids)
+
+
+def _needs_handoffs(team_ids: list[int] | None, user_id: int | None) -> QuerySet[Handoff]:
+    """Handoffs nobody has accepted yet, and the accepted ones that are this user's."""
+    handoffs = Handoff.objects.filter(
+        Q(status=HandoffStatus.OPEN) | Q(status=HandoffStatus.ACCEPTED, assignee_id=user_id)
+    )
+    return handoffs if team_ids is None else handoffs.filter(run__team_id__in=team_ids)
+
+
+def _waiting_approvals(team_ids: list[int] | None) -> QuerySet[Approval]:
+    approvals = Approval.objects.filter(status=ApprovalStatus.WAITING)
+    return approvals if team_ids is None else approvals.filter(team_id__in=team_ids)
+
+
+@dataclass(frozen=True)
+class NavCounts:
+    """The navigation's counts: waiting approvals of every team the user sees, and what needs
+    a person on the teams where the user may act."""
+
+    approvals_waiting: int = 0
+    approvals: int = 0
+    runs: int = 0
+    handoffs: int = 0
+
+    @property
+    def needs_me(self) -> int:
+        return self.approvals + self.runs + self.handoffs
+
+
+def nav_counts(access: Access) -> NavCounts:
+    """One query, whatever the number of teams: five scalar COUNT subqueries on the user's row
+    (waiting approvals seen, waiting approvals to decide, dirty runs, unresolved interrupted runs,
+    handoffs)."""
+    if access.user_id is None:
+        return NavCounts()
+    acting = access.ids_with(Role.REVIEWER)
+    row = (
+        get_user_model()
+        .objects.filter(pk=access.user_id)
+        .annotate(
+            approvals_waiting=_count(_waiting_approvals(access.team_ids)),
+            needs_approvals=_count(_waiting_approvals(acting)),
+            # `_needs_runs` as two counts: an OR of the two states reads every such run's row
+            needs_dirty=_count_rows(_acting_runs(acting).filter(status=RunStatus.STOPPED_DIRTY)),
+            needs_interrupted=_count_rows(unresolved_interrupted(_acting_runs(acting))),
+            needs_handoffs=_count(_needs_handoffs(acting, access.user_id)),
+        )
+        .values(
+            "approvals_waiting",
+            "needs_approvals",
+            "needs_dirty",
+            "needs_interrupted",
+            "needs_handoffs",
+        )
+        .first()
+    )
+    if row is None:
+        return NavCounts()
+    return NavCounts(
+        approvals_waiting=row["approvals_waiting"] or 0,
+        approvals=row["needs_approvals"] or 0,
+        runs=(row["needs_dirty"] or 0) + (row["needs_interrupted"] or 0),
+        handoffs=row["needs_handoffs"] or 0,
+    )
+
+
+@dataclass
+class NeedsMeItem:
+    """One thing waiting for a person; `kind` says which page decides it."""
+
+    kind: str  # approval | stopped_dirty | interrupted | handoff
+    tier: int  # 0 most urgent
+    since: datetime  # when it started waiting
+    run: Run
+    approval: Approval | None = None
+    handoff: Handoff | None = None
+    unknowns: int = 0
+
+    @property
+    def sort_key(self) -> tuple[int, datetime]:
+        return (self.tier, self.approval.deadline if self.approval else self.since)
+
+
+def needs_me_items(access: Access, *, now: datetime | None = None) -> list[NeedsMeItem]:
+    """What waits for a person on the teams where the user may act, most urgent first; three
+    queries (approvals, runs, handoffs), each capped at NEEDS_ME_LIMIT.
+
+    Urgency: 0. approvals whose deadline is within NEEDS_ME_SOON (they expire as a rejection);
+    1. dirty stops and interrupted runs with unconfirmed side effects, oldest first (something
+    may have happened in the world that nobody has checked); 2. the other approvals, soonest
+    deadline first; 3. handoffs waiting to be accepted (and accepted ones that are the user's),
+    oldest first."""
+    now = now or timezone.now()
+    acting = access.ids_with(Role.REVIEWER)
+    if acting == []:
+        return []
+    items: list[NeedsMeItem] = []
+    for approval in (
+        _waiting_approvals(acting).select_related("run", "team").order_by("deadline", "pk")
+    )[:NEEDS_ME_LIMIT]:
+        soon = approval.deadline - now <= NEEDS_ME_SOON
+        items.append(
+            NeedsMeItem(
+                "approval", 0 if soon else 2, approval.requested_at, approval.run, approval=approval
+            )
+        )
+    unknown_calls = ExecutionRecord.objects.filter(UNCONFIRMED_SIDE_EFFECT, run=OuterRef("pk"))
+    unknown_items = OutboxItem.objects.unconfirmed().filter(run=OuterRef("pk"))
+    runs: list[Any] = list(
+        _needs_runs(acting)
+        .select_related("team")
+        .annotate(
+            unknown_calls=_count(unknown_calls),
+            unknown_items=_count(unknown_items),
+            waiting_since=Coalesce("stopped_at", "updated_at"),
+        )
+        .order_by("waiting_since", "pk")[:NEEDS_ME_LIMIT]
+    )
+    for run in runs:
+        items.append(
+            NeedsMeItem(
+                "stopped_dirty" if run.status == RunStatus.STOPPED_DIRTY else "interrupted",
+                1,
+                run.waiting_since,
+                run,
+                unknowns=(run.unknown_calls or 0) + (run.unknown_items or 0),
+            )
+        )
+    for handoff in (
+        _needs_handoffs(acting, access.user_id)
+        .select_related("run", "run__team", "assignee")
+        .order_by("created_at", "pk")
+    )[:NEEDS_ME_LIMIT]:
+        items.append(NeedsMeItem("handoff", 3, handoff.created_at, handoff.run, handoff=handoff))
+    items.sort(key=lambda item: item.sort_key)
+    return items
