@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from console.selectors import run_detail
+from console.selectors.run import run_detail
 from handoff.packets import stop_packet_snapshot
 from runs import dispatch, frozen, services
 from runs.actors import Actor
