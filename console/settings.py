@@ -468,6 +468,9 @@ SAFESTOP_RATE_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_RATE_LIMIT_PER_MIN
 SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE", 30))
 SAFESTOP_SERVE_STATIC = env_bool("SAFESTOP_SERVE_STATIC", True)
 SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVAL", 0.5))
+# With Celery: the period of beat's safety-net sweeps. Work is woken by kicks and at deadlines
+# (runs.tasks); the net only catches what a lost kick or wake missed.
+SAFESTOP_SAFETY_NET_SECONDS = float(os.environ.get("SAFESTOP_SAFETY_NET_SECONDS", 30))
 # Browser websockets re-read their user's access this often (seconds; 0 disables), in case an
 # `access.changed` message was lost on the at-most-once viewers layer (console/consumers.py).
 SAFESTOP_WS_ACCESS_RECHECK_SECONDS = float(os.environ.get("SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60))

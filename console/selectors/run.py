@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from console.selectors.packets import StopHistory, stop_history
 from handoff.models import Handoff, StopPacket
+from runs import frozen
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     UNCONFIRMED_SIDE_EFFECT,
@@ -138,18 +139,20 @@ def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], 
 
 
 def _latest_outbox(run: Run, window: int | None) -> tuple[list[OutboxItem], int]:
+    # An item the run's epoch froze shows frozen before its row is relabelled (`runs.frozen`).
     items = OutboxItem.objects.filter(run=run)
     if window is None:
-        found = list(items.order_by("pk"))
+        found = frozen.present(run, items.order_by("pk"))
         return found, len(found)
     newest = items.order_by("-pk").values("pk")[:window]
     every_item = (
         OutboxItem.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
     )
-    loaded: list[Any] = list(
+    loaded: list[Any] = frozen.present(
+        run,
         items.filter(Q(pk__in=newest) | ~Q(status__in=OUTBOX_SETTLED))
         .annotate(total=Subquery(every_item))
-        .order_by("pk")
+        .order_by("pk"),
     )
     return loaded, loaded[0].total if loaded else 0
 

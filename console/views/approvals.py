@@ -49,7 +49,7 @@ from console.views.common import (
     redirect_with,
     wants_fragment,
 )
-from runs import services
+from runs import frozen, services
 from runs.access import Capability
 from runs.errors import DomainError, InvalidInput, NotFound
 from runs.models import (
@@ -254,7 +254,10 @@ def approval_context(
         "approval": approval,
         "run": approval.run,
         "record": approval.execution_record,
-        "item": approval.outbox_item,
+        # An approved item the run's stop froze shows frozen before its row is relabelled.
+        "item": frozen.present(approval.run, [approval.outbox_item])[0]
+        if approval.outbox_item is not None
+        else None,
         "is_tool_call": approval.target == ApprovalTarget.TOOL_CALL,
         "waiting": waiting,
         "can_act": access.can_act(approval.team_id),
