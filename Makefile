@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The .mo files are built here from the committed .po files (never committed themselves).
-.PHONY: messages messages-update install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers adapter-matrix
+.PHONY: messages messages-update install run test test-fast lint migrations-check bench soak services chromium nginx clean ts-client node axe mcp-servers mcp-clients adapter-matrix vendor
 
 install: $(VENV)/.installed
 	bash scripts/messages.sh compile >/dev/null
@@ -61,6 +61,30 @@ axe: node
 mcp-servers: node
 	cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error
 
+# `langchain-mcp-adapters` (a LangGraph agent's MCP client) in a small venv of its own: every
+# release so far requires mcp<2 and the repository runs the 2.x SDK. The wire protocol is the
+# same: tests/mcp/test_gateway_langchain.py runs tests/mcp/langchain_client.py with this
+# interpreter against the live gateway over HTTP. Move the pins when a release takes mcp 2.
+MCP_LANGCHAIN := .venv-mcp-langchain
+MCP_LANGCHAIN_PINS := langchain-mcp-adapters==0.3.2 mcp==1.30.0 langgraph==1.2.24 \
+	langgraph-prebuilt==1.1.3
+mcp-clients: $(MCP_LANGCHAIN)/.installed
+
+$(MCP_LANGCHAIN)/.installed: Makefile
+	rm -rf $(MCP_LANGCHAIN)
+	$(PYTHON) -m venv $(MCP_LANGCHAIN)
+	$(MCP_LANGCHAIN)/bin/pip install -q --upgrade pip
+	$(MCP_LANGCHAIN)/bin/pip install -q $(MCP_LANGCHAIN_PINS)
+	touch $@
+
+# Browser libraries the console serves itself (no CDN), from the committed lockfile in
+# static/console/vendor/. The copies are committed too, so `make run` needs no npm;
+# tests/console/test_vendor.py checks the copy against the version and digest it records.
+VENDOR_DIR := static/console/vendor
+vendor: node
+	cd $(VENDOR_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	cp $(VENDOR_DIR)/node_modules/idiomorph/dist/idiomorph-ext.min.js $(VENDOR_DIR)/idiomorph-ext.min.js
+
 # The TypeScript client (clients/typescript, `@safestop/agent`): dependencies from its lockfile,
 # a strict `tsc` build, then Node's test runner against a live server the tests start (about
 # 20 s). The runner's summary lines (`# tests`, `# pass`, `# fail`, ...) end the output.
@@ -80,8 +104,9 @@ ts-client: install node
 ADAPTER_OLDEST := langgraph==1.0.0 langgraph-prebuilt==1.0.2 openai-agents==0.8.0 openai==2.9.0
 ADAPTER_NEWEST := langgraph==1.2.24 langgraph-prebuilt==1.1.3 openai-agents==0.24.0
 ADAPTER_TESTS := tests/agent/test_langgraph.py tests/agent/test_langgraph_toolnode.py \
-	tests/agent/test_langgraph_async.py tests/agent/test_openai_agents.py \
-	tests/agent/test_openai_agents_graph.py
+	tests/agent/test_langgraph_async.py tests/agent/test_langgraph_usage.py \
+	tests/agent/test_openai_agents.py tests/agent/test_openai_agents_graph.py \
+	tests/agent/test_openai_agents_usage.py tests/agent/test_openai_agents_suspend.py
 MATRIX := .venv-matrix
 
 $(MATRIX)/%/.installed: agent/pyproject.toml Makefile
@@ -107,7 +132,7 @@ adapter-matrix: $(MATRIX)/oldest/.installed $(MATRIX)/newest/.installed
 PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
-test: install services chromium nginx axe mcp-servers
+test: install services chromium nginx axe mcp-servers mcp-clients vendor
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client

@@ -258,6 +258,23 @@ class LeaseIn(serializers.Serializer):
     epoch = epoch_field()
 
 
+class LeaseReleaseIn(LeaseIn):
+    suspend = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="Suspend the run instead of interrupting it: the worker stops on purpose to "
+        "wait for reviewers. Waiting approvals stay open and may be decided while no process "
+        "holds the run; the next lease (same epoch) picks the decisions up. Refused (409) "
+        "while tool calls are in flight.",
+    )
+    reason = StrictCharField(
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="Why the run is suspended (default `waiting_for_approval`).",
+    )
+
+
 class LeaseOut(serializers.Serializer):
     lease_id = StrictCharField(source="token")
     epoch = StrictIntegerField()

@@ -380,19 +380,24 @@ class LeaseReleaseView(ApiView):
         operation_id="lease_release",
         summary="Give the lease back",
         description="Releasing a running run's lease interrupts the run; during a stop it counts as drained "
-        "with no observations. Releasing twice answers the first release.",
+        "with no observations. Releasing twice answers the first release. With `suspend: true` "
+        "the run is `suspended` instead, its waiting approvals kept open for reviewers, and the "
+        "next lease goes on at the same epoch (409 `illegal_transition` while calls are in "
+        "flight or the run is not running).",
         parameters=[RUN_ID],
-        request=s.LeaseIn,
+        request=s.LeaseReleaseIn,
         responses={200: s.LeaseReleaseOut, **WRITE_ERRORS},
     )
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
-        data = self.parse(s.LeaseIn)
+        data = self.parse(s.LeaseReleaseIn)
         lease = services.lease_release(
             run_id=run_id,
             lease_token=data["lease_id"],
             epoch=data["epoch"],
             actor=self.caller.actor,
+            suspend=data["suspend"],
+            reason=data.get("reason", ""),
         )
         state = selectors.run_state(run_id=run_id)
         return Response(

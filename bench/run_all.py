@@ -57,6 +57,7 @@ SECTIONS = (
     "pages",
     "approvals",
     "bulk",
+    "idle",
     "fanout",
     "ledger",
     "mcp",
@@ -262,8 +263,16 @@ def main() -> None:
                 "bulk stop (1,000 running runs)", lambda: bench_bulk_stop.run(stack)
             )
             rows += section_rows
-        if "stop" in only or "fanout" in only:
+        if "stop" in only or "fanout" in only or "idle" in only:
             stack.start_celery()
+        if "idle" in only:
+            # First with the worker: a quiet minute, before the live sections load it.
+            from bench import bench_idle
+
+            section_rows, sections["idle"] = _run_section(
+                "idle (production shape, no runs)", lambda: bench_idle.run(stack)
+            )
+            rows += section_rows
         if "stop" in only:
             section_rows, sections["stop: end to end"] = _run_section(
                 "stop (end to end, Celery worker running)",

@@ -38,6 +38,10 @@ class Stack:
     def start_celery(self) -> Managed:
         """A Celery worker with embedded beat: the dispatcher, reapers and watchdog of production."""
         if self.celery is None or self.celery.process.poll() is not None:
+            # A schedule file left by an earlier bench would make every safety-net entry
+            # (the ledger walk among them) overdue at start.
+            for stale in self.log_dir.glob("celerybeat-schedule*"):
+                stale.unlink()
             self.celery = start(
                 "celery",
                 [

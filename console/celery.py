@@ -1,8 +1,8 @@
 """The Celery app (production / scale-out). Tasks are thin wrappers in `runs.tasks`.
 
-Run with `celery -A console worker` and `celery -A console beat`. Beat drives the same periodic
-work the embedded loop does (`runs.dispatch.run_periodic_work`), one task per concern, so a slow
-webhook never delays the lease reaper or the drain watchdog.
+Run with `celery -A console worker` and `celery -A console beat`. Periodic work (the embedded
+loop's `runs.dispatch.run_periodic_work`) runs when something needs it: kicked on commit and
+woken at the next deadline (`runs.tasks`); beat only runs the slow safety net.
 """
 
 from __future__ import annotations
@@ -22,26 +22,21 @@ app.conf.task_default_queue = os.environ.get("SAFESTOP_CELERY_QUEUE", "safestop"
 
 
 def beat_schedule(interval: float) -> dict[str, dict[str, object]]:
-    """Periodic tasks. `expires` drops a tick nobody ran in time instead of piling them up."""
-    every = max(float(interval), 0.5)
+    """The safety net. Work is woken by what needs it (`runs.tasks`: a kick on commit, a `wake`
+    scheduled at the next deadline); these catch what a lost kick or wake missed, at a pace
+    that costs next to nothing on an idle server. `interval` is the net's period (at least
+    `SAFETY_NET_MIN_SECONDS`). `expires` drops a tick nobody ran in time instead of piling
+    them up."""
+    every = max(float(interval), SAFETY_NET_MIN_SECONDS)
 
     def entry(task: str, seconds: float) -> dict[str, object]:
         return {"task": task, "schedule": seconds, "options": {"expires": max(seconds * 4, 5.0)}}
 
     return {
+        # reapers, watchdog, budgets, approvals, relabel and due notifications: one sweep
+        "wake": entry("runs.tasks.wake", every),
+        # on its own, so a slow webhook never holds the sweep back
         "dispatch-pending": entry("runs.tasks.dispatch_pending", every),
-        "reap-expired-leases": entry("runs.tasks.reap_expired_leases", every),
-        "fence-overdue-stops": entry("runs.tasks.fence_overdue_stops", every),
-        "enforce-budgets": entry("runs.tasks.enforce_budgets", max(every, 1.0)),
-        "expire-overdue-approvals": entry("runs.tasks.expire_overdue_approvals", max(every, 1.0)),
-        "escalate-waiting-approvals": entry(
-            "runs.tasks.escalate_waiting_approvals", max(every, 5.0)
-        ),
-        "reap-stuck-dispatches": entry("runs.tasks.reap_stuck_dispatches", max(every, 5.0)),
-        "send-due-notifications": entry(
-            "notifications.tasks.send_due_notifications", max(every, 1.0)
-        ),
-        "policy-tick": entry("policies.tasks.tick", max(every, 1.0)),
         "remind-waiting-handoffs": entry("notifications.tasks.remind_waiting_handoffs", 60.0),
         "verify-ledger": entry(
             "notifications.tasks.verify_ledger", settings.SAFESTOP_LEDGER_VERIFY_SECONDS
@@ -49,4 +44,7 @@ def beat_schedule(interval: float) -> dict[str, dict[str, object]]:
     }
 
 
-app.conf.beat_schedule = beat_schedule(settings.SAFESTOP_BACKGROUND_INTERVAL)
+SAFETY_NET_MIN_SECONDS = 5.0
+
+
+app.conf.beat_schedule = beat_schedule(settings.SAFESTOP_SAFETY_NET_SECONDS)

@@ -458,12 +458,16 @@ SAFESTOP_WEBHOOK_ALLOWED_HOSTS = env_list("SAFESTOP_WEBHOOK_ALLOWED_HOSTS", "")
 # The MCP gateway (gateway/, `/mcp/<name>/`). Upstream secrets (env, headers) are sealed with a
 # key derived from SAFESTOP_MCP_SECRET_KEY, or SECRET_KEY when it is empty. A session leases its
 # run for SAFESTOP_MCP_LEASE_TTL_SECONDS (renewed every third of it) and ends, like a client
-# that left, after SAFESTOP_MCP_SESSION_IDLE_SECONDS without a request.
+# that left, after SAFESTOP_MCP_SESSION_IDLE_SECONDS without a request. A request the upstream
+# sends the client (sampling, elicitation) waits SAFESTOP_MCP_CLIENT_ANSWER_SECONDS for its answer.
 SAFESTOP_MCP_SECRET_KEY = os.environ.get("SAFESTOP_MCP_SECRET_KEY", "")
 SAFESTOP_MCP_MAX_MESSAGE_BYTES = int(os.environ.get("SAFESTOP_MCP_MAX_MESSAGE_BYTES", "1048576"))
 SAFESTOP_MCP_LEASE_TTL_SECONDS = float(os.environ.get("SAFESTOP_MCP_LEASE_TTL_SECONDS", "30"))
 SAFESTOP_MCP_SESSION_IDLE_SECONDS = float(
     os.environ.get("SAFESTOP_MCP_SESSION_IDLE_SECONDS", "1800")
+)
+SAFESTOP_MCP_CLIENT_ANSWER_SECONDS = float(
+    os.environ.get("SAFESTOP_MCP_CLIENT_ANSWER_SECONDS", "600")
 )
 SAFESTOP_WEBHOOK_CONNECT_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_CONNECT_TIMEOUT", 3))
 SAFESTOP_WEBHOOK_READ_TIMEOUT = float(os.environ.get("SAFESTOP_WEBHOOK_READ_TIMEOUT", 10))
@@ -474,11 +478,15 @@ SAFESTOP_RATE_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_RATE_LIMIT_PER_MIN
 SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE = int(os.environ.get("SAFESTOP_BAD_TOKEN_LIMIT_PER_MINUTE", 30))
 SAFESTOP_SERVE_STATIC = env_bool("SAFESTOP_SERVE_STATIC", True)
 SAFESTOP_BACKGROUND_INTERVAL = float(os.environ.get("SAFESTOP_BACKGROUND_INTERVAL", 0.5))
+# With Celery: the period of beat's safety-net sweeps. Work is woken by kicks and at deadlines
+# (runs.tasks); the net only catches what a lost kick or wake missed.
+SAFESTOP_SAFETY_NET_SECONDS = float(os.environ.get("SAFESTOP_SAFETY_NET_SECONDS", 30))
 # Browser websockets re-read their user's access this often (seconds; 0 disables), in case an
 # `access.changed` message was lost on the at-most-once viewers layer (console/consumers.py).
 SAFESTOP_WS_ACCESS_RECHECK_SECONDS = float(os.environ.get("SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60))
 
-# Notifications (DESIGN §11; docs/OPERATIONS.md, "Notifications"). Links in messages point here.
+# Notifications (DESIGN §11; docs/OPERATIONS.md, "Notifications"). Links in messages point here;
+# unset, `manage.py serve` sets it to the address it listens on (this default is for the rest).
 SAFESTOP_PUBLIC_URL = os.environ.get("SAFESTOP_PUBLIC_URL", "http://127.0.0.1:8000")
 SAFESTOP_NOTIFY_MAX_ATTEMPTS = int(os.environ.get("SAFESTOP_NOTIFY_MAX_ATTEMPTS", 8))
 SAFESTOP_NOTIFY_RETRY_BASE_SECONDS = float(os.environ.get("SAFESTOP_NOTIFY_RETRY_BASE_SECONDS", 10))

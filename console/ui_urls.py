@@ -24,6 +24,7 @@ from console.views import (
     run,
     runs,
     tokens,
+    upstreams,
 )
 
 app_name = "console"
@@ -39,6 +40,7 @@ urlpatterns = [
     path("", runs.runs_list, name="runs"),
     path("home/", needs_me.home, name="home"),
     path("needs-me/", needs_me.needs_me, name="needs_me"),
+    path("nav-counts/", needs_me.nav_counts_fragment, name="nav_counts"),
     path("runs/", RedirectView.as_view(pattern_name="console:runs", query_string=True)),
     path("runs/<run_id:run_id>/", run.run_page, name="run"),
     path("runs/<run_id:run_id>/stop/", run.run_stop, name="run_stop"),
@@ -82,11 +84,23 @@ urlpatterns = [
     path("policies/<int:policy_id>/", policies.policy_edit, name="policy"),
     path("policies/<int:policy_id>/delete/", policies.policy_remove, name="policy_delete"),
     path("policies/<int:policy_id>/test/", policies.policy_history_test, name="policy_test"),
+    path(
+        "approvals/<str:approval_id>/decide/inline/",
+        approvals.approval_decide_inline,
+        name="approval_decide_inline",
+    ),
     path("handoffs/", handoffs.handoffs, name="handoffs"),
     path("stops/bulk/preview/", bulk.bulk_stop_preview, name="bulk_stop_preview"),
     path("stops/bulk/", bulk.bulk_stop_confirm, name="bulk_stop_confirm"),
     path("stops/bulk/<str:bulk_id>/", bulk.bulk_stop_page, name="bulk_stop"),
     path("handoffs/<int:handoff_id>/<str:action>/", handoffs.handoff_action, name="handoff_action"),
+    path("upstreams/", upstreams.upstreams, name="mcp_upstreams"),
+    path("upstreams/<int:upstream_id>/", upstreams.upstream_edit, name="mcp_upstream"),
+    path(
+        "upstreams/<int:upstream_id>/delete/",
+        upstreams.upstream_remove,
+        name="mcp_upstream_delete",
+    ),
     path("audit/", audit.audit, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit_verify"),
     path("audit.csv", audit.audit_csv, name="audit_csv"),

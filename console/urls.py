@@ -16,8 +16,13 @@ urlpatterns = [
     ),
     path(
         "api/docs/",
-        # The split view serves its script as a file (`?script`): the CSP allows no inline one.
-        SpectacularSwaggerSplitView.as_view(url_name="api-schema", http_method_names=_READ_ONLY),
+        # The split view serves its script as a file (`?script`), and our template its style
+        # (console/api_docs.html): the CSP allows neither inline.
+        SpectacularSwaggerSplitView.as_view(
+            url_name="api-schema",
+            template_name="console/api_docs.html",
+            http_method_names=_READ_ONLY,
+        ),
         name="api-docs",
     ),
     # before api, whose last pattern answers a JSON 404 for anything else under /api/v1/

@@ -10,9 +10,15 @@ types (`mcp_types`) validating every client request before it goes upstream:
 - `tools/call` answers as an SSE stream (progress from the upstream, keep-alive comments while
   a call waits for a reviewer, then the answer); the other requests answer as JSON.
 - Notifications and responses answer 202. `notifications/cancelled` from the client cancels
-  that call upstream (the call is then recorded failed or unknown, like a stop's).
+  that call upstream (the call is then recorded failed or unknown, like a stop's). A response
+  answers a request the upstream sent the client (`sampling/createMessage`,
+  `elicitation/create`), which the gateway forwarded on the client's open stream: the
+  standalone `GET` stream, else the stream of a call in flight.
+- `GET` opens the session's standalone SSE stream (one per session, a second is a 409): the
+  upstream's requests to the client, and a notice (`notifications/message`, level warning)
+  when the run is stopped or taken over.
 - `DELETE` ends the session: the client left, which is not a stop — the lease is released and
-  the run interrupted. `GET` (a server-initiated stream) is not offered: 405.
+  the run interrupted.
 
 Bad input never reaches a 500: a body over `SAFESTOP_MCP_MAX_MESSAGE_BYTES` is a 413, malformed
 JSON a -32700, a batch or a malformed message a -32600, an unknown method a -32601, bad params
@@ -141,12 +147,16 @@ async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     name = match.group(1)
     method = scope["method"]
-    if method not in ("POST", "DELETE"):
+    if method not in ("POST", "DELETE", "GET"):
         await _send_json(
             send,
             405,
-            _error_body(None, types.INVALID_REQUEST, "use POST (and DELETE to end the session)"),
-            headers=[(b"allow", b"POST, DELETE")],
+            _error_body(
+                None,
+                types.INVALID_REQUEST,
+                "use POST (GET for the session's stream, DELETE to end the session)",
+            ),
+            headers=[(b"allow", b"GET, POST, DELETE")],
         )
         return
     authorization = _header(scope, b"authorization")
@@ -173,6 +183,9 @@ async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
         session.team_id != auth.caller.token.team_id or session.upstream_config.name != name
     ):
         session = None  # another team's session reads exactly like one that does not exist
+    if method == "GET":
+        await _standalone_stream(scope, receive, send, session, session_id)
+        return
     if method == "DELETE":
         if session is None:
             await _send_json(send, 404, _error_body(None, types.INVALID_REQUEST, "no such session"))
@@ -218,7 +231,10 @@ async def _handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
             send, 400, _error_body(None, types.INVALID_REQUEST, "id must be a string or an integer")
         )
         return
-    if rpc_method is None:  # a response to a server request: none are sent, nothing to match
+    if rpc_method is None:  # a response: the answer to a request forwarded from the upstream
+        if session is not None:
+            session.last_seen = time.monotonic()
+            session.answer_from_client(message)
         await _send_json(send, 202, None)
         return
     if not isinstance(rpc_method, str):
@@ -326,7 +342,16 @@ async def _initialize(
         env=env,
         url=config.url,
         headers=config.headers,
+        client_capabilities=request.params.capabilities,
     )
+    session = GatewaySession(
+        id=session_id,
+        caller=caller,
+        upstream_config=config,
+        link=link,
+        auth_header=_header(scope, b"authorization"),
+    )
+    link.ask_client = session.ask_client
     try:
         upstream_init = await link.start()
     except UpstreamUnavailable as error:
@@ -339,13 +364,6 @@ async def _initialize(
             ),
         )
         return
-    session = GatewaySession(
-        id=session_id,
-        caller=caller,
-        upstream_config=config,
-        link=link,
-        auth_header=_header(scope, b"authorization"),
-    )
     title = (getattr(client, "title", None) or client.name or "MCP client")[:180]
     try:
         await session.open(
@@ -384,6 +402,8 @@ async def _initialize(
         if key in upstream_caps
     }
     capabilities.setdefault("tools", {})
+    # The stop notice on the session's stream is a log message.
+    capabilities.setdefault("logging", {})
     result = {
         "protocolVersion": version,
         "capabilities": capabilities,
@@ -463,17 +483,15 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
     )
     open_stream = True
 
-    async def event(data: dict[str, Any] | None, comment: str = "") -> None:
+    async def event(data: dict[str, Any] | None, comment: str = "") -> bool:
         nonlocal open_stream
         if not open_stream:
-            return
-        text = (
-            f": {comment}\n\n" if data is None else f"event: message\ndata: {json.dumps(data)}\n\n"
-        )
+            return False
         try:
-            await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+            await send(_sse(data, comment))
         except Exception:  # the client left: the call goes on, and is recorded (not a cancel)
             open_stream = False
+        return open_stream
 
     params = request.params
     meta = params.meta
@@ -495,6 +513,7 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
             await event(None, "waiting")
 
     ticker = asyncio.create_task(keepalive())
+    session.call_streams.append(event)
     try:
         result = await session.call_tool(
             rpc_id=rpc_id, name=params.name, arguments=params.arguments, progress=progress
@@ -507,7 +526,96 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
         answer = _error_body(rpc_id, types.INTERNAL_ERROR, "internal error")
     finally:
         ticker.cancel()
+        session.call_streams.remove(event)
     await event(answer)
     if open_stream:
         with contextlib.suppress(Exception):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _sse(data: dict[str, Any] | None, comment: str = "") -> dict[str, Any]:
+    text = f": {comment}\n\n" if data is None else f"event: message\ndata: {json.dumps(data)}\n\n"
+    return {"type": "http.response.body", "body": text.encode(), "more_body": True}
+
+
+async def _standalone_stream(
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    session: GatewaySession | None,
+    session_id: str,
+) -> None:
+    """The session's own SSE stream (`GET`): open until the client leaves or the session ends."""
+    if session is None:
+        status, text = (
+            (404, "no such session (it ended, or never existed)")
+            if session_id
+            else (400, "GET opens the stream of a session: send its Mcp-Session-Id")
+        )
+        await _send_json(send, status, _error_body(None, types.INVALID_REQUEST, text))
+        return
+    if "text/event-stream" not in _header(scope, b"accept"):
+        await _send_json(
+            send,
+            406,
+            _error_body(None, types.INVALID_REQUEST, "GET needs Accept: text/event-stream"),
+        )
+        return
+    if session.events is not None:
+        await _send_json(
+            send,
+            409,
+            _error_body(None, types.INVALID_REQUEST, "this session's stream is already open"),
+        )
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/event-stream"),
+                (b"cache-control", b"no-cache"),
+                (b"mcp-session-id", session.id.encode()),
+            ],
+        }
+    )
+    open_stream = True
+
+    async def write(data: dict[str, Any] | None, comment: str = "") -> bool:
+        nonlocal open_stream
+        if open_stream:
+            try:
+                await send(_sse(data, comment))
+            except Exception:
+                open_stream = False
+        return open_stream
+
+    async def writer(message: dict[str, Any]) -> bool:
+        return await write(message)
+
+    session.events = writer
+    if session.stop_notice is not None:
+        await write(session.stop_notice)
+    left = asyncio.create_task(_disconnected(receive))
+    gone = asyncio.create_task(session.gone.wait())
+    try:
+        while open_stream:
+            done, _ = await asyncio.wait(
+                {left, gone}, timeout=KEEPALIVE_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+            if done:
+                break
+            await write(None, "open")
+    finally:
+        left.cancel()
+        gone.cancel()
+        if session.events is writer:
+            session.events = None
+    if open_stream:
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -168,6 +168,70 @@ def upstream_validate(
     return fields
 
 
+def upstream_update(
+    *,
+    upstream_id: int,
+    team_ids: list[int] | None,
+    actor: Actor,
+    command: str = "",
+    args: Any = None,
+    env: Any = None,
+    url: str = "",
+    headers: Any = None,
+    enabled: bool = True,
+) -> McpUpstream:
+    """Change an upstream's command, args, URL or enabled flag (its team, name and transport
+    stay). `env` / `headers` None keeps the sealed secrets; a map replaces them. Sessions
+    already open keep their connection; the next `initialize` uses the new settings."""
+    with transaction.atomic():
+        query = McpUpstream.objects.select_for_update().select_related("team")
+        if team_ids is not None:
+            query = query.filter(team_id__in=team_ids)
+        upstream = query.filter(pk=upstream_id).first()
+        if upstream is None:
+            raise NotFound(f"no upstream {upstream_id}")
+        fields = upstream_validate(
+            name=upstream.name,
+            transport=upstream.transport,
+            command=command,
+            args=args,
+            env=env or {},
+            url=url,
+            headers=headers or {},
+        )
+        replaced = []
+        if upstream.transport == Transport.STDIO:
+            if env is None:
+                del fields["env_names"], fields["env_sealed"]
+            else:
+                replaced.append("env")
+        elif headers is None:
+            del fields["header_names"], fields["headers_sealed"]
+        else:
+            replaced.append("headers")
+        for name, value in fields.items():
+            setattr(upstream, name, value)
+        upstream.enabled = bool(enabled)
+        upstream.save()
+        ledger_append(
+            run=None,
+            actor=actor,
+            action="mcp.upstream_updated",
+            team_slug=upstream.team.slug,
+            payload={
+                "name": upstream.name,
+                "command": upstream.command,
+                "args": upstream.args,
+                "url": upstream.url,
+                "env_names": upstream.env_names,
+                "header_names": upstream.header_names,
+                "enabled": upstream.enabled,
+                "secrets_replaced": replaced,
+            },
+        )
+    return upstream
+
+
 def upstream_delete(*, upstream_id: int, team_ids: list[int] | None, actor: Actor) -> None:
     with transaction.atomic():
         query = McpUpstream.objects.select_related("team").filter(pk=upstream_id)

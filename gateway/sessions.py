@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.db import database_sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import DatabaseError, connection
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
@@ -32,8 +35,8 @@ from pydantic import ValidationError
 from gateway import records
 from gateway.records import Caller, StopFacts, UpstreamConfig
 from gateway.services import session_ended
-from gateway.upstream import UpstreamLink, UpstreamUnavailable
-from runs import services
+from gateway.upstream import ClientRefused, UpstreamLink, UpstreamUnavailable
+from runs import notify, services
 from runs.actors import Actor
 from runs.errors import ApprovalClosed, DomainError, LeaseRevoked, RunNotRunning, StaleEpoch
 from runs.groups import agent_group, token_group
@@ -42,13 +45,63 @@ from runs.models import ExecutionState, SideEffect
 logger = logging.getLogger(__name__)
 
 OBSERVATION_CHARS = 2000
+# Sends one JSON-RPC message on a client's SSE stream; False when that stream is gone.
+Writer = Callable[[dict[str, Any]], Awaitable[bool]]
+
+
+# The gateway's database work runs on threads of its own, each keeping its connection between
+# calls: a tool call's permit is on the path of every call an agent makes, and handing the
+# connection back to the pool after each call (as `database_sync_to_async` does) cost a pool
+# round trip and a health check per call. Not the one thread Django's sync work shares by
+# default either: a session's result report, another session's permit and a heartbeat need
+# not queue behind each other.
+_DB_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcp-gateway-db")
+
+
+def _keeping_connection(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DatabaseError:
+            # A connection the server dropped is not kept: the next call takes a fresh one.
+            if not connection.in_atomic_block:
+                connection.close_if_unusable_or_obsolete()
+            raise
+
+    return call
 
 
 def _db(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    # Not the one thread Django's sync work shares by default: a session's result report,
-    # another session's permit and a heartbeat need not queue behind each other. Each worker
-    # thread takes its own connection from the process's pool.
-    return database_sync_to_async(fn, thread_sensitive=False)  # type: ignore[no-any-return]
+    return sync_to_async(_keeping_connection(fn), thread_sensitive=False, executor=_DB_THREADS)
+
+
+def _db_held(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """`_db`, with the run-change events kept back (`runs.notify.held`) and published after
+    the caller has its answer: the agent's call does not wait for the console's frames."""
+
+    def call(*args: Any, **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
+        with notify.held() as events:
+            try:
+                return fn(*args, **kwargs), events
+            except Exception:
+                notify.deliver(events)  # what committed before the refusal is still news
+                raise
+
+    run = _db(call)
+
+    async def answer(*args: Any, **kwargs: Any) -> Any:
+        result, events = await run(*args, **kwargs)
+        if events:
+            publish = asyncio.ensure_future(_db(notify.deliver)(events))
+            _PUBLISHING.add(publish)
+            publish.add_done_callback(_PUBLISHING.discard)
+        return result
+
+    return answer
+
+
+_PUBLISHING: set[asyncio.Task[Any]] = set()
 
 
 class ToolError(Exception):
@@ -117,12 +170,23 @@ class GatewaySession:
     stop_facts: StopFacts | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     stop_done: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # set when the session ends
     ended: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     # The Authorization header that opened the session: a later request with the same header
     # skips the token lookup (one database hop less per call). A revocation still ends the
     # session at once: the session listens on the token's group (`runs.groups.token_group`).
     auth_header: str = ""
+    # Where a message for the client can go: the standalone GET stream (`events`), else the
+    # SSE streams of the calls in flight, newest last. Each is an async writer of one message.
+    events: Writer | None = None
+    # Sent on the stream when the run stops, and again on a stream opened after (a client that
+    # opens or reopens it late still hears why its calls are refused).
+    stop_notice: dict[str, Any] | None = None
+    call_streams: list[Writer] = field(default_factory=list)
+    # Requests forwarded to the client (sampling, elicitation), by their JSON-RPC id.
+    asked: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    _asked_seq: int = 0
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _reports: set[asyncio.Task[Any]] = field(default_factory=set)
     _channel: str = ""
@@ -237,6 +301,7 @@ class GatewaySession:
         `notifications/cancelled`), say what was observed, drain, then kill the upstream."""
         try:
             self.stop_facts = await _db(records.stop_facts)(self.run_id)
+            await self._stop_notice()
             observations = []
             for call in list(self.in_flight.values()):
                 if call.task is not None and not call.task.done():
@@ -272,6 +337,22 @@ class GatewaySession:
         finally:
             self.stop_done.set()
             await self.link.close()
+
+    async def _stop_notice(self) -> None:
+        """Tell the client on the session's own stream (when it keeps one open): a client
+        between calls hears of the stop before its next call is refused."""
+        self.stop_notice = {
+            "jsonrpc": "2.0",
+            "method": "notifications/message",
+            "params": {
+                "level": "warning",
+                "logger": "safestop",
+                "data": _stop_text(self.stop_facts),
+            },
+        }
+        if self.events is not None:
+            with contextlib.suppress(Exception):
+                await self.events(self.stop_notice)
 
     # --- calls -------------------------------------------------------------------------------
 
@@ -341,7 +422,7 @@ class GatewaySession:
         self, call: InFlight, arguments: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         try:
-            record, _ = await _db(services.permit_request)(
+            record, _ = await _db_held(services.permit_request)(
                 run_id=self.run_id,
                 epoch=self.epoch,
                 tool_call_id=call.tool_call_id,
@@ -453,7 +534,7 @@ class GatewaySession:
     ) -> None:
         took = time.monotonic() - started
         try:
-            await _db(services.tool_result_report)(
+            await _db_held(services.tool_result_report)(
                 run_id=self.run_id,
                 tool_call_id=call.tool_call_id,
                 execution_state=state,
@@ -469,6 +550,63 @@ class GatewaySession:
                 "MCP session %s: result of %s refused", self.id[:12], call.tool_call_id
             )
 
+    # --- the client's side of the session: what the gateway sends it unasked ---------------
+
+    async def tell_client(self, message: dict[str, Any]) -> bool:
+        """Send a message to the client on its open stream; False when none is open."""
+        for writer in ([self.events] if self.events else []) + self.call_streams[::-1]:
+            if await writer(message):
+                return True
+        return False
+
+    async def ask_client(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Forward an upstream's request (sampling, elicitation) to the client and wait for its
+        answer, which it POSTs as a JSON-RPC response (`answer_from_client`)."""
+        self._asked_seq += 1
+        rpc_id = f"safestop-{self._asked_seq}"
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.asked[rpc_id] = answer
+        try:
+            request = {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
+            if not await self.tell_client(request):
+                raise ClientRefused(-32603, "the client has no open stream to be asked on")
+            stopping = asyncio.ensure_future(self.stopping.wait())
+            waiting: set[asyncio.Future[Any]] = {answer, stopping}
+            try:
+                done, _ = await asyncio.wait(
+                    waiting,
+                    timeout=float(settings.SAFESTOP_MCP_CLIENT_ANSWER_SECONDS),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                stopping.cancel()
+            if answer not in done:
+                raise ClientRefused(
+                    -32603, "the run was stopped" if self.stopping.is_set() else "no answer"
+                )
+            return answer.result()
+        finally:
+            self.asked.pop(rpc_id, None)
+
+    def answer_from_client(self, message: dict[str, Any]) -> bool:
+        """A JSON-RPC response the client POSTed: the answer to one of `ask_client`'s."""
+        answer = self.asked.get(str(message.get("id")))
+        if answer is None or answer.done():
+            return False
+        error = message.get("error")
+        if isinstance(error, dict):
+            code = error.get("code")
+            answer.set_exception(
+                ClientRefused(
+                    code if isinstance(code, int) else -32603, str(error.get("message", ""))[:500]
+                )
+            )
+        elif isinstance(message.get("result"), dict):
+            answer.set_result(message["result"])
+        else:
+            answer.set_exception(ClientRefused(-32600, "a response needs a result or an error"))
+        return True
+
     # --- ending ------------------------------------------------------------------------------
 
     async def end(self, *, reason: str) -> None:
@@ -477,6 +615,7 @@ class GatewaySession:
         if self.ended:
             return
         self.ended = True
+        self.gone.set()
         REGISTRY.pop(self.id, None)
         if self.stopping.is_set():
             await self.stop_done.wait()

@@ -8,6 +8,10 @@ SIGTERMs and SIGKILLs the whole group — so `close()` kills the upstream with i
 
 Cancelling a task that awaits `call_tool` makes the SDK send `notifications/cancelled` for
 that request upstream (its "courtesy cancel"): that is how a stop reaches the upstream.
+
+Requests the upstream sends the other way (`sampling/createMessage`, `elicitation/create`) go
+to `ask_client`, which forwards them to the agent's client; the gateway declares those
+capabilities upstream only when the agent's client declared them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -24,7 +29,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from gateway.models import Transport
 
@@ -38,6 +43,20 @@ class UpstreamUnavailable(Exception):
     """The upstream could not be started or reached, or it has exited."""
 
 
+# Forwards one request from the upstream to the agent's client: (method, params) → its result.
+AskClient = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class ClientRefused(Exception):
+    """The agent's client answered an upstream's request with a JSON-RPC error (or could not
+    be asked): the upstream gets that error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class UpstreamLink:
     def __init__(
         self,
@@ -48,7 +67,11 @@ class UpstreamLink:
         env: dict[str, str] | None = None,
         url: str = "",
         headers: dict[str, str] | None = None,
+        client_capabilities: types.ClientCapabilities | None = None,
+        ask_client: AskClient | None = None,
     ) -> None:
+        self.client_capabilities = client_capabilities or types.ClientCapabilities()
+        self.ask_client = ask_client
         self.transport = transport
         self.command = command
         self.args = list(args or [])
@@ -88,7 +111,7 @@ class UpstreamLink:
                         streamable_http_client(self.url, http_client=client)
                     )
                 session = await stack.enter_async_context(
-                    ClientSession(read, write, client_info=GATEWAY_INFO)
+                    ClientSession(read, write, client_info=GATEWAY_INFO, **self._callbacks())
                 )
                 self.initialize_result = await session.initialize()
                 self.session = session
@@ -101,6 +124,50 @@ class UpstreamLink:
             self.session = None
             self._ready.set()
             self.closed.set()
+
+    def _callbacks(self) -> dict[str, Any]:
+        """The SDK callbacks for the upstream's requests the agent's client can answer: given
+        only for what the client declared, so the upstream sees the client's capabilities."""
+        callbacks: dict[str, Any] = {}
+        declared = self.client_capabilities
+        if declared.sampling is not None:
+            callbacks["sampling_callback"] = self._sampling
+            callbacks["sampling_capabilities"] = declared.sampling
+        if declared.elicitation is not None:
+            callbacks["elicitation_callback"] = self._elicitation
+        return callbacks
+
+    async def _forward_to_client(self, method: str, params: Any) -> dict[str, Any]:
+        if self.ask_client is None:
+            raise ClientRefused(types.INVALID_REQUEST, "the client cannot be asked")
+        return await self.ask_client(
+            method, params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        )
+
+    async def _sampling(self, context: Any, params: types.CreateMessageRequestParams) -> Any:
+        try:
+            result = await self._forward_to_client("sampling/createMessage", params)
+        except ClientRefused as refused:
+            return types.ErrorData(code=refused.code, message=refused.message)
+        for shape in (types.CreateMessageResult, types.CreateMessageResultWithTools):
+            with contextlib.suppress(ValidationError):
+                return shape.model_validate(result)
+        return types.ErrorData(
+            code=types.INVALID_PARAMS, message="the client's answer is not a sampling result"
+        )
+
+    async def _elicitation(self, context: Any, params: types.ElicitRequestParams) -> Any:
+        try:
+            result = await self._forward_to_client("elicitation/create", params)
+        except ClientRefused as refused:
+            return types.ErrorData(code=refused.code, message=refused.message)
+        try:
+            return types.ElicitResult.model_validate(result)
+        except ValidationError:
+            return types.ErrorData(
+                code=types.INVALID_PARAMS,
+                message="the client's answer is not an elicitation result",
+            )
 
     @property
     def alive(self) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Count, F, Q, Sum
 
 from handoff.models import StopPacket
+from runs import frozen
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     Approval,
@@ -267,15 +268,24 @@ def _steps_part(run: Run) -> dict[str, list[dict[str, Any]]]:
 
 def _outbox_part(run: Run, *, frozen_by_epoch: int | None = None) -> dict[str, Any]:
     """The outbox lists. `frozen_ids` are the items frozen now, or with `frozen_by_epoch`, every
-    item that epoch froze whatever became of it (an interruption's: released ones stay listed)."""
+    item that epoch froze whatever became of it (an interruption's: released ones stay listed).
+    An item the stop's epoch froze whose row is not relabelled yet is listed as the relabel will
+    write it (`runs.frozen`)."""
     frozen_ids: list[str] = []
     in_flight_ids: list[str] = []
     outbox: list[dict[str, Any]] = []
-    for pk, transport, destination, status, idempotency_key, claimed_at, frozen_at, epoch in (
+    rows = list(
         OutboxItem.objects.filter(run=run)
         .order_by("id")
-        .values_list(*_OUTBOX_FIELDS, "frozen_by_epoch")
-    ):
+        .values_list(*_OUTBOX_FIELDS, "frozen_by_epoch", "enqueue_epoch")
+    )
+    stale = [row[-1] for row in rows if row[3] == OutboxStatus.PENDING and row[-1] < run.stop_epoch]
+    stops = frozen.freezing_stops(run, above_epoch=min(stale)) if stale else []
+    for row in rows:
+        pk, transport, destination, status, idempotency_key, claimed_at, frozen_at, epoch, at = row
+        if status == OutboxStatus.PENDING and at < run.stop_epoch:
+            status = OutboxStatus.FROZEN
+            epoch, frozen_at = frozen.freezing_stop(stops, run, at)
         public_id = f"outbox_{pk}"  # OutboxItem.public_id
         if frozen_by_epoch is None and status == OutboxStatus.FROZEN:
             frozen_ids.append(public_id)
@@ -317,10 +327,16 @@ def _calls_part(run: Run, *, also: set[str] | None = None) -> dict[str, list[dic
             side_effect=record["side_effect"],
             side_effect_state=record["side_effect_state"],
             resolved=record["resolved"],
-        ) or (
-            also and record["tool_call_id"] in also and record["side_effect"] == SideEffect.WRITE
         ):
             unconfirmed.append(dict(summary))
+        elif also and record["tool_call_id"] in also and record["side_effect"] == SideEffect.WRITE:
+            # Settled since: the advice stays what it was while the outcome was unknown (it is
+            # what the reviewer acted on), not the blank a settled call would get.
+            marked = dict(summary)
+            if not record["recovery_action"]:
+                unknown = {**record, "side_effect_state": SideEffectState.PENDING_VERIFICATION}
+                marked["recovery_action"] = _default_recovery_action(unknown)
+            unconfirmed.append(marked)
     return {"tool_calls": tool_calls, "unconfirmed_side_effects": unconfirmed}
 
 

@@ -11,8 +11,9 @@ class NotificationsConfig(AppConfig):
         # runs tells us of every ledger entry inside its transaction, and runs our periodic
         # step in the embedded background loop, without importing notifications (runs/hooks.py).
         from notifications.periodic import notifications_periodic
-        from notifications.services import deliveries_enqueue_for_entry
+        from notifications.services import deliveries_enqueue_for_entry, deliveries_next_due
         from runs import hooks
 
         hooks.on_entry_appended(deliveries_enqueue_for_entry)
         hooks.on_periodic("notifications", notifications_periodic)
+        hooks.on_deadline("notifications", deliveries_next_due)

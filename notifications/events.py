@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC
 from typing import Any
 
 from django.conf import settings
 from django.urls import reverse
-from django.utils import translation
+from django.utils import timezone, translation
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext, ngettext
 
 from notifications.models import Event
@@ -61,6 +63,17 @@ class Message:
 
 def public_url(path: str) -> str:
     return settings.SAFESTOP_PUBLIC_URL.rstrip("/") + path
+
+
+def readable_time(value: str) -> str:
+    """An ISO timestamp from a ledger payload as a person reads it: "2026-12-03 11:42 UTC".
+    Anything that is not one is shown as it is."""
+    moment = parse_datetime(value) if value else None
+    if moment is None:
+        return value
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 # Actions that may need a person; anything else returns before any work is done.
@@ -136,7 +149,7 @@ def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
     link = public_url(reverse("console:approval", args=[approval_id]))
     facts = [*_run_facts(run), (gettext("Approval"), approval_id)]
     if deadline:
-        facts.append((gettext("Expires"), deadline))
+        facts.append((gettext("Expires"), readable_time(deadline)))
     if action == "approval.requested":
         event = Event.APPROVAL_WAITING
         facts.insert(0, (gettext("Waiting for"), subject))
@@ -178,13 +191,19 @@ def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
         )
     else:
         event = Event.APPROVAL_EXPIRED
+        held = (
+            gettext("the held outbox item was refused and will never be sent")
+            if payload.get("outbox_id")
+            else gettext("the held call was refused and will not run")
+        )
         message = Message(
             title=gettext("Approval expired"),
             text=(
                 gettext(
-                    "No reviewer decided before the deadline, so the held call was refused and will "
-                    "not run. Check whether the run still needs a person."
+                    "No reviewer decided before the deadline, so %(held)s. Check whether the run "
+                    "still needs a person."
                 )
+                % {"held": held}
             ),
             link=link,
             link_label=gettext("See the approval"),

@@ -221,6 +221,11 @@ class CapturedMail(models.Model):
     def __str__(self) -> str:
         return f"{self.subject} → {', '.join(self.to)}"
 
+    @property
+    def sent_for_run(self) -> str:
+        """The run whose agent sent this mail through its outbox ('' for a notification)."""
+        return str((self.headers or {}).get("X-Safestop-Run", ""))
+
 
 class SlackLink(models.Model):
     """A console user's Slack member id: Slack clicks by that member decide with this user's

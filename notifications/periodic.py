@@ -30,6 +30,7 @@ from notifications.services import (
     handoffs_remind_waiting,
     ledger_check,
 )
+from runs.background import background_runs_in_process
 
 HANDOFF_REMINDER_EVERY = 60.0
 
@@ -50,10 +51,13 @@ def _due(name: str, every: float) -> bool:
 
 def notifications_periodic() -> int:
     queued = 0
-    if _due("handoffs", HANDOFF_REMINDER_EVERY):
-        queued += handoffs_remind_waiting()
-    if _due("ledger", settings.SAFESTOP_LEDGER_VERIFY_SECONDS):
-        walk_ledger_aside()
+    # With Celery, beat schedules the reminder and the walk as tasks of their own; this step
+    # also runs in a worker's wake (`runs.tasks.wake`) and sends due deliveries only.
+    if background_runs_in_process():
+        if _due("handoffs", HANDOFF_REMINDER_EVERY):
+            queued += handoffs_remind_waiting()
+        if _due("ledger", settings.SAFESTOP_LEDGER_VERIFY_SECONDS):
+            walk_ledger_aside()
     deliveries_reap_stuck()
     return queued + deliveries_send_due(limit=50, max_seconds=settings.SAFESTOP_NOTIFY_TICK_SECONDS)
 

@@ -48,6 +48,15 @@ def captured_mails(*, limit: int = 100) -> list[CapturedMail]:
     return list(CapturedMail.objects.order_by("-captured_at", "-id")[:limit])
 
 
+def captured_mails_by_sender(*, limit: int = 100) -> tuple[list[CapturedMail], list[CapturedMail]]:
+    """The captured mail in two lists: safestop's own notifications, and the e-mails agents sent
+    through their runs' outboxes (`X-Safestop-Run`, runs/transports.py) — customers' mail is not
+    a notification to the team."""
+    newest = CapturedMail.objects.order_by("-captured_at", "-id")
+    agents = newest.filter(headers__has_key="X-Safestop-Run")
+    return list(newest.exclude(headers__has_key="X-Safestop-Run")[:limit]), list(agents[:limit])
+
+
 def slack_links_of(*, teams: Sequence[Team], limit: int = 500) -> list[SlackLink]:
     """The Slack links of these teams' members (for their admins, who may unlink them)."""
     members = Membership.objects.filter(team__in=teams).values("user_id")

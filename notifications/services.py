@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, Min, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext
 
@@ -342,6 +342,21 @@ def deliveries_reap_stuck(*, older_than_seconds: float | None = None) -> int:
     return Delivery.objects.filter(status=DeliveryStatus.SENDING, claimed_at__lt=cutoff).update(
         status=DeliveryStatus.PENDING, next_attempt_at=timezone.now(), claimed_by=""
     )
+
+
+def deliveries_next_due() -> Any:
+    """When the sender next has work: the earliest pending attempt, or a `sending` row's stuck
+    deadline; None when no delivery waits (`runs.hooks.on_deadline`)."""
+    pending = Delivery.objects.filter(status=DeliveryStatus.PENDING).aggregate(
+        at=Min("next_attempt_at")
+    )["at"]
+    sending = Delivery.objects.filter(status=DeliveryStatus.SENDING).aggregate(
+        at=Min("claimed_at")
+    )["at"]
+    if sending is not None:
+        sending += timedelta(seconds=settings.SAFESTOP_NOTIFY_STUCK_SECONDS)
+    due = [at for at in (pending, sending) if at is not None]
+    return min(due) if due else None
 
 
 # --------------------------------------------------------------------------------------------

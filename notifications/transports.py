@@ -77,12 +77,38 @@ def new_webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
+def _webhook_refusal(target: str) -> str:
+    """Why a webhook or Slack target is refused, said at the Target field: which setting would
+    allow its host, or what is wrong with the URL itself."""
+    try:
+        parts = urlsplit(target)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return gettext("not a valid URL")
+    if parts.scheme not in ("http", "https") or not host:
+        return gettext("the target must be an http:// or https:// URL")
+    if any(char in target for char in "\r\n\t\x00 "):
+        return gettext("the URL may not contain spaces or line breaks")
+    shown = f"{host}:{port}" if port else host
+    return gettext(
+        "%(host)s is not an allowed destination: add it to SAFESTOP_WEBHOOK_ALLOWED_HOSTS "
+        "(the server's setting that lists the hosts webhooks may reach)"
+    ) % {"host": shown}
+
+
 def validate_target(kind: str, target: str) -> None:
     """Refuse a target that could never be sent to (raises `InvalidInput`)."""
     if kind in ("webhook", "slack"):
-        validate_outbox_destination("webhook", target)
+        try:
+            validate_outbox_destination("webhook", target)
+        except InvalidInput:
+            raise InvalidInput(_webhook_refusal(target), field="target") from None
     elif kind == "email":
-        validate_outbox_destination("email", target)
+        try:
+            validate_outbox_destination("email", target)
+        except InvalidInput as error:
+            raise InvalidInput(error.detail, field="target") from None
     elif kind == "apprise":
         refusal = apprise_refusal(target, schemes=settings.SAFESTOP_NOTIFY_APPRISE_SCHEMES)
         if refusal is not None:

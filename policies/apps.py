@@ -9,11 +9,13 @@ class PoliciesConfig(AppConfig):
 
     def ready(self) -> None:
         # runs sits below policies and never imports it: it calls the checks registered here
-        # inside its own transactions (runs/hooks.py), and runs our periodic tick in the
-        # embedded background loop (Celery beat schedules `policies.tasks.tick` instead).
+        # inside its own transactions (runs/hooks.py), and runs our periodic tick with its own
+        # periodic work (the embedded loop, or Celery's `wake`), woken each second only while a
+        # time rule has a running run to look at.
         from policies.evaluate import Checks
-        from policies.periodic import policies_tick
+        from policies.periodic import next_time_rule_deadline, policies_tick
         from runs import hooks
 
         hooks.register_policies(Checks())
         hooks.on_periodic("policies", policies_tick)
+        hooks.on_deadline("policies", next_time_rule_deadline)

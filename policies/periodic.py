@@ -3,6 +3,8 @@ values between its facts, so only policies that read the clock are evaluated her
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.utils import timezone
 
 from policies.evaluate import tick_run, time_policies
@@ -32,3 +34,20 @@ def policies_tick() -> int:
                 tick_run(run, policies, now=timezone.now())
             looked += 1
     return looked
+
+
+# How often a time rule is looked at while a run it may apply to is running: a rule on a run's
+# elapsed time acts within this much of the moment it first holds.
+TIME_RULE_PERIOD = timedelta(seconds=1)
+
+
+def next_time_rule_deadline() -> datetime | None:
+    """When the tick is next due (`runs.hooks.on_deadline`): a second from now while a team
+    with an enabled time rule has a running run, else never (nothing to look at; a new run or
+    a new policy commits a change, which schedules the next wake)."""
+    team_ids = Policy.objects.filter(
+        enabled=True, expression__contains="elapsed_seconds"
+    ).values_list("team_id", flat=True)
+    if Run.objects.filter(team_id__in=team_ids, status=RunStatus.RUNNING).exists():
+        return timezone.now() + TIME_RULE_PERIOD
+    return None

@@ -9,9 +9,16 @@ these functions, so production and the one-command default behave the same.
 
 Why the seed's failure case (a message sent after Stop because the dispatcher read the old
 state) cannot happen here: the dispatcher never decides from a state it read earlier. It asks
-`services.outbox_claim`, which locks the run row — the same lock `run_stop` takes to freeze the
-outbox — and re-reads status and epoch under it. An item is therefore either claimed before the
-stop commits (in flight: its outcome is recorded, or it becomes `unknown`) or frozen by it.
+`services.outbox_claim`, which locks the run row — the same lock `run_stop` takes to bump the
+epoch that freezes the outbox — and re-reads status and epoch under it: an item below the run's
+epoch is frozen (`runs.frozen`) whether or not its row was relabelled yet. An item is therefore
+either claimed before the stop commits (in flight: its outcome is recorded, or it becomes
+`unknown`) or frozen by it.
+
+Periodic work is woken by what needs it (DESIGN §6): an enqueue kicks the dispatcher, and
+`next_deadline` says when the next lease expiry, drain deadline, dispatch deadline, approval
+deadline or time budget falls due, so a wake can be scheduled for exactly then; the fixed-rate
+sweeps are a slow safety net.
 """
 
 from __future__ import annotations
@@ -23,19 +30,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.db.models import Min, Q
 from django.utils import timezone
 
 from runs import hooks, selectors, services, transports
 from runs.models import (
     STOPPING_STATUSES,
+    Approval,
+    ApprovalStatus,
     Lease,
     OutboxItem,
     OutboxStatus,
     Run,
+    RunStatus,
 )
 
 logger = logging.getLogger(__name__)
@@ -203,6 +214,94 @@ def escalate_waiting_approvals() -> int:
     )
 
 
+def relabel_frozen(*, run_id: str | None = None, max_batches: int = 10) -> int:
+    """Relabel rows a stop's epoch froze (`services.outbox_relabel_frozen`), at most
+    `max_batches` batches: one run's, or (without `run_id`) those of every run found with
+    some. Returns how many rows; the caller comes back while a run has more."""
+    run_ids = [run_id] if run_id else services.runs_with_frozen_by_epoch(limit=max_batches)
+    done = 0
+    batches = 0
+    for pk in run_ids:
+        while batches < max_batches:
+            batches += 1
+            relabelled = services.outbox_relabel_frozen(run_id=pk)
+            done += relabelled
+            if relabelled < services.RELABEL_BATCH:
+                break
+    return done
+
+
+def has_frozen_by_epoch(run_id: str) -> bool:
+    return bool(services.runs_with_frozen_by_epoch(limit=1, run_id=run_id))
+
+
+# --------------------------------------------------------------------------------------------
+# when is periodic work next due
+
+
+# While a running run has a budget only events can exhaust (tool calls, cost, tokens), the
+# enforcer looks this often.
+BUDGET_POLL_SECONDS = 1.0
+
+
+def next_deadline(*, now: datetime | None = None) -> datetime | None:
+    """The earliest moment some periodic work falls due, or None when nothing will: a live
+    lease's expiry, an unsettled stop's drain deadline, a claimed item's dispatch deadline, a
+    waiting approval's deadline or escalation, a running run's time budget (or, with an event
+    budget, the next poll), and what other apps registered (`hooks.on_deadline`). Each is a
+    MIN over a partial index; on an idle server every one is empty."""
+    now = now or timezone.now()
+    drain = timedelta(seconds=settings.SAFESTOP_DRAIN_DEADLINE_SECONDS)
+    dispatch_deadline = timedelta(seconds=settings.SAFESTOP_DISPATCH_DEADLINE_SECONDS)
+    candidates: list[datetime | None] = [
+        Lease.objects.filter(released_at__isnull=True).aggregate(at=Min("expires_at"))["at"],
+        _plus(
+            Run.objects.filter(status__in=STOPPING_STATUSES).aggregate(at=Min("stop_requested_at"))[
+                "at"
+            ],
+            drain,
+        ),
+        _plus(
+            OutboxItem.objects.filter(status=OutboxStatus.DISPATCHING).aggregate(
+                at=Min("claimed_at")
+            )["at"],
+            dispatch_deadline,
+        ),
+        Approval.objects.filter(status=ApprovalStatus.WAITING).aggregate(at=Min("deadline"))["at"],
+        Approval.objects.filter(status=ApprovalStatus.WAITING, escalated_at__isnull=True).aggregate(
+            at=Min("escalate_at")
+        )["at"],
+        *_budget_deadlines(now),
+        *(deadline() for _name, deadline in hooks.deadlines()),
+    ]
+    due = [at for at in candidates if at is not None]
+    return min(due) if due else None
+
+
+def _plus(at: datetime | None, delta: timedelta) -> datetime | None:
+    return at + delta if at is not None else None
+
+
+def _budget_deadlines(now: datetime) -> list[datetime | None]:
+    running = Run.objects.filter(status=RunStatus.RUNNING)
+    polled = running.filter(
+        Q(max_tool_calls__isnull=False)
+        | Q(max_cost_usd__isnull=False)
+        | Q(max_tokens__isnull=False)
+    ).exists()
+    timed: list[datetime] = [
+        started + timedelta(seconds=float(seconds))
+        for started, seconds in running.filter(
+            max_seconds__isnull=False, started_at__isnull=False
+        ).values_list("started_at", "max_seconds")[:1000]
+        if started is not None and seconds is not None
+    ]
+    return [
+        min(timed) if timed else None,
+        now + timedelta(seconds=BUDGET_POLL_SECONDS) if polled else None,
+    ]
+
+
 # --------------------------------------------------------------------------------------------
 # one tick of everything (the embedded loop; Celery beat schedules the parts separately)
 
@@ -214,6 +313,7 @@ class TickReport:
     stops_fenced: int = 0
     dispatched: int = 0
     dispatches_reaped: int = 0
+    outbox_relabelled: int = 0
     approvals_expired: int = 0
     approvals_escalated: int = 0
     # Steps other apps registered (`runs.hooks.on_periodic`), by name.
@@ -228,6 +328,7 @@ class TickReport:
             + self.stops_fenced
             + self.dispatched
             + self.dispatches_reaped
+            + self.outbox_relabelled
             + self.approvals_expired
             + self.approvals_escalated
             + sum(self.registered.values())
@@ -257,6 +358,7 @@ def run_periodic_work(
             ),
         ),
         ("dispatches_reaped", reap_stuck_dispatches),
+        ("outbox_relabelled", relabel_frozen),
     ]
     for name, step in steps:
         try:

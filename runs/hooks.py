@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -99,6 +100,9 @@ EntryAppended = Callable[[LedgerEntry, Run | None], None]
 PeriodicStep = Callable[[], int]
 """One periodic step; returns how many things it changed or sent."""
 
+Deadline = Callable[[], datetime | None]
+"""When an app's periodic work is next due, or None."""
+
 _entry_listeners: list[EntryAppended] = []
 _periodic_steps: dict[str, PeriodicStep] = {}
 
@@ -115,6 +119,19 @@ def entry_appended(entry: LedgerEntry, run: Run | None) -> None:
 
 def on_periodic(name: str, step: PeriodicStep) -> None:
     _periodic_steps[name] = step
+
+
+_deadlines: dict[str, Deadline] = {}
+
+
+def on_deadline(name: str, deadline: Deadline) -> None:
+    """Register when an app's periodic work is next due (None: not before something happens);
+    `runs.dispatch.next_deadline` includes it, so a wake is scheduled for it."""
+    _deadlines[name] = deadline
+
+
+def deadlines() -> list[tuple[str, Deadline]]:
+    return list(_deadlines.items())
 
 
 def periodic_steps() -> list[tuple[str, PeriodicStep]]:

@@ -69,6 +69,11 @@ def ledger_entries(
     return entries.order_by("-pk")
 
 
+# Entries whose `reason` holds a person's or an agent's own words (a reviewer's message to the
+# agent, an agent's suspension text), not a reason code: the Reason menu does not offer them.
+FREE_TEXT_REASON_ACTIONS = ("approval.approved", "approval.rejected", "run.suspended")
+
+
 def ledger_filter_choices(*, team_slugs: list[str] | None) -> tuple[list[str], list[str]]:
     """Distinct actions and reasons in the reader's teams (bounded), for filter menus."""
     entries = _scoped(team_slugs)
@@ -77,6 +82,7 @@ def ledger_filter_choices(*, team_slugs: list[str] | None) -> tuple[list[str], l
     )
     reasons = list(
         entries.exclude(reason="")
+        .exclude(action__in=FREE_TEXT_REASON_ACTIONS)
         .order_by("reason")
         .values_list("reason", flat=True)
         .distinct()[:CHOICES_LIMIT]

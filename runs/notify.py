@@ -8,7 +8,9 @@ change that was rolled back and nothing slow runs while the run row is locked.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import transaction
@@ -37,6 +39,39 @@ def _deliver(event: dict[str, Any]) -> None:
             logger.exception("run-change listener failed for %s", event.get("run_id"))
 
 
+# Events committed while `held()` is open in this thread: kept for the caller to `deliver`.
+_held = threading.local()
+
+
+@contextmanager
+def held() -> Iterator[list[dict[str, Any]]]:
+    """Keep the events this thread commits in a list instead of delivering them at commit.
+
+    For a caller whose answer must not wait for the publishing (the MCP gateway's permit, the
+    one thing between an agent's tool call and its tool): it answers, then `deliver`s them.
+    """
+    events: list[dict[str, Any]] = []
+    outer = getattr(_held, "events", None)
+    _held.events = events
+    try:
+        yield events
+    finally:
+        _held.events = outer
+
+
+def deliver(events: list[dict[str, Any]]) -> None:
+    for event in events:
+        _deliver(event)
+
+
+def _committed(event: dict[str, Any]) -> None:
+    events = getattr(_held, "events", None)
+    if events is not None:
+        events.append(event)
+    else:
+        _deliver(event)
+
+
 def run_changed(run: Any, *, kind: str, **extra: Any) -> None:
     event = {
         "type": "run.updated",
@@ -48,7 +83,7 @@ def run_changed(run: Any, *, kind: str, **extra: Any) -> None:
         "seq": run.change_seq,
         **extra,
     }
-    transaction.on_commit(lambda: _deliver(event))
+    transaction.on_commit(lambda: _committed(event))
 
 
 def stop_signal(run: Any, stop_request: Any) -> None:

@@ -25,6 +25,7 @@ from django.db.models.functions import Cast, Left, Length
 from django.utils import timezone
 from django.utils.translation import gettext
 
+from runs import frozen
 from runs.labels import label_for
 from runs.models import (
     Approval,
@@ -169,10 +170,16 @@ def queue_depths(*, team_ids: list[int] | None = None) -> dict[str, int]:
     Two aggregate queries, one per table, instead of a COUNT per gauge.
     """
     outbox_states = ("pending", "dispatching", "frozen", "unknown")
+    # A pending item below its run's epoch is frozen (`runs.frozen`): counted there.
+    by_state = {
+        **{state: Q(status=state) for state in outbox_states},
+        "pending": frozen.pending_q(),
+        "frozen": frozen.frozen_q(),
+    }
     outbox = team_filter(
         OutboxItem.objects.filter(status__in=outbox_states), team_ids, "run__team_id"
     ).aggregate(
-        **{f"outbox_{state}": Count("pk", filter=Q(status=state)) for state in outbox_states}
+        **{f"outbox_{state}": Count("pk", filter=by_state[state]) for state in outbox_states}
     )
     # status IN (...) lets PostgreSQL use run_status_created_idx instead of reading every run
     run_states = ("cancel_requested", "draining", "stopped_dirty")

@@ -246,8 +246,22 @@ class WireClient:
         body = {"lease_id": lease_id, "epoch": epoch}
         return self._request("POST", _run_path(run_id, "lease/heartbeat/"), json=body)
 
-    def release_lease(self, run_id: str, *, lease_id: str, epoch: int) -> JSON:
-        body = {"lease_id": lease_id, "epoch": epoch}
+    def release_lease(
+        self,
+        run_id: str,
+        *,
+        lease_id: str,
+        epoch: int,
+        suspend: bool = False,
+        reason: str | None = None,
+    ) -> JSON:
+        """Give the lease back. `suspend=True`: the run is suspended to wait for reviewers (its
+        waiting approvals stay open; the next lease goes on at the same epoch), not interrupted."""
+        body: dict[str, Any] = {"lease_id": lease_id, "epoch": epoch}
+        if suspend:
+            body["suspend"] = True
+            if reason:
+                body["reason"] = reason
         return self._request("POST", _run_path(run_id, "lease/release/"), json=body)
 
     # -- work ----------------------------------------------------------------------

@@ -287,6 +287,7 @@ class AgentRun:
         self.tool_calls: list[ToolCall] = []
         self.completed = False
         self.drained_sent = False
+        self.suspended = False
         self._lock = threading.Lock()
         # Steps are per thread: parallel tool calls in worker threads each name their own step.
         self._open_steps = threading.local()
@@ -318,6 +319,9 @@ class AgentRun:
         lease = self.client.acquire_lease(self.run_id, self.worker_id, self.ttl_seconds)
         self.lease_id = lease["lease_id"]
         self.epoch = int(lease["epoch"])
+        self._listen()
+
+    def _listen(self) -> None:
         self._heartbeat = HeartbeatLoop(
             beat=self._beat,
             interval=self.heartbeat_interval,
@@ -355,6 +359,45 @@ class AgentRun:
             # Never mask the block's own exception; the server's drain deadline
             # and lease expiry settle a worker that could not say goodbye.
             log.warning("safestop: could not finish lease on %s: %s", self.run_id, error)
+
+    def release(self, *, suspend: bool = False, reason: str = "waiting_for_approval") -> None:
+        """Give the lease back now; the lease block then has nothing left to finish.
+
+        With `suspend=True` the run is suspended to wait for reviewers instead of being
+        interrupted: the approvals that wait stay open, a reviewer decides them while no
+        process holds the run, and the next `client.lease(...)` (any process) goes on at the
+        same epoch and gets the decisions when it asks the same permits again. The server
+        refuses it (`Refused`, `illegal_transition`) while a tool call is in flight. This
+        object can do no more work afterwards. A stop of the suspended run still ends it.
+        """
+        lease_id, epoch = self._require_lease()
+        self.token.raise_if_cancelled()
+        if self._listener is not None:
+            self._listener.stop(timeout=2)
+        if self._heartbeat is not None:
+            self._heartbeat.stop(timeout=2)
+        try:
+            answer = self.client.release_lease(
+                self.run_id, lease_id=lease_id, epoch=epoch, suspend=suspend, reason=reason
+            )
+        except Refused as error:
+            if error.code != "illegal_transition" or not suspend:
+                raise self._refused(error) from error
+            # Not suspended (a call in flight, or the run is stopping): the lease is still
+            # ours, so keep listening; the stop, if that was it, reaches the token as usual.
+            self._listen()
+            raise
+        except BaseException:
+            self._listen()
+            raise
+        self.lease_id = None
+        status = answer.get("status") if isinstance(answer, Mapping) else None
+        if suspend and status and status != "suspended":
+            # A stop came first: the server took the release as the drain.
+            self.drained_sent = True
+            self.token.cancel(reason=str(answer.get("stop_reason") or status))
+            self.token.raise_if_cancelled()
+        self.suspended = suspend
 
     def _release(self) -> None:
         assert self.lease_id is not None and self.epoch is not None
@@ -745,10 +788,14 @@ class AgentRun:
 
     # -- events ----------------------------------------------------------------------
 
-    def event(self, type: str, **fields: Any) -> EventAnswer:
-        """Send one event with a fresh `event_id` at this lease's epoch; return its answer."""
+    def event(self, type: str, *, event_id: str | None = None, **fields: Any) -> EventAnswer:
+        """Send one event at this lease's epoch; return its answer.
+
+        `event_id` defaults to a fresh one; give your own to make a repeat of the same fact
+        (another process reporting it again) a `duplicate` rather than a second event.
+        """
         _, epoch = self._require_lease()
-        event = {"event_id": f"evt_{uuid.uuid4().hex}", "type": type, **fields}
+        event = {"event_id": event_id or f"evt_{uuid.uuid4().hex}", "type": type, **fields}
         try:
             answer = retry(
                 lambda: self.client.send_events(self.run_id, epoch=epoch, events=[event]),
@@ -851,14 +898,18 @@ class AgentRun:
         cache_write_tokens: int | None = None,
         cost_usd: float | Decimal | None = None,
         step_key: str | None = None,
+        event_id: str | None = None,
     ) -> EventAnswer:
         """Report one model call's tokens (`cost_usd` only if the provider said what it cost).
 
         The server prices the call and counts it against the run's cost and token budgets;
         reaching one stops the run. `step_key` defaults to the step open in this thread.
+        `event_id` (e.g. derived from the provider's response id) makes a repeated report
+        of the same call a `duplicate`, counted once.
         """
         return self.event(
             "usage",
+            event_id=event_id,
             **usage_fields(
                 model=model,
                 input_tokens=input_tokens,

@@ -214,3 +214,118 @@ def needs_me_items(access: Access, *, now: datetime | None = None) -> list[Needs
         items.append(NeedsMeItem("handoff", 3, handoff.created_at, handoff.run, handoff=handoff))
     items.sort(key=lambda item: item.sort_key)
     return items
+
+
+# --------------------------------------------------------------------------------------------
+# Needs me, grouped by kind: approvals (soonest deadline first), dirty stops, interrupted runs
+# with unknowns, handoffs (oldest first) — each counted in full and shown a page at a time. The
+# counts read the same querysets as `nav_counts`, so the navigation's badge and the list agree.
+
+NEEDS_ME_KINDS = ("approval", "stopped_dirty", "interrupted", "handoff")
+NEEDS_ME_GROUP_PAGE = 25
+
+
+@dataclass(frozen=True)
+class NeedsMeCounts:
+    approval: int = 0
+    stopped_dirty: int = 0
+    interrupted: int = 0
+    handoff: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.approval + self.stopped_dirty + self.interrupted + self.handoff
+
+    def of(self, kind: str) -> int:
+        return int(getattr(self, kind))
+
+
+def needs_me_counts(access: Access) -> NeedsMeCounts:
+    """What waits, per kind, on the teams where the user may act: one query."""
+    if access.user_id is None:
+        return NeedsMeCounts()
+    acting = access.ids_with(Role.REVIEWER)
+    if acting == []:
+        return NeedsMeCounts()
+    row = (
+        get_user_model()
+        .objects.filter(pk=access.user_id)
+        .annotate(
+            n_approval=_count(_waiting_approvals(acting)),
+            n_dirty=_count_rows(_acting_runs(acting).filter(status=RunStatus.STOPPED_DIRTY)),
+            n_interrupted=_count_rows(unresolved_interrupted(_acting_runs(acting))),
+            n_handoff=_count(_needs_handoffs(acting, access.user_id)),
+        )
+        .values("n_approval", "n_dirty", "n_interrupted", "n_handoff")
+        .first()
+    )
+    if row is None:
+        return NeedsMeCounts()
+    return NeedsMeCounts(
+        approval=row["n_approval"] or 0,
+        stopped_dirty=row["n_dirty"] or 0,
+        interrupted=row["n_interrupted"] or 0,
+        handoff=row["n_handoff"] or 0,
+    )
+
+
+def _needs_me_runs(acting: list[int] | None, kind: str) -> QuerySet[Run]:
+    runs = _acting_runs(acting)
+    if kind == "stopped_dirty":
+        return runs.filter(status=RunStatus.STOPPED_DIRTY)
+    return unresolved_interrupted(runs)
+
+
+def needs_me_group(
+    access: Access, kind: str, *, offset: int = 0, limit: int = NEEDS_ME_GROUP_PAGE
+) -> list[NeedsMeItem]:
+    """One kind's items, a page of them: approvals by deadline (the soonest first, those within
+    NEEDS_ME_SOON urgent), the others oldest first. One query (two for runs: their unknowns
+    are counted in the same query)."""
+    acting = access.ids_with(Role.REVIEWER)
+    if acting == [] or kind not in NEEDS_ME_KINDS:
+        return []
+    now = timezone.now()
+    window = slice(offset, offset + limit)
+    if kind == "approval":
+        approvals = _waiting_approvals(acting).select_related("run", "team")
+        return [
+            NeedsMeItem(
+                "approval",
+                0 if approval.deadline - now <= NEEDS_ME_SOON else 2,
+                approval.requested_at,
+                approval.run,
+                approval=approval,
+            )
+            for approval in approvals.order_by("deadline", "pk")[window]
+        ]
+    if kind == "handoff":
+        handoffs = _needs_handoffs(acting, access.user_id).select_related(
+            "run", "run__team", "assignee"
+        )
+        return [
+            NeedsMeItem("handoff", 3, handoff.created_at, handoff.run, handoff=handoff)
+            for handoff in handoffs.order_by("created_at", "pk")[window]
+        ]
+    unknown_calls = ExecutionRecord.objects.filter(UNCONFIRMED_SIDE_EFFECT, run=OuterRef("pk"))
+    unknown_items = OutboxItem.objects.unconfirmed().filter(run=OuterRef("pk"))
+    runs: list[Any] = list(
+        _needs_me_runs(acting, kind)
+        .select_related("team")
+        .annotate(
+            unknown_calls=_count(unknown_calls),
+            unknown_items=_count(unknown_items),
+            waiting_since=Coalesce("stopped_at", "updated_at"),
+        )
+        .order_by("waiting_since", "pk")[window]
+    )
+    return [
+        NeedsMeItem(
+            kind,
+            1,
+            run.waiting_since,
+            run,
+            unknowns=(run.unknown_calls or 0) + (run.unknown_items or 0),
+        )
+        for run in runs
+    ]

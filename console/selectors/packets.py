@@ -8,6 +8,7 @@ from typing import Any
 
 from handoff.models import Resolution, StopPacket
 from handoff.packets import interruption_packet
+from runs import frozen
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     ExecutionRecord,
@@ -210,7 +211,10 @@ def _packet_view(
     numeric = [
         int(value.split("_", 1)[1]) for value in outbox_ids if value.split("_", 1)[-1].isdigit()
     ]
-    items = {item.public_id: item for item in OutboxItem.objects.filter(run=run, pk__in=numeric)}
+    items = {
+        item.public_id: item
+        for item in frozen.present(run, OutboxItem.objects.filter(run=run, pk__in=numeric))
+    }
     outbox_snap = {entry["id"]: entry for entry in snap.get("outbox", [])}
     lease_tokens = [
         lease["lease_id"] for lease in snap.get("leases", []) if lease.get("fenced_unconfirmed")
@@ -268,7 +272,7 @@ def _packet_view(
                     resolution=resolved.get(("worker", token)),
                 )
             )
-    frozen = [
+    frozen_items = [
         FrozenItem(
             public_id, items[public_id].pk, outbox_snap.get(public_id, {}), items[public_id].status
         )
@@ -283,7 +287,7 @@ def _packet_view(
         snap=snap,
         is_current=is_current,
         unknowns=unknowns,
-        frozen=frozen,
+        frozen=frozen_items,
         resolutions=resolutions,
         completed_steps=completed_steps,
         tool_calls=tool_calls,

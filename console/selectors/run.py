@@ -12,9 +12,11 @@ from django.utils import timezone
 
 from console.selectors.packets import StopHistory, stop_history
 from handoff.models import Handoff, StopPacket
+from runs import frozen
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     UNCONFIRMED_SIDE_EFFECT,
+    Approval,
     Artifact,
     Checkpoint,
     ExecutionRecord,
@@ -137,18 +139,20 @@ def _latest_calls(run: Run, window: int | None) -> tuple[list[ExecutionRecord], 
 
 
 def _latest_outbox(run: Run, window: int | None) -> tuple[list[OutboxItem], int]:
+    # An item the run's epoch froze shows frozen before its row is relabelled (`runs.frozen`).
     items = OutboxItem.objects.filter(run=run)
     if window is None:
-        found = list(items.order_by("pk"))
+        found = frozen.present(run, items.order_by("pk"))
         return found, len(found)
     newest = items.order_by("-pk").values("pk")[:window]
     every_item = (
         OutboxItem.objects.filter(run=run).values("run").annotate(n=Count("pk")).values("n")
     )
-    loaded: list[Any] = list(
+    loaded: list[Any] = frozen.present(
+        run,
         items.filter(Q(pk__in=newest) | ~Q(status__in=OUTBOX_SETTLED))
         .annotate(total=Subquery(every_item))
-        .order_by("pk")
+        .order_by("pk"),
     )
     return loaded, loaded[0].total if loaded else 0
 
@@ -237,3 +241,12 @@ def checkpoint_labels(*, run_id: str) -> list[str]:
 
 def outbox_item_get(*, run_id: str, item_id: int) -> OutboxItem | None:
     return OutboxItem.objects.filter(run_id=run_id, pk=item_id).first()
+
+
+def run_approvals(run: Run, *, limit: int = 100) -> list[Approval]:
+    """The approvals a run asked for, newest first (the run page's list): one query."""
+    return list(
+        Approval.objects.filter(run=run)
+        .defer("arguments", "original_arguments", "arguments_schema")
+        .order_by("-requested_at", "-pk")[:limit]
+    )

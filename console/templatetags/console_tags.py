@@ -164,6 +164,23 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
 
 
+@register.simple_tag
+def payload(value: Any, limit: int = 140) -> str:
+    """A ledger or audit payload in one line; a longer one is cut there and opens in place
+    (a <details>) to the whole of it, laid out."""
+    text = json.dumps(
+        value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False, cls=DjangoJSONEncoder
+    )
+    if len(text) <= limit:
+        return format_html('<span class="mono">{}</span>', text)
+    return format_html(
+        '<details class="payload-more"><summary class="mono">{}</summary>'
+        '<pre class="json">{}</pre></details>',
+        text[: limit - 1] + "…",
+        pretty_json(value),
+    )
+
+
 @register.filter
 def compact_json(value: Any, limit: int = 160) -> str:
     text = json.dumps(

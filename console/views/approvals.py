@@ -27,8 +27,10 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -36,6 +38,7 @@ from console.access import Access, request_access, visible_teams
 from console.forms import APPROVAL_TABS, ApprovalDecisionForm, ApprovalFilterForm, ApprovalRuleForm
 from console.selectors.run import run_detail
 from console.views.common import (
+    DecidableTeams,
     HtmxHttpRequest,
     actor_of,
     error_text,
@@ -46,7 +49,7 @@ from console.views.common import (
     redirect_with,
     wants_fragment,
 )
-from runs import services
+from runs import frozen, services
 from runs.access import Capability
 from runs.errors import DomainError, InvalidInput, NotFound
 from runs.models import (
@@ -136,6 +139,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         # One COUNT for the navigation and the Waiting tab (and its out-of-band twin).
         "approvals_waiting": approvals_waiting_count(team_ids=access.ids_may(APPROVALS)),
         "filtered": any(data.get(key) for key in ("team", "agent", "tool", "risk", "run")),
+        "decide_team_ids": DecidableTeams(access),
     }
     if wants_fragment(request) and request.htmx.target == "approvals-region":
         # The waiting count in the navigation rides along, so it follows the table live.
@@ -251,7 +255,10 @@ def approval_context(
         "approval": approval,
         "run": approval.run,
         "record": approval.execution_record,
-        "item": approval.outbox_item,
+        # An approved item the run's stop froze shows frozen before its row is relabelled.
+        "item": frozen.present(approval.run, [approval.outbox_item])[0]
+        if approval.outbox_item is not None
+        else None,
         "is_tool_call": approval.target == ApprovalTarget.TOOL_CALL,
         "waiting": waiting,
         "can_act": access.can_act(approval.team_id),
@@ -279,21 +286,22 @@ def approval_context(
 def approval_page(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     approval = _approval_for(request, approval_id)
     if wants_fragment(request) and request.htmx.target == "approval-status":
-        context = approval_context(request, approval, full=False)
+        context = approval_context(request, approval)
         # Decided meanwhile (by someone else, by the deadline, or voided by a stop): the forms
-        # give way to the outcome. While it waits, a half-typed edit is left alone.
-        oob = [] if context["waiting"] else ["decision", "nav-count"]
+        # give way to the outcome. While it waits, a half-typed edit is left alone. The run's
+        # steps ride along: the timeline of what led to the call goes on while it waits.
+        oob = ["steps"] if context["waiting"] else ["decision", "nav-count", "steps"]
         return fragments(request, PAGE_TEMPLATE, "status", context, oob=oob)
     return page(request, PAGE_TEMPLATE, approval_context(request, approval))
 
 
 def _decided_message(approval: Approval) -> str:
     if approval.status == ApprovalStatus.APPROVED:
-        how = gettext("with your edits") if approval.edited else gettext("as it was")
-        return gettext("Approved %(how)s: the agent may run %(subject)s now.") % {
-            "how": how,
-            "subject": approval.subject,
-        }
+        if approval.edited:
+            text = gettext("Approved with your edits: the agent may run %(subject)s now.")
+        else:
+            text = gettext("Approved as it was: the agent may run %(subject)s now.")
+        return text % {"subject": approval.subject}
     return gettext("Rejected: the call will never run; the agent is told why.")
 
 
@@ -349,6 +357,55 @@ def approval_decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     approval = _approval_for(request, approval_id)
     context = approval_context(request, approval, full=False, decision_error=error)
     return fragments(request, PAGE_TEMPLATE, "decision", context, oob=["status", "nav-count"])
+
+
+# --------------------------------------------------------------------------------------------
+# inline decisions: approve as it is, or reject with a message, from a list
+
+
+def _back_to(request: HttpRequest) -> str:
+    """The list the decision was made on (only a path of this site), else the inbox."""
+    target = str(request.POST.get("next") or "")
+    if target.startswith("/") and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return reverse("console:approvals")
+
+
+def _inline_outcome(request: HtmxHttpRequest, approval: Approval) -> tuple[Approval, str, str]:
+    """Decide through the same form and service as the approval page: (approval, ok, error).
+    Arguments never come from a list: approving with edits stays on the approval page."""
+    form = ApprovalDecisionForm(
+        {"decision": request.POST.get("decision", ""), "message": request.POST.get("message", "")}
+    )
+    if not form.is_valid():
+        return approval, "", form_errors(form)
+    try:
+        decided = services.approval_decide(
+            approval_id=approval.pk,
+            decision=form.cleaned_data["decision"],
+            actor=actor_of(request),
+            message=form.cleaned_data["message"],
+            arguments=None,
+        )
+    except DomainError as exc:
+        approval.refresh_from_db()
+        return approval, "", error_text(exc)
+    return decided, _decided_message(decided), ""
+
+
+@login_required
+@require_POST
+def approval_decide_inline(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
+    approval = _approval_for(request, approval_id, need=Role.REVIEWER)
+    approval, ok, error = _inline_outcome(request, approval)
+    if not request.htmx:
+        return redirect_with(request, _back_to(request), ok=ok, error=error or None)
+    row_tag = "li" if request.POST.get("row") == "li" else "tr"
+    context = {"approval": approval, "ok": ok, "error": error, "row_tag": row_tag}
+    html = render_to_string("console/_inline_decided.html", context, request=request)
+    return HttpResponse(html)
 
 
 # --------------------------------------------------------------------------------------------

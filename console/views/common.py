@@ -25,13 +25,24 @@ from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext
 from django_htmx.middleware import HtmxDetails
 
-from console.access import request_access
+from console.access import Access, request_access
+from runs.access import Capability
 from runs.actors import Actor
 from runs.errors import DomainError
 
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
+
+
+class DecidableTeams:
+    """`team_id in …` for the templates: the teams where the user may decide approvals."""
+
+    def __init__(self, access: Access) -> None:
+        self.ids = access.ids_may(Capability.REVIEW)
+
+    def __contains__(self, team_id: object) -> bool:
+        return self.ids is None or team_id in self.ids
 
 
 def wants_fragment(request: HtmxHttpRequest) -> bool:

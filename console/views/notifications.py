@@ -32,6 +32,8 @@ from notifications import services as notify
 from notifications.forms import ChannelEditForm, ChannelForm, SubscriptionForm
 from notifications.models import (
     ALL_EVENTS,
+    TEST_EVENT,
+    Delivery,
     DeliveryStatus,
     Event,
     NotificationChannel,
@@ -43,6 +45,7 @@ from notifications.slack import (
     slack_link_remove,
     slack_reply,
 )
+from notifications.transports import Answer
 from runs.access import membership_roles
 from runs.errors import DomainError, InvalidInput, NotFound
 from runs.models import Team
@@ -113,7 +116,7 @@ def channels(request: HtmxHttpRequest) -> HttpResponse:
     choices = [(team.slug, team.slug) for team in teams]
     if request.method != "POST":
         form = ChannelForm(teams=choices, initial={"events": ALL_EVENTS})
-        return page(request, CHANNELS, _channels_context(teams, form))
+        return page(request, CHANNELS, _channels_context(teams, form, **_tested(request, teams)))
     form = ChannelForm(request.POST, teams=choices)
     if not form.is_valid():
         return page(request, CHANNELS, _channels_context(teams, form), status=400)
@@ -204,16 +207,33 @@ def channel_delete(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def channel_test(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
-    """Deliver a sample now and show what the target answered."""
+    """Deliver a sample now, then redirect to the channels page, which shows what the target
+    answered (read back from the test's delivery): a reload shows it again, never re-sends."""
     channel = _channel_for(request, channel_id)
-    delivery, answer = notify.channel_send_test(channel_id=channel.pk, actor=actor_of(request))
-    teams = _admin_teams(request)
-    form = ChannelForm(teams=[(t.slug, t.slug) for t in teams], initial={"events": ALL_EVENTS})
-    return page(
-        request,
-        CHANNELS,
-        _channels_context(teams, form, tested=channel, test_delivery=delivery, answer=answer),
+    delivery, _answer = notify.channel_send_test(channel_id=channel.pk, actor=actor_of(request))
+    return HttpResponseRedirect(f"{reverse('console:notifications')}?tested={delivery.pk}")
+
+
+def _tested(request: HtmxHttpRequest, teams: list[Team]) -> dict[str, Any]:
+    """The answer of a "Send test" the channels page was redirected with (`?tested=<delivery>`),
+    if that test went to a channel of a team the user administers."""
+    raw = request.GET.get("tested", "")
+    if not raw.isdigit():
+        return {}
+    delivery = (
+        Delivery.objects.select_related("channel")
+        .filter(pk=int(raw), event=TEST_EVENT, team__in=teams, channel__isnull=False)
+        .first()
     )
+    if delivery is None:
+        return {}
+    answer = Answer(
+        ok=delivery.status == DeliveryStatus.SENT,
+        status=delivery.response_status,
+        excerpt=delivery.response_excerpt,
+        error=delivery.last_error,
+    )
+    return {"tested": delivery.channel, "test_delivery": delivery, "answer": answer}
 
 
 @login_required
@@ -242,7 +262,8 @@ def deliveries(request: HtmxHttpRequest) -> HttpResponse:
 def outbox(request: HtmxHttpRequest) -> HttpResponse:
     """The demo's "Outbox of notifications": mail the capture backend kept instead of sending."""
     _admin_teams(request)
-    return page(request, OUTBOX, _common(mails=selectors.captured_mails()))
+    notices, agents = selectors.captured_mails_by_sender()
+    return page(request, OUTBOX, _common(mails=notices, agent_mails=agents))
 
 
 @login_required

@@ -42,6 +42,13 @@ from runs.selectors import run_dirty_reasons
 
 TEMPLATE = "console/packet.html"
 INTERRUPTION_TEMPLATE = "console/interruption.html"
+# An interruption packet is read now, not frozen: what a resolution changes beside the unknown's
+# own card (the summary's "Unknown now", the tool calls' states, the resolutions) rides along.
+INTERRUPTION_ALONG = ("head", "calls", "resolutions")
+
+
+def _along(template: str) -> list[str]:
+    return list(INTERRUPTION_ALONG) if template == INTERRUPTION_TEMPLATE else []
 
 
 class NoPacket(Http404):
@@ -126,7 +133,7 @@ def packet_latest(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         template, view = _current_view(request, run)
         context = packet_context(request, run, view)
         if wants_fragment(request) and request.htmx.target == "interruption-status":
-            return fragments(request, template, "status", context)
+            return fragments(request, template, "status", context, oob=_along(template))
         return page(request, template, context)
     try:
         packet = _packet(run, None)
@@ -235,7 +242,9 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
                 "card_form": form if outcome.error else None,
             }
         )
-        return fragments(request, template, "unknown-card", context, oob=["status"])
+        return fragments(
+            request, template, "unknown-card", context, oob=["status", *_along(template)]
+        )
 
     return act(
         request,

@@ -18,12 +18,13 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.urls import reverse
+from django.utils.functional import SimpleLazyObject
 from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_POST
 
 from console.access import request_access, run_for
 from console.forms import NoteForm, ResumeForm, SteeringForm, StopForm
-from console.selectors.run import checkpoint_labels, run_detail
+from console.selectors.run import checkpoint_labels, run_approvals, run_detail
 from console.views.common import (
     HtmxHttpRequest,
     Outcome,
@@ -96,6 +97,8 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
         "drain_deadline_seconds": settings.SAFESTOP_DRAIN_DEADLINE_SECONDS,
         # Lazy: one query, only in the regions that show it (the summary).
         "waiting_approvals": approvals_list(team_ids=None, run_id=run.pk),
+        # Every approval the run asked for, decided or not (the detail region's list).
+        "run_approvals": SimpleLazyObject(lambda: run_approvals(run)),
         # A run opened through the MCP gateway names its client and upstream (one query).
         "mcp_session": McpSession.objects.filter(run=run).order_by("-started_at").first(),
         "run_tokens": run.input_tokens + run.output_tokens,

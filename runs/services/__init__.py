@@ -107,6 +107,11 @@ from runs.services.outbox import (
     parse_outbox_id,
     validate_outbox_destination,
 )
+from runs.services.relabel import (
+    RELABEL_BATCH,
+    outbox_relabel_frozen,
+    runs_with_frozen_by_epoch,
+)
 from runs.services.resolutions import (
     RESOLVABLE_STATUSES,
     resolution_apply,
@@ -186,6 +191,9 @@ __all__ = [
     "outbox_reap_stuck",
     "outbox_record_outcome",
     "outbox_release",
+    "outbox_relabel_frozen",
+    "runs_with_frozen_by_epoch",
+    "RELABEL_BATCH",
     "parse_outbox_id",
     "permit_request",
     "resolution_apply",

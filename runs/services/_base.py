@@ -53,7 +53,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
             RunStatus.CANCEL_REQUESTED,
         }
     ),
-    RunStatus.SUSPENDED: frozenset({RunStatus.PENDING, RunStatus.CANCEL_REQUESTED}),
+    # → running: a lease on a run its worker suspended to wait for reviewers (same epoch).
+    RunStatus.SUSPENDED: frozenset(
+        {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED}
+    ),
     RunStatus.INTERRUPTED: frozenset({RunStatus.PENDING, RunStatus.CANCEL_REQUESTED}),
     RunStatus.CANCEL_REQUESTED: frozenset({RunStatus.DRAINING, RunStatus.STOPPED_DIRTY}),
     RunStatus.DRAINING: frozenset({RunStatus.STOPPED_CLEANLY, RunStatus.STOPPED_DIRTY}),
@@ -156,17 +159,24 @@ def _lease_is_current(lease: Lease | None, run: Run, now: datetime) -> bool:
     return lease is not None and lease.epoch == run.stop_epoch and lease.expires_at > now
 
 
+_UNREAD: Any = object()
+
+
 def _check_work_may_start(
-    run: Run, epoch: int, *, now: datetime
+    run: Run, epoch: int, *, now: datetime, lease: Lease | None = _UNREAD
 ) -> StaleEpoch | RunNotRunning | None:
-    """The entrance: only a running run, at its current epoch, with a live current lease."""
+    """The entrance: only a running run, at its current epoch, with a live current lease.
+
+    `lease`: the run's live lease when the caller has just read it under the same lock."""
     if epoch != run.stop_epoch:
         return StaleEpoch.for_run(
             run, f"epoch {epoch} is not the run's current epoch {run.stop_epoch}"
         )
     if run.status != RunStatus.RUNNING:
         return RunNotRunning.for_run(run, f"the run is {run.status}; no new work may start")
-    if not _lease_is_current(_live_lease(run), run, now):
+    if lease is _UNREAD:
+        lease = _live_lease(run)
+    if not _lease_is_current(lease, run, now):
         return RunNotRunning.for_run(run, "the run has no live lease at this epoch")
     return None
 

@@ -1,8 +1,9 @@
 """The stop's writes in one round trip, as one statement built once per process.
 
-A stop of a running run wrote its StopRequest, froze the outbox, flagged calls in flight,
-marked steering, moved the run, then read the ledger head, the live lease and whether an
-approval waits: nine ORM statements, each compiled again on every stop. Compiling them was most
+A stop of a running run writes its StopRequest, flags calls in flight, marks steering, moves
+the run (its new epoch freezes the pending outbox: `runs.frozen`), then reads how many items
+that froze (bounded), the ledger head, the live lease and whether an approval waits. These were
+nine ORM statements, each compiled again on every stop. Compiling them was most
 of a stop's CPU time, which is what bounds a bulk stop of 1,000 runs (docs/BENCHMARKS.md).
 Here they are one statement: data-modifying CTEs, which PostgreSQL runs exactly
 once each whether or not the outer query reads them, and reads of rows no CTE touches. It runs
@@ -56,6 +57,8 @@ RUN_FIELDS = (
     "updated_at",
 )
 STEERING_UNAPPLIED_AT_STOP = (SteeringStatus.QUEUED, SteeringStatus.CARRIED_OVER)
+# The stop counts the items its epoch froze up to this many (the ledger says "more" beyond).
+FROZEN_COUNT_CAP = 1000
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class StopWritten:
     """What the statement wrote and read."""
 
     stop_request_id: int
+    # Pending items the new epoch froze, counted up to FROZEN_COUNT_CAP + 1 (a bounded read:
+    # the stop's commit must not grow with the queue). More than the cap reads as the cap + 1.
     frozen: int
     approvals_waiting: bool
     ledger_head: ChainHead
@@ -117,10 +122,12 @@ def locked_run_for_stop(run_id: str) -> Iterator[Run]:
 @functools.cache
 def _statement() -> str:
     stop_request = sql.insert_statement(StopRequest)
+    # Not an UPDATE of every pending row: the run's new epoch freezes them (`runs.frozen`).
+    # What is read is bounded, through `outbox_pending_run_idx`.
     frozen = (
-        f"UPDATE {sql.table(OutboxItem)} SET {_set(OutboxItem, _FROZEN_FIELDS)} "
-        f"WHERE {sql.column(OutboxItem, 'run')} = %s AND {sql.column(OutboxItem, 'status')} = %s "
-        "RETURNING 1"
+        f"SELECT 1 FROM {sql.table(OutboxItem)} WHERE {sql.column(OutboxItem, 'run')} = %s "
+        f"AND {sql.column(OutboxItem, 'status')} = %s "
+        f"AND {sql.column(OutboxItem, 'enqueue_epoch')} >= %s LIMIT %s"
     )
     calls = (
         f"UPDATE {sql.table(ExecutionRecord)} SET "
@@ -152,17 +159,14 @@ def _statement() -> str:
         "LIMIT 1"  # at most one: lease_one_live_per_run
     )
     return (
-        f"WITH stop_request AS ({stop_request}), frozen AS ({frozen}), calls AS ({calls}), "
-        f"steering AS ({steering}), moved AS ({moved}) "
+        f"WITH stop_request AS ({stop_request}), calls AS ({calls}), "
+        f"steering AS ({steering}), moved AS ({moved}), frozen AS ({frozen}) "
         f"SELECT (SELECT {sql.quoted(StopRequest._meta.pk)} FROM stop_request), "
         f"(SELECT count(*) FROM frozen), {waiting}, "
         "head.run_seq, head.hash, lease.expires_at FROM (SELECT 1) AS one "
         f"LEFT JOIN LATERAL ({head}) AS head ON true "
         f"LEFT JOIN LATERAL ({lease}) AS lease ON true"
     )
-
-
-_FROZEN_FIELDS = ("status", "frozen_at", "frozen_by_epoch", "updated_at")
 
 
 def _set(model: Any, names: tuple[str, ...]) -> str:
@@ -175,27 +179,21 @@ def _prepared(model: Any, name: str, value: Any) -> Any:
 
 def _params(run: Run, stop_request: StopRequest, *, now: datetime) -> list[Any]:
     params = sql.insert_params(stop_request)
-    params += [
-        OutboxStatus.FROZEN,
-        _prepared(OutboxItem, "frozen_at", now),
-        run.stop_epoch,
-        _prepared(OutboxItem, "updated_at", now),
-        run.pk,
-        OutboxStatus.PENDING,
-    ]
     params += [True, RemoteCancelState.REQUESTED, run.pk, list(OPEN_EXECUTION_STATES)]
     params += [SteeringStatus.UNAPPLIED_AT_STOP, run.pk, list(STEERING_UNAPPLIED_AT_STOP)]
     params += [_prepared(Run, name, getattr(run, name)) for name in RUN_FIELDS]
     params += [run.pk]
+    params += [run.pk, OutboxStatus.PENDING, stop_request.epoch_before, FROZEN_COUNT_CAP + 1]
     params += [run.pk, ApprovalStatus.WAITING, run.pk, run.pk]
     return params
 
 
 def write_stop(run: Run, stop_request: StopRequest, *, now: datetime) -> StopWritten:
-    """Insert `stop_request` (its pk is set), freeze the pending outbox, flag the calls in
-    flight, mark queued steering unapplied, write the run's stop fields (already set on `run`);
-    read back how many items froze, whether an approval waits, the ledger head and the live
-    lease's expiry. Call it under the run lock, in the stop's transaction."""
+    """Insert `stop_request` (its pk is set), flag the calls in flight, mark queued steering
+    unapplied, write the run's stop fields (already set on `run`: its new epoch freezes the
+    pending outbox, relabelled later by `outbox_relabel_frozen`); read back how many items froze
+    (bounded), whether an approval waits, the ledger head and the live lease's expiry. Call it
+    under the run lock, in the stop's transaction."""
     if not sql.prepared_statements():
         return _write_stop_with_the_orm(run, stop_request, now=now)
     with connection.cursor() as cursor:
@@ -215,8 +213,10 @@ def write_stop(run: Run, stop_request: StopRequest, *, now: datetime) -> StopWri
 def _write_stop_with_the_orm(run: Run, stop_request: StopRequest, *, now: datetime) -> StopWritten:
     """The same writes and reads, one ORM statement each (SQLite)."""
     stop_request.save(force_insert=True)
-    frozen = OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
-        status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
+    frozen = len(
+        OutboxItem.objects.filter(
+            run=run, status=OutboxStatus.PENDING, enqueue_epoch__gte=stop_request.epoch_before
+        ).values_list("pk", flat=True)[: FROZEN_COUNT_CAP + 1]
     )
     ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES).update(
         cancel_requested=True, remote_cancel_state=RemoteCancelState.REQUESTED

@@ -129,10 +129,12 @@ def _team_rules(team_id: int) -> list[ApprovalRule]:
 
 
 def gate_for_call(
-    run: Run, *, tool: str, side_effect: str, needs_approval: bool
+    run: Run, *, tool: str, side_effect: str, needs_approval: bool, rules_exist: bool = True
 ) -> GateAnswer | None:
-    """The first matching rule decides; an agent's own `needs_approval` holds the call too."""
-    for rule in _team_rules(run.team_id):
+    """The first matching rule decides; an agent's own `needs_approval` holds the call too.
+
+    `rules_exist=False`: the caller has just read that the team has no enabled rule."""
+    for rule in _team_rules(run.team_id) if rules_exist else []:
         if _rule_matches_call(rule, agent=run.agent, tool=tool, side_effect=side_effect):
             return GateAnswer(rule, _describe(rule))
     return GateAnswer(None, "asked by the agent") if needs_approval else None
@@ -380,7 +382,8 @@ def approval_decide(
             _refuse_decided(approval, run)
         now = timezone.now()
         if decision == "approve":
-            if run.status != RunStatus.RUNNING or run.stop_epoch != approval.epoch:
+            open_for_decision = run.status == RunStatus.RUNNING or keeps_approvals(run)
+            if not open_for_decision or run.stop_epoch != approval.epoch:
                 raise RunNotRunning(
                     f"the run is {run.status} at epoch {run.stop_epoch}; "
                     f"{approval.public_id} belongs to epoch {approval.epoch}",
@@ -565,6 +568,35 @@ def approval_escalate(*, approval_id: int, now: datetime | None = None) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
+# suspended for a reviewer (a worker released its lease with `suspend`)
+
+
+def keeps_approvals(run: Run) -> bool:
+    """A run its worker suspended to wait for reviewers (`lease_release(suspend=True)`): its
+    waiting approvals stay open, are decided while no process holds the run, and the next
+    lease (same epoch) picks the decisions up."""
+    return run.status == RunStatus.SUSPENDED and bool(
+        (run.interruption or {}).get("keeps_approvals")
+    )
+
+
+def settle_approved_while_suspended_locked(run: Run, *, now: datetime, why: str) -> list[str]:
+    """The calls approved while the run was suspended for reviewers never ran: no worker held a
+    lease since the suspension (a suspension with calls in flight is refused), so when the run
+    is stopped or resumed at a new epoch instead of leased again, they are `not_started`, never
+    `unknown`. Returns their tool_call_ids."""
+    if not keeps_approvals(run):
+        return []
+    approved = list(
+        ExecutionRecord.objects.select_for_update()
+        .filter(run=run, execution_state=ExecutionState.PERMITTED)
+        .order_by("id")
+    )
+    for record in approved:
+        _never_ran(record, now=now, why=f"approved while suspended, never started: {why}")
+    return [record.tool_call_id for record in approved]
+
+
 # void (called by the stop and the interruption, in their transaction)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -14,6 +14,7 @@ from django.utils import timezone
 from runs import notify
 from runs.actors import Actor
 from runs.errors import (
+    IllegalTransition,
     LeaseHeld,
     LeaseRevoked,
     RunNotRunning,
@@ -22,12 +23,17 @@ from runs.errors import (
 from runs.ledger import ledger_append
 from runs.models import (
     STOPPING_STATUSES,
+    Approval,
+    ApprovalStatus,
+    ExecutionRecord,
     Lease,
     LeaseReleaseReason,
+    Run,
     RunStatus,
     StopReason,
 )
 from runs.services._base import (
+    OPEN_EXECUTION_STATES,
     _changed,
     _current_stop_request,
     _find_lease,
@@ -36,6 +42,7 @@ from runs.services._base import (
     _release_lease,
     locked_run,
 )
+from runs.services.approvals import keeps_approvals
 from runs.services.lifecycle import (
     _acknowledge_locked,
     _drained_locked,
@@ -45,7 +52,9 @@ from runs.services.lifecycle import (
 
 
 def lease_acquire(*, run_id: str, worker_id: str, ttl_seconds: float, actor: Actor) -> Lease:
-    """pending → running. The lease carries the run's current epoch."""
+    """pending → running, or suspended → running for a run its worker suspended to wait for
+    reviewers (`lease_release(suspend=True)`): the next worker goes on at the same epoch, where
+    the approvals decided meanwhile belong. The lease carries the run's current epoch."""
     with locked_run(run_id) as run:
         now = timezone.now()
         lease = _live_lease(run)
@@ -53,8 +62,11 @@ def lease_acquire(*, run_id: str, worker_id: str, ttl_seconds: float, actor: Act
             raise LeaseHeld.for_run(
                 run, f"the run is leased by {lease.worker_id} until {lease.expires_at.isoformat()}"
             )
-        if run.status != RunStatus.PENDING:
+        resuming_suspended = keeps_approvals(run)
+        if run.status != RunStatus.PENDING and not resuming_suspended:
             raise RunNotRunning.for_run(run, f"a {run.status} run cannot be leased")
+        if resuming_suspended:
+            run.interruption = {}
         if lease is not None:  # an expired leftover on a pending run: close it before the new one
             _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
         lease = Lease.objects.create(
@@ -75,7 +87,7 @@ def lease_acquire(*, run_id: str, worker_id: str, ttl_seconds: float, actor: Act
             actor=actor,
             action="lease.acquired",
             payload={"worker_id": worker_id, "lease_id": lease.token, "epoch": lease.epoch},
-            fields=("started_at",),
+            fields=("started_at", "interruption"),
         )
     return lease
 
@@ -125,8 +137,20 @@ def lease_heartbeat(*, run_id: str, lease_token: str, epoch: int, actor: Actor) 
     raise AssertionError("unreachable")
 
 
-def lease_release(*, run_id: str, lease_token: str, epoch: int, actor: Actor) -> Lease:
-    """The worker gives its lease back. During a stop this is a drain with no observations."""
+def lease_release(
+    *,
+    run_id: str,
+    lease_token: str,
+    epoch: int,
+    actor: Actor,
+    suspend: bool = False,
+    reason: str = "",
+) -> Lease:
+    """The worker gives its lease back. During a stop this is a drain with no observations.
+
+    With `suspend`, a running run is suspended instead of interrupted: its worker stops on
+    purpose to wait for reviewers without holding a process (see `_suspend_locked`).
+    """
     with locked_run(run_id) as run:
         lease = _find_lease(run, lease_token)
         if epoch != lease.epoch:
@@ -138,6 +162,9 @@ def lease_release(*, run_id: str, lease_token: str, epoch: int, actor: Actor) ->
         now = timezone.now()
         if run.status in STOPPING_STATUSES:
             _drained_locked(run, lease, observations=[], actor=actor, now=now)
+            return lease
+        if suspend:
+            _suspend_locked(run, lease, reason=reason, actor=actor, now=now)
             return lease
         _release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
         if run.status == RunStatus.RUNNING and lease.epoch == run.stop_epoch:
@@ -152,6 +179,53 @@ def lease_release(*, run_id: str, lease_token: str, epoch: int, actor: Actor) ->
             )
             _changed(run, kind="lease.released")
     return lease
+
+
+def _suspend_locked(run: Run, lease: Lease, *, reason: str, actor: Actor, now: datetime) -> None:
+    """running → suspended, the lease released, the waiting approvals kept open (DESIGN §2, §10).
+
+    Unlike a release (an interruption: approvals void, calls in flight unknown), the worker says
+    it has nothing in flight and will go on only through a new lease: reviewers decide while
+    no process holds the run, and the next lease, at the same epoch, picks the decisions up. A
+    stop of the suspended run still ends it and voids what waits. Calls still in flight are
+    refused: their outcome must be reported first, or the suspension would hide them.
+    """
+    if run.status != RunStatus.RUNNING or lease.epoch != run.stop_epoch:
+        raise IllegalTransition.for_run(run, f"a {run.status} run cannot be suspended")
+    in_flight = list(
+        ExecutionRecord.objects.filter(
+            run=run, execution_state__in=OPEN_EXECUTION_STATES
+        ).values_list("tool_call_id", flat=True)
+    )
+    if in_flight:
+        raise IllegalTransition.for_run(
+            run,
+            "report the outcome of the tool calls in flight before suspending: "
+            + ", ".join(in_flight[:20]),
+        )
+    _release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
+    waiting = [
+        approval.public_id
+        for approval in Approval.objects.filter(run=run, status=ApprovalStatus.WAITING).order_by(
+            "id"
+        )
+    ]
+    run.interruption = {
+        "suspended_because": (reason or "waiting_for_approval")[:500],
+        "at": now.isoformat(),
+        "keeps_approvals": True,
+        "worker_id": lease.worker_id,
+        "approvals_waiting": waiting,
+    }
+    _move(
+        run,
+        RunStatus.SUSPENDED,
+        actor=actor,
+        action="run.suspended",
+        reason=(reason or "waiting_for_approval")[:60],
+        payload={"via": "lease_release", "lease_id": lease.token, "approvals_waiting": waiting},
+        fields=("interruption",),
+    )
 
 
 def lease_expire(*, lease_id: int, actor: Actor | None = None) -> str | None:

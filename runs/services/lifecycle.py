@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from runs import hooks, notify
+from runs import frozen, hooks, notify
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -61,8 +61,11 @@ from runs.services._base import (
     _release_lease,
     locked_run,
 )
-from runs.services._stop_sql import locked_run_for_stop, write_stop
-from runs.services.approvals import void_waiting_approvals_locked
+from runs.services._stop_sql import FROZEN_COUNT_CAP, locked_run_for_stop, write_stop
+from runs.services.approvals import (
+    settle_approved_while_suspended_locked,
+    void_waiting_approvals_locked,
+)
 
 
 @dataclass
@@ -83,7 +86,8 @@ def run_stop(
     takeover: bool = False,
     bulk_id: str = "",
 ) -> StopOutcome:
-    """Record a stop: close the entrance, freeze the outbox, bump the epoch, signal the worker.
+    """Record a stop: close the entrance, bump the epoch (which freezes the outbox), signal the
+    worker.
 
     Idempotent: a repeat returns the same StopRequest and writes nothing. A stop that arrives
     after the run finished is answered "already finished", logged, and changes nothing.
@@ -161,7 +165,8 @@ def _stop_locked(
     takeover: bool = False,
     bulk_id: str = "",
 ) -> StopRequest:
-    """1. close the entrance and bump the epoch; 2. freeze the outbox; 3. flag calls in flight;
+    """1. close the entrance and bump the epoch; 2. the new epoch freezes the pending outbox (no
+    row is rewritten here: `runs.frozen`; the rows are relabelled later); 3. flag calls in flight;
     4. mark unapplied steering; 5. void waiting approvals (a stop never waits on one: the held
     call never starts, a held item is frozen); 6. ledger + signal on commit; 7. with no live
     lease, drain and settle at once, in this same transaction.
@@ -171,6 +176,8 @@ def _stop_locked(
     epoch_before, status_before = run.stop_epoch, run.status
     if RunStatus.CANCEL_REQUESTED not in TRANSITIONS[status_before]:
         raise IllegalTransition.for_run(run, f"a {status_before} run cannot be stopped")
+    # Calls approved while the run was suspended for reviewers never started (no lease since).
+    settle_approved_while_suspended_locked(run, now=now, why=f"the run was stopped ({reason})")
     run.stop_epoch = epoch_before + 1
     run.stop_reason = reason
     run.stop_requested_by = actor.name
@@ -209,7 +216,9 @@ def _stop_locked(
             "stop_request_id": stop_request.pk,
             "epoch_before": epoch_before,
             "note": note,
-            "frozen_outbox": written.frozen,
+            # Counted up to a cap, so the commit does not grow with the queue.
+            "frozen_outbox": min(written.frozen, FROZEN_COUNT_CAP),
+            **({"frozen_outbox_more": True} if written.frozen > FROZEN_COUNT_CAP else {}),
             "approvals_voided": voided,
             "takeover": takeover,
             **({"bulk_id": bulk_id} if bulk_id else {}),
@@ -219,7 +228,8 @@ def _stop_locked(
     )
     # The worker's signal is published first, then the viewers' change (same commit).
     notify.stop_signal(run, stop_request)
-    notify.run_changed(run, kind="run.stop_requested")
+    # `frozen_outbox`: whether a relabel is worth queueing (`runs.tasks`).
+    notify.run_changed(run, kind="run.stop_requested", frozen_outbox=written.frozen)
     if written.lease_expires_at is None or written.lease_expires_at <= now:
         _drain_without_live_lease(run, stop_request, now=now)
     return stop_request
@@ -477,7 +487,7 @@ def _interrupt_locked(
     )
     # An interruption is a failure: what the worker queued is not sent on anyone's say-so but a
     # reviewer's (release), and a later resume (new epoch) cannot strand it as `pending`.
-    frozen = _freeze_outbox(run, now=now)
+    frozen_count = _freeze_outbox(run, now=now)
     # Claimed before the interruption, outcome not reported: an unknown a person resolves (the
     # interruption packet lists these with the calls above; resume waits for them).
     outbox_in_flight = [
@@ -494,7 +504,7 @@ def _interrupt_locked(
         "at": now.isoformat(),
         "current_step": {"seq": current.seq, "key": current.key} if current else None,
         "calls_in_flight": [record.tool_call_id for record in in_flight],
-        "frozen_outbox": frozen,
+        "frozen_outbox": frozen_count,
         "outbox_in_flight": outbox_in_flight,
         "worker_id": lease.worker_id if lease else None,
     }
@@ -537,10 +547,14 @@ def _mark_outcomes_unknown(records: list[ExecutionRecord], *, now: datetime, sou
 
 
 def _freeze_outbox(run: Run, *, now: datetime) -> int:
-    """Freeze the run's pending items; returns how many. Called under the run lock, which every
-    enqueue also takes, so no item can slip in between. One set-based UPDATE, not a read of
-    every id followed by an UPDATE with a 1,000-element IN list (docs/BENCHMARKS.md)."""
-    return OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
+    """Freeze the run's pending items at its current epoch (an interruption bumps no epoch, so
+    it relabels them itself; older ones an earlier stop froze already); returns how many.
+    Called under the run lock, which every enqueue also takes, so no item can slip in between.
+    One set-based UPDATE, not a read of every id followed by an UPDATE with a 1,000-element IN
+    list (docs/BENCHMARKS.md)."""
+    return OutboxItem.objects.filter(
+        run=run, status=OutboxStatus.PENDING, enqueue_epoch__gte=run.stop_epoch
+    ).update(
         status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
     )
 
@@ -566,6 +580,13 @@ def run_resume(
     with locked_run(run_id) as run:
         if run.status not in RESUMABLE_STATUSES:
             raise IllegalTransition.for_run(run, f"a {run.status} run cannot be resumed")
+        if run.status == RunStatus.SUSPENDED:
+            # A new epoch is a new round: what waited for a reviewer, or was approved and never
+            # ran, belongs to the old one (the worker asks again at the new epoch).
+            now = timezone.now()
+            why = "the run was resumed at a new epoch"
+            settle_approved_while_suspended_locked(run, now=now, why=why)
+            void_waiting_approvals_locked(run, now=now, why=why, actor=actor)
         reasons = run_dirty_reasons(run)
         if reasons:
             raise IllegalTransition.for_run(run, resume_blocked_reason(run.status, reasons))
@@ -587,10 +608,11 @@ def _resume_locked(
         hooks.handoffs_end(run, "returned")
     if run.status == RunStatus.SUSPENDED:
         # Suspension is waiting, not failure: items queued before it go out once the run runs
-        # again, so they move to the new epoch with it (interruptions and stops froze theirs).
-        OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).update(
-            enqueue_epoch=run.stop_epoch + 1
-        )
+        # again, so they move to the new epoch with it (interruptions and stops froze theirs:
+        # an item below the current epoch is frozen by it, and must stay below).
+        OutboxItem.objects.filter(
+            run=run, status=OutboxStatus.PENDING, enqueue_epoch__gte=run.stop_epoch
+        ).update(enqueue_epoch=run.stop_epoch + 1)
     if checkpoint:
         if not Checkpoint.objects.filter(run=run, label=checkpoint).exists():
             raise InvalidInput(f"no checkpoint {checkpoint!r} on this run", field="checkpoint")
@@ -653,7 +675,8 @@ def _close_locked(run: Run, *, actor: Actor, note: str) -> None:
     SteeringMessage.objects.filter(run=run, status=SteeringStatus.UNAPPLIED_AT_STOP).update(
         status=SteeringStatus.DISCARDED
     )
-    OutboxItem.objects.filter(run=run, status=OutboxStatus.FROZEN).update(
+    # Frozen ones, relabelled or still frozen by the run's epoch alone.
+    OutboxItem.objects.filter(frozen.frozen_of_run_q(run), run=run).update(
         status=OutboxStatus.DISCARDED, updated_at=now
     )
     _move(

@@ -14,7 +14,7 @@ from django.core.validators import validate_email
 from django.db.models import F
 from django.utils import timezone
 
-from runs import hooks
+from runs import frozen, hooks
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -123,7 +123,7 @@ def outbox_enqueue(
     with locked_run(run_id) as run:
         existing = OutboxItem.objects.filter(run=run, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return existing, False
+            return frozen.present(run, [existing])[0], False
         now = timezone.now()
         refusal = _check_work_may_start(run, epoch, now=now)
         verdict = hooks.NO_VERDICT
@@ -375,6 +375,9 @@ def _decide_frozen(*, run_id: str, item_id: int, actor: Actor, to: str, note: st
             raise NotFound(f"outbox item {item_id} is not on run {run_id}")
         if item.status == to:
             return item  # a double click decides once
+        # Frozen by the run's epoch and not relabelled yet: decided as the relabelled row, and
+        # its freeze written with the decision.
+        item = frozen.present(run, [item])[0]
         if item.status != OutboxStatus.FROZEN:
             raise IllegalTransition.for_run(
                 run, f"only a frozen item can be {to}; this one is {item.status}"
@@ -389,7 +392,7 @@ def _decide_frozen(*, run_id: str, item_id: int, actor: Actor, to: str, note: st
                 run, "frozen items are decided once the run has stopped"
             )
         item.status = to
-        item.save(update_fields=["status", "updated_at"])
+        item.save(update_fields=["status", "frozen_at", "frozen_by_epoch", "updated_at"])
         ledger_append(
             run=run,
             actor=actor,

@@ -4,11 +4,12 @@ the result (accepted after a stop, as a fact).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
-from runs import hooks
+from runs import hooks, notify
 from runs.actors import Actor
 from runs.errors import (
     BudgetExhausted,
@@ -28,18 +29,16 @@ from runs.models import (
     Run,
     SideEffect,
     SideEffectState,
-    Step,
-    StepStatus,
     StopReason,
 )
 from runs.services._base import (
     _RESULT_STATES,
     _apply_tool_result,
-    _changed,
     _check_work_may_start,
     _reject_late_write,
     locked_run,
 )
+from runs.services._permit_sql import PermitReads, read_for_permit, write_permit
 from runs.services.approvals import (
     GateAnswer,
     approval_request_locked,
@@ -91,9 +90,14 @@ def permit_request(
     refusal: StaleEpoch | RunNotRunning | BudgetExhausted | None = None
     with locked_run(run_id) as run:
         now = timezone.now()
-        refusal = _check_work_may_start(run, epoch, now=now)
+        reads = read_for_permit(run, tool_call_id=tool_call_id, step_key=step_key)
+        refusal = _check_work_may_start(run, epoch, now=now, lease=reads.lease)
         if refusal is None:
-            existing = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
+            existing = (
+                ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
+                if reads.asked_before
+                else None
+            )
             if existing is not None:
                 _refuse_another_call(run, existing, tool=tool, arguments=arguments or {})
                 if existing.permit_epoch != epoch:
@@ -129,11 +133,17 @@ def permit_request(
                     GateAnswer(None, verdict.hold, verdict.hold_name)
                     if verdict.hold
                     else gate_for_call(
-                        run, tool=tool, side_effect=side_effect, needs_approval=needs_approval
+                        run,
+                        tool=tool,
+                        side_effect=side_effect,
+                        needs_approval=needs_approval,
+                        rules_exist=reads.rules_exist,
                     )
                 )
                 record = _create_permit(
                     run,
+                    reads=reads,
+                    now=now,
                     held=gate is not None,
                     epoch=epoch,
                     tool_call_id=tool_call_id,
@@ -143,7 +153,6 @@ def permit_request(
                     idempotency_key=idempotency_key,
                     operation_id=operation_id,
                     recovery_policy=recovery_policy,
-                    step_key=step_key,
                     actor=actor,
                 )
                 if gate is not None:
@@ -217,6 +226,8 @@ def _refuse_another_call(
 def _create_permit(
     run: Run,
     *,
+    reads: PermitReads,
+    now: datetime,
     held: bool,
     epoch: int,
     tool_call_id: str,
@@ -226,13 +237,11 @@ def _create_permit(
     idempotency_key: str,
     operation_id: str,
     recovery_policy: str,
-    step_key: str,
     actor: Actor,
 ) -> ExecutionRecord:
-    step = _step_for_call(run, step_key)
-    record = ExecutionRecord.objects.create(
+    record = ExecutionRecord(
         run=run,
-        step=step,
+        step_id=reads.step_id,
         tool_call_id=tool_call_id,
         tool=tool,
         arguments=arguments,
@@ -250,8 +259,11 @@ def _create_permit(
         ),
     )
     run.tool_calls_count += 1
+    # Safe as a Python increment: the caller holds the run row lock.
+    run.change_seq += 1
+    write_permit(run, record, now=now)
     action = "tool.held" if held else "tool.permitted"
-    _changed(run, kind=action, fields=("tool_calls_count",))
+    notify.run_changed(run, kind=action)
     ledger_append(
         run=run,
         actor=actor,
@@ -262,14 +274,9 @@ def _create_permit(
             "side_effect": side_effect,
             "epoch": epoch,
         },
+        head=reads.ledger_head,
     )
     return record
-
-
-def _step_for_call(run: Run, step_key: str) -> Step | None:
-    if step_key:
-        return Step.objects.filter(run=run, key=step_key).first()
-    return Step.objects.filter(run=run, status=StepStatus.RUNNING).order_by("-seq").first()
 
 
 def tool_result_report(

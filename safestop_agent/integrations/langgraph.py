@@ -43,6 +43,12 @@ What the adapter does (DESIGN §9, §10):
   (possibly edited) arguments, or raises `ApprovalRejected` with the
   reviewer's message. A decision that is a `void` caused by a stop never
   resumes the graph: it ends as stopped, and the node does not run again.
+- **Usage is reported by itself.** Every chat model call made inside the
+  graph (`model.invoke`, `ainvoke`, `stream`, in any node) is seen by a
+  LangChain callback handler (`UsageCallback`) the adapter adds to the
+  graph's config; the call's `usage_metadata` becomes one `usage` event
+  (model from the response, step = the node's step), named after LangChain's
+  run id so a repeated report counts once. `report_usage=False` turns it off.
 - **Sync and async.** `invoke` / `stream` drive `graph.stream`, `ainvoke` /
   `astream` drive `graph.astream` (async nodes, async tools, async
   checkpointers). `stream` / `astream` hand the graph's chunks (in the
@@ -68,7 +74,9 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
+from uuid import UUID
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langgraph.config import get_config
 from langgraph.prebuilt import ToolNode
@@ -171,6 +179,7 @@ class SafestopGraph:
         config: Mapping[str, Any] | None = None,
         step_kind: StepKind | Mapping[str, StepKind] = "model_call",
         wait_for_approvals: bool = True,
+        report_usage: bool = True,
     ) -> None:
         if getattr(graph, "checkpointer", None) is None:
             raise ValueError(
@@ -188,11 +197,21 @@ class SafestopGraph:
         configurable["thread_id"] = self.thread_id
         configurable.pop("checkpoint_id", None)
         base["configurable"] = configurable
+        if report_usage:
+            base["callbacks"] = _with_handler(base.get("callbacks"), UsageCallback(run, self))
         self._config: dict[str, Any] = base
         self._open: dict[str, _OpenStep] = {}  # task id → the step it reported started
         self._calls = _Calls()
         self.last_checkpoint: str | None = None
         self.outcome: GraphOutcome | None = None
+
+    def step_key_of(self, metadata: Mapping[str, Any]) -> str | None:
+        """The step of the node a callback's `metadata` comes from (None outside a node)."""
+        namespace = str(metadata.get("langgraph_checkpoint_ns") or "")
+        top = namespace.split("|", 1)[0]
+        task_id = top.split(":", 1)[1] if ":" in top else top
+        open_step = self._open.get(task_id)
+        return open_step.key if open_step is not None else None
 
     # -- running (sync) ----------------------------------------------------------------
 
@@ -1028,6 +1047,114 @@ def _record(call: ToolCall, result: Any, failed: Callable[[Any], str | None] | N
     call.set_execution_state("unknown" if call.side_effect == "write" else "failed")
 
 
+# LangChain's provider names (`ls_provider`) that the price table knows by another name
+# (OpenTelemetry's `gen_ai.system`); a provider not listed is left out and the model's name
+# alone prices the call, as an unknown provider would leave it unpriced.
+_PROVIDERS = {
+    "openai": "openai",
+    "azure": "azure",
+    "anthropic": "anthropic",
+    "google_genai": "google",
+    "google_vertexai": "google",
+    "google_anthropic_vertex": "google",
+    "amazon_bedrock": "aws",
+    "bedrock": "aws",
+    "bedrock_converse": "aws",
+    "groq": "groq",
+    "mistral": "mistral",
+    "mistralai": "mistral",
+    "deepseek": "deepseek",
+    "cohere": "cohere",
+    "together": "together",
+    "fireworks": "fireworks",
+    "xai": "x-ai",
+    "perplexity": "perplexity",
+}
+
+
+class UsageCallback(BaseCallbackHandler):
+    """A LangChain callback handler that reports each chat model call's tokens to the run.
+
+    `SafestopGraph` adds one to the graph's config, so every chat model a node calls
+    (sync or async, invoked or streamed) reports its `usage_metadata` as one `usage`
+    event with no code in the node. Outside a graph, pass it yourself:
+    `model.invoke(messages, config={"callbacks": [UsageCallback(run)]})`.
+
+    A call without `usage_metadata` (a provider that did not say) reports nothing. The
+    event's id is derived from LangChain's run id for the call, so a report sent twice
+    counts once. A report that fails is logged, never raised into the model call.
+    """
+
+    # Called in an executor thread for async models: the report is a blocking HTTP call.
+    run_inline = False
+    raise_error = False
+
+    def __init__(self, run: AgentRun, graph: SafestopGraph | None = None) -> None:
+        self.run = run
+        self.graph = graph
+        self._calls: dict[UUID, tuple[str | None, str | None, str | None]] = {}
+        self._lock = threading.Lock()
+
+    def on_chat_model_start(
+        self,
+        serialized: Any,
+        messages: Any,
+        *,
+        run_id: UUID,
+        metadata: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        metadata = metadata or {}
+        params = kwargs.get("invocation_params") or {}
+        model = metadata.get("ls_model_name") or params.get("model") or params.get("model_name")
+        provider = _PROVIDERS.get(str(metadata.get("ls_provider") or "").lower())
+        step = self.graph.step_key_of(metadata) if self.graph is not None else None
+        with self._lock:
+            self._calls[run_id] = (str(model) if model else None, provider, step)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            model, provider, step = self._calls.pop(run_id, (None, None, None))
+        generations = [g for batch in (response.generations or []) for g in batch]
+        for index, generation in enumerate(generations):
+            message = getattr(generation, "message", None)
+            usage = getattr(message, "usage_metadata", None)
+            if not usage:
+                continue
+            said = getattr(message, "response_metadata", None) or {}
+            # The response names the model that answered (often a dated version): it wins.
+            name = said.get("model_name") or said.get("model") or said.get("model_id") or model
+            details = usage.get("input_token_details") or {}
+            try:
+                self.run.report_usage(
+                    model=str(name or "unknown"),
+                    provider=provider,
+                    input_tokens=int(usage.get("input_tokens") or 0),
+                    output_tokens=int(usage.get("output_tokens") or 0),
+                    cache_read_tokens=details.get("cache_read") or None,
+                    cache_write_tokens=details.get("cache_creation") or None,
+                    step_key=step,
+                    event_id=f"evt_usage_{run_id.hex}_{index}",
+                )
+            except Exception as error:  # the model call itself must go on
+                log.warning("safestop: usage of a %s call not reported: %r", name, error)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            self._calls.pop(run_id, None)
+
+
+def _with_handler(callbacks: Any, handler: BaseCallbackHandler) -> Any:
+    """The config's `callbacks` (a list, a manager, or none) with `handler` added."""
+    if callbacks is None:
+        return [handler]
+    if isinstance(callbacks, list | tuple):
+        return [*callbacks, handler]
+    manager = callbacks.copy()
+    manager.add_handler(handler, inherit=True)
+    return manager
+
+
 def _is_adapter_chunk(chunk: Any) -> bool:
     """A chunk that only says the graph paused at the adapter's breakpoint or approval wait."""
     data = chunk[-1] if isinstance(chunk, tuple) else chunk
@@ -1090,6 +1217,7 @@ __all__ = [
     "GraphOutcome",
     "SafestopGraph",
     "SafestopToolNode",
+    "UsageCallback",
     "active_graph",
     "atool_call",
     "current_token",

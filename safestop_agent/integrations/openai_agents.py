@@ -34,14 +34,23 @@ What the adapter does (DESIGN §9, §10):
   lease block turns into `drained`.
 - **Each model call is a step** (`model#<n>`) reported by `SafestopHooks`,
   which wrap the caller's own `RunHooks`.
+- **Usage is reported by itself.** Each model response's `usage` becomes one
+  `usage` event (`on_llm_end`; the step is the model call's): the top agent's
+  through `SafestopHooks`, and those of agents run as tools (their own
+  `Runner.run`) through the `AgentHooks` that `guard_agent` gives each copy.
+  The model is the run config's, else the agent's (a name, or a `Model`'s
+  `.model`); a response with a `response_id` is named by it, so a repeated
+  report counts once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import copy
 import dataclasses
+import hashlib
 import inspect
 import json
 import logging
@@ -51,7 +60,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Literal, cast
 
-from agents import Agent, FunctionTool, Handoff, RunHooks, Runner
+from agents import Agent, AgentHooks, FunctionTool, Handoff, RunHooks, Runner
 from agents.result import RunResult, RunResultStreaming
 from agents.run_state import RunState
 from agents.tool import default_tool_error_function
@@ -356,6 +365,8 @@ def _guard_graph(
             handoffs.append(target)
     guarded.tools = tools
     guarded.handoffs = handoffs
+    if not isinstance(agent.hooks, _UsageAgentHooks):
+        guarded.hooks = _UsageAgentHooks(agent.hooks)
     return guarded
 
 
@@ -506,15 +517,115 @@ def _rebind(fn: Any, old: Any, new: Any, depth: int = 4) -> Any:
     return rebound
 
 
+def _model_name(agent: Any, run_config: Any = None) -> str:
+    """The model a response came from: the run config's, else the agent's, else the default."""
+    for candidate in (getattr(run_config, "model", None), getattr(agent, "model", None)):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+        named = getattr(candidate, "model", None)  # OpenAIResponsesModel, LitellmModel, ...
+        if isinstance(named, str) and named:
+            return named
+        if candidate is not None:
+            return type(candidate).__name__  # a model we cannot name: unpriced, still counted
+    try:
+        from agents.models import get_default_model
+    except ImportError:  # an SDK without a named default
+        return "unknown"
+    return str(get_default_model())
+
+
+def _claim(response: Any) -> bool:
+    """True the first time a response's usage is to be reported (run and agent hooks both see it).
+
+    Called before any await, so of two hooks handling the same response only one reports it.
+    """
+    if getattr(response, "_safestop_usage_reported", False):
+        return False
+    try:
+        object.__setattr__(response, "_safestop_usage_reported", True)
+    except (AttributeError, TypeError):  # a response that takes no attribute: report it anyway
+        pass
+    return True
+
+
+async def _report_usage(
+    run: AgentRun, agent: Any, response: Any, *, step_key: str | None, run_config: Any = None
+) -> None:
+    """One `usage` event for a model response (nothing for a response that used no tokens)."""
+    usage = getattr(response, "usage", None)
+    input_tokens = int(getattr(usage, "input_tokens", 0) or 0)
+    output_tokens = int(getattr(usage, "output_tokens", 0) or 0)
+    if usage is None or input_tokens + output_tokens == 0:
+        return
+    details = getattr(usage, "input_tokens_details", None)
+    cached = int(getattr(details, "cached_tokens", 0) or 0)
+    written = int(getattr(details, "cache_write_tokens", 0) or 0)  # in later SDKs only
+    response_id = getattr(response, "response_id", None) or getattr(response, "request_id", None)
+    event_id = None
+    if response_id:
+        digest = hashlib.sha256(f"{run.run_id}|{response_id}".encode()).hexdigest()[:32]
+        event_id = f"evt_usage_{digest}"
+    try:
+        await asyncio.to_thread(
+            run.report_usage,
+            model=_model_name(agent, run_config),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cache_read_tokens=cached or None,
+            cache_write_tokens=written or None,
+            step_key=step_key,
+            event_id=event_id,
+        )
+    except Exception as error:  # a fact that cannot be sent must not end the run
+        log.warning("safestop: usage of a model call not reported: %r", error)
+
+
+class _UsageAgentHooks(AgentHooks[Any]):
+    """The agent hooks `guard_agent` gives each copy: usage of the agent's model calls when it
+    runs under another `Runner.run` (as a tool), where `SafestopHooks` are not the run's hooks.
+    Every callback also goes to the agent's own hooks."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        await asyncio.sleep(0)  # the run's own hooks, started first, claim a response first
+        if _claim(response):
+            try:
+                run = active_run(context)
+            except RuntimeError:
+                run = None
+            if run is not None:
+                await _report_usage(run, agent, response, step_key=None)
+        if self.inner is not None:
+            await self.inner.on_llm_end(context, agent, response)
+
+
+def _delegate(name: str) -> Any:
+    async def delegated(self: _UsageAgentHooks, *args: Any, **kwargs: Any) -> None:
+        if self.inner is not None:
+            await getattr(self.inner, name)(*args, **kwargs)
+
+    delegated.__name__ = name
+    return delegated
+
+
+for _name in ("on_start", "on_end", "on_handoff", "on_tool_start", "on_tool_end", "on_llm_start"):
+    setattr(_UsageAgentHooks, _name, _delegate(_name))
+
+
 class SafestopHooks(RunHooks[Any]):
     """Run hooks: no model call or tool starts after a stop; each model call is a step.
 
     Wraps `inner` (the caller's own hooks), which still sees every callback.
     """
 
-    def __init__(self, run: AgentRun, inner: RunHooks[Any] | None = None) -> None:
+    def __init__(
+        self, run: AgentRun, inner: RunHooks[Any] | None = None, *, run_config: Any = None
+    ) -> None:
         self.run = run
         self.inner = inner
+        self.run_config = run_config
         self._open: dict[int, str] = {}
         self._counter = _Counter()
 
@@ -530,6 +641,8 @@ class SafestopHooks(RunHooks[Any]):
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         key = self._open.pop(id(agent), None)
+        if _claim(response):
+            await _report_usage(self.run, agent, response, step_key=key, run_config=self.run_config)
         if key is not None:
             await _fact(self.run, "step.completed", key=key)
         if self.inner is not None:
@@ -583,7 +696,7 @@ async def run_agent(
 ) -> RunResult:
     """`Runner.run(agent, input, ...)` that a stop cancels (raises `Cancelled`)."""
     run.token.raise_if_cancelled()
-    safestop_hooks = SafestopHooks(run, hooks)
+    safestop_hooks = SafestopHooks(run, hooks, run_config=kwargs.get("run_config"))
     active, steps = _ACTIVE.set(run), _STEPS.set(_Counter())
     try:
         task = asyncio.ensure_future(Runner.run(agent, input, hooks=safestop_hooks, **kwargs))
@@ -632,16 +745,21 @@ async def resume_agent(
     return await run_agent(run, agent, state, hooks=hooks, **kwargs)
 
 
-def _reviewer_approved(run: AgentRun, item: Any) -> bool:
-    """Ask the interrupted call's permit again until the reviewer has decided; True if approved."""
+def _interrupted_call(run: AgentRun, item: Any) -> ToolCall:
+    """The call an SDK interruption stands for, named as its permit was asked."""
     raw = item.raw_item
     field = raw.get if isinstance(raw, Mapping) else (lambda key: getattr(raw, key, None))
     arguments = field("arguments") or "{}"
-    call = run.new_tool_call(
+    return run.new_tool_call(
         str(item.tool_name or field("name")),
         json.loads(arguments) if isinstance(arguments, str) else dict(arguments),
         tool_call_id=f"{field('call_id')}.e{run.epoch}"[-120:],
     )
+
+
+def _reviewer_approved(run: AgentRun, item: Any) -> bool:
+    """Ask the interrupted call's permit again until the reviewer has decided; True if approved."""
+    call = _interrupted_call(run, item)
     try:
         while not run.ask_permit(call, wait=False):
             decision = run.wait_for_approval(str((call.approval or {})["id"]), poll_now=True)
@@ -650,6 +768,166 @@ def _reviewer_approved(run: AgentRun, item: Any) -> bool:
     except ApprovalRejected:
         return False
     return True
+
+
+SUSPENDED_FORMAT = "safestop.openai-agents.suspended/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class SuspendedRun:
+    """A run suspended at the SDK's approval interruptions, holding no lease and no process.
+
+    `state` is the SDK's saved `RunState` (`to_string()`), `approvals` the safestop
+    approvals the reviewers decide. Keep `to_string()` wherever the process that goes on
+    will find it (a file, a database row, a queue message), then
+    `resume_when_decided(client, agent, saved, worker_id=...)`.
+    """
+
+    run_id: str
+    epoch: int
+    approvals: tuple[str, ...]
+    state: str
+
+    def to_string(self) -> str:
+        return json.dumps(
+            {
+                "format": SUSPENDED_FORMAT,
+                "run_id": self.run_id,
+                "epoch": self.epoch,
+                "approvals": list(self.approvals),
+                "state": self.state,
+            }
+        )
+
+    @classmethod
+    def from_string(cls, text: str) -> SuspendedRun:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != SUSPENDED_FORMAT:
+            raise ValueError(
+                f"not a suspended run saved by suspend_for_approvals ({SUSPENDED_FORMAT})"
+            )
+        return cls(
+            run_id=str(data["run_id"]),
+            epoch=int(data["epoch"]),
+            approvals=tuple(str(a) for a in data["approvals"]),
+            state=str(data["state"]),
+        )
+
+
+def _waiting_approvals(run: AgentRun, interruptions: list[Any]) -> list[str]:
+    """The approvals of `interruptions` that still wait for a reviewer (asked again, not waited)."""
+    waiting: list[str] = []
+    for item in interruptions:
+        call = _interrupted_call(run, item)
+        try:
+            if not run.ask_permit(call, wait=False):
+                waiting.append(str((call.approval or {})["id"]))
+        except ApprovalRejected:
+            pass  # decided already: nothing to wait for
+    return waiting
+
+
+async def suspend_for_approvals(
+    run: AgentRun,
+    agent: Agent[Any],
+    result: RunResult,
+    *,
+    reason: str = "waiting_for_approval",
+    **kwargs: Any,
+) -> SuspendedRun | RunResult:
+    """Let the run wait for its reviewers without holding a process (`approval_flow="interrupt"`).
+
+    With interruptions in `result` that still wait for a reviewer, the lease is released
+    with `suspend` (the run is `suspended`; its approvals stay open for the reviewers) and a
+    `SuspendedRun` is returned: save its `to_string()` and let the process end. Decisions
+    that are already in are applied at once, in this process, with `resume_agent`, as is
+    the whole wait if a decision lands while the lease is being given back; so a
+    `RunResult` comes back when the run got past its interruptions here (call
+    `run.complete(...)`). `kwargs` go to `resume_agent`.
+    """
+    while result.interruptions:
+        waiting = await asyncio.to_thread(_waiting_approvals, run, list(result.interruptions))
+        state = result.to_state()
+        if waiting:
+            try:
+                await asyncio.to_thread(run.release, suspend=True, reason=reason)
+            except Refused as refused:
+                if refused.code != "illegal_transition":
+                    raise
+                # A decision landed in between (its call is permitted now): go on here.
+                log.info("safestop: not suspended (%s); resuming in this process", refused)
+            else:
+                assert run.epoch is not None
+                return SuspendedRun(run.run_id, run.epoch, tuple(waiting), state.to_string())
+        result = await resume_agent(run, agent, state, **kwargs)
+    return result
+
+
+async def _wait_for_decisions(
+    client: Any, suspended: SuspendedRun, *, poll_interval: float, timeout: float | None
+) -> None:
+    """Poll the approvals (no lease held) until none waits; `Cancelled` if the run was stopped."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        run_info = await asyncio.to_thread(client.get_run, suspended.run_id)
+        status = str(run_info.get("status") or "")
+        if status != "suspended":
+            raise Cancelled(
+                str(run_info.get("stop_reason") or status),
+                stop_epoch=run_info.get("stop_epoch"),
+            )
+        waiting = [
+            approval_id
+            for approval_id in suspended.approvals
+            if (await asyncio.to_thread(client.get_approval, approval_id)).get("status")
+            == "waiting"
+        ]
+        if not waiting:
+            return
+        if timeout is not None and loop.time() - started >= timeout:
+            raise TimeoutError(f"approvals {waiting} still waiting after {timeout}s")
+        await asyncio.sleep(poll_interval)
+
+
+@contextlib.asynccontextmanager
+async def resume_when_decided(
+    client: Any,
+    agent: Agent[Any],
+    saved: SuspendedRun | str,
+    *,
+    worker_id: str,
+    poll_interval: float = 2.0,
+    timeout: float | None = None,
+    lease_options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[AgentRun, SuspendedRun | RunResult]]:
+    """Go on with a `SuspendedRun` once its reviewers have decided, in any process.
+
+        async with resume_when_decided(client, agent, saved, worker_id="w2") as (run, outcome):
+            if isinstance(outcome, SuspendedRun):
+                store(outcome.to_string())  # it waits for reviewers again
+            else:
+                run.complete({"answer": outcome.final_output})
+
+    Waits holding nothing (the approvals are polled every `poll_interval` seconds), then
+    leases the run (same epoch: the decisions belong to it), answers each interruption
+    with its reviewer's decision (`resume_agent`: an approved call runs once, with the
+    final arguments) and goes on; new interruptions suspend the run again
+    (`suspend_for_approvals`). The lease is finished when the block ends. A stop of the
+    suspended run raises `Cancelled` (nothing to drain: no worker held it). `kwargs` go to
+    `resume_agent`; `lease_options` to `client.lease`.
+    """
+    suspended = SuspendedRun.from_string(saved) if isinstance(saved, str) else saved
+    await _wait_for_decisions(client, suspended, poll_interval=poll_interval, timeout=timeout)
+    run = client.lease(suspended.run_id, worker_id, **dict(lease_options or {}))
+    await asyncio.to_thread(run.acquire)
+    try:
+        result = await resume_agent(run, agent, suspended.state, **kwargs)
+        outcome = await suspend_for_approvals(run, agent, result, **kwargs)
+        yield run, outcome
+    finally:
+        await asyncio.to_thread(run.finish)
 
 
 def run_agent_sync(run: AgentRun, agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
@@ -674,7 +952,12 @@ def run_agent_streamed(
     loop = asyncio.get_running_loop()
     active, steps = _ACTIVE.set(run), _STEPS.set(_Counter())
     try:
-        result = Runner.run_streamed(agent, input, hooks=SafestopHooks(run, hooks), **kwargs)
+        result = Runner.run_streamed(
+            agent,
+            input,
+            hooks=SafestopHooks(run, hooks, run_config=kwargs.get("run_config")),
+            **kwargs,
+        )
     finally:
         _ACTIVE.reset(active)
         _STEPS.reset(steps)
@@ -701,7 +984,9 @@ async def stream_events(run: AgentRun, result: RunResultStreaming) -> AsyncItera
 
 
 __all__ = [
+    "SUSPENDED_FORMAT",
     "SafestopHooks",
+    "SuspendedRun",
     "active_run",
     "default_rejection_output",
     "guard_agent",
@@ -710,5 +995,7 @@ __all__ = [
     "resume_agent",
     "run_agent_sync",
     "safestop_tool",
+    "resume_when_decided",
     "stream_events",
+    "suspend_for_approvals",
 ]

@@ -5,15 +5,18 @@
  *   {"type": "run.updated", "run_id", "team", "status", "stop_epoch", "seq", "kind"}
  * — never HTML — and this script decides which regions to refetch. Each region is a
  * `[data-live]` element with a `data-live-url`; it is refetched with htmx (the server answers
- * with the `{% partialdef %}` fragment matching the HX-Target id) and swapped whole.
+ * with the `{% partialdef %}` fragment matching the HX-Target id) and morphed into place with
+ * idiomorph's htmx extension (`morph` swap, static/console/vendor/), out-of-band parts too: the
+ * nodes that did not change stay the same nodes, so the focus, a selection, the scroll position,
+ * open <details>, typed text and messages (`data-flash`) survive a refresh.
  *   data-live="always"  refetch on every frame, unless its data-seq shows it is already newer
  *   data-live="status"  refetch only when the run's status or epoch differs from what it shows
  *   data-live="guarded" refetch unless the user is typing in it; then show a "changed" notice
  * A region with data-live-via="<id>" data-live-part="<name>" is not fetched on its own: it rides
  * out of band on the response of region <id> (the run's actions change with its summary).
- * At most one request per region is in flight, and fetches of a region start at least
- * MIN_GAP_MS apart; frames arriving meanwhile coalesce into one trailing fetch that starts after
- * the last of them, so a burst of changes costs two requests and the last state still wins.
+ * Each region fetches itself with htmx (hx-get, hx-trigger="safestop:refresh", hx-sync="this:queue
+ * last"): at most one request per region is in flight, frames arriving meanwhile coalesce into
+ * one trailing fetch, so a burst of changes costs two requests and the last state still wins.
  * Frames are at most once (Redis Pub/Sub, console/settings.py): when a run's `seq` skips a
  * number, a frame was lost, and every region showing that run refetches whatever the frame says.
  * After a reconnect every region is refetched (frames sent while offline are not replayed).
@@ -27,38 +30,72 @@
     return format.replace(/%\((\w+)\)s/g, function (_m, name) { return String(values[name]); });
   };
 
-  var MIN_GAP_MS = 250; // between the starts of two fetches of one region
-  var regions = {}; // id -> {busy, again, parts, startedAt}
-
+  // A region fetches itself, declaratively (its template says so):
+  //   hx-get="<its url>" hx-trigger="safestop:refresh" hx-sync="this:queue last"
+  //   hx-swap="morph" hx-disinherit="*"
+  // `queue last` keeps at most one request in flight and one waiting: a burst of frames costs
+  // two requests and the last state still wins. What htmx cannot say stays here: which frames
+  // concern a region (below), the parts riding along (`?with=`), and waiting for a person's own
+  // request for the region.
   // `part`: another region to bring along out of band (`?with=actions`), so regions that
   // depend on one another change in the same swap.
-  // `busy` covers a fetch in flight *or* one waiting for its MIN_GAP_MS slot; a frame arriving
-  // then only sets `again`, so the whole burst costs one more fetch, started after it.
+  var LIVE_EVENT = "safestop:refresh";
   function refresh(id, part) {
-    var state = regions[id] || (regions[id] = { busy: false, again: false, parts: {}, startedAt: 0 });
-    if (part) state.parts[part] = true;
-    if (state.busy) { state.again = true; return; }
-    state.busy = true;
-    var run = function () {
-      // A person's own request for this region is under way: it carries what they asked for,
-      // so the live fetch waits for its answer and starts after it (see queryRegion below).
-      if (userGets[id] > 0) { heldLive[id] = run; return; }
-      state.again = false;
-      state.startedAt = Date.now();
-      var parts = Object.keys(state.parts);
-      state.parts = {};
-      var el = document.getElementById(id);
-      if (!el || !el.dataset.liveUrl) { state.busy = false; return; }
-      var options = { source: el, target: el, swap: "outerHTML", headers: { "X-Safestop-Live": "1" } };
-      if (parts.length) options.values = { "with": parts.join(",") };
-      htmx.ajax("GET", el.dataset.liveUrl, options)
-        .catch(function () { /* network error: the next frame or a reconnect retries */ })
-        .then(function () {
-          if (state.again) { later(); } else { state.busy = false; }
-        });
+    var el = document.getElementById(id);
+    if (!el || !el.hasAttribute("hx-get")) return;
+    if (part) (el.safestopParts || (el.safestopParts = {}))[part] = true;
+    // A person's own request for this region is under way: it carries what they asked for, so
+    // the live fetch starts after its answer (see queryRegion below).
+    if (userGets[id] > 0) { heldLive[id] = true; return; }
+    htmx.trigger(el, LIVE_EVENT);
+  }
+
+  function isLiveRequest(detail) {
+    var event = detail && (detail.triggeringEvent || (detail.requestConfig && detail.requestConfig.triggeringEvent));
+    return !!event && event.type === LIVE_EVENT;
+  }
+
+  // A live request says so (the server and the swap below tell it from a person's own), and
+  // carries the parts asked for since the last one.
+  document.addEventListener("htmx:configRequest", function (evt) {
+    var detail = evt.detail;
+    if (!isLiveRequest(detail)) return;
+    detail.headers["X-Safestop-Live"] = "1";
+    var parts = detail.elt.safestopParts ? Object.keys(detail.elt.safestopParts) : [];
+    detail.elt.safestopParts = null;
+    if (parts.length) detail.parameters["with"] = parts.join(",");
+  });
+
+  // A live refresh morphs rather than replaces (a replaced node takes the focus with it: tabbing
+  // into a table that refreshes every second never reached its rows). `liveSwap` says whether
+  // the swap under way is one: set for every swap, so a person's own request never inherits it.
+  var liveSwap = false;
+  document.addEventListener("htmx:beforeSwap", function (evt) {
+    var config = evt.detail.requestConfig;
+    liveSwap = !!(config && config.headers && config.headers["X-Safestop-Live"]);
+    // The regions riding along out of band morph as well (the templates say
+    // hx-swap-oob="true", which would replace them).
+    if (liveSwap && typeof evt.detail.serverResponse === "string") {
+      evt.detail.serverResponse = evt.detail.serverResponse.replace(/ hx-swap-oob="true"/g, ' hx-swap-oob="morph"');
+    }
+  });
+  if (window.Idiomorph) {
+    // A value someone is typing into the focused field stays theirs. (Not idiomorph's
+    // ignoreActiveValue: it skips the children of any focused element, and after a Stop the
+    // focus rests on the run's status, which must still change.)
+    Idiomorph.defaults.callbacks.beforeNodeMorphed = function (node) {
+      return !(liveSwap && node === document.activeElement && /^(INPUT|TEXTAREA|SELECT)$/.test(node.tagName));
     };
-    var later = function () { setTimeout(run, Math.max(0, state.startedAt + MIN_GAP_MS - Date.now())); };
-    later();
+    // A message (`data-flash`: "Approved as it was…") is the answer to what the person did: a
+    // live refresh, rendered without it, must not take it away. A person's own next request
+    // replaces its region and the message with it.
+    Idiomorph.defaults.callbacks.beforeNodeRemoved = function (node) {
+      return !(liveSwap && node.nodeType === 1 && node.hasAttribute("data-flash"));
+    };
+    // An open confirmation or dialog stays open (the server renders it closed).
+    Idiomorph.defaults.callbacks.beforeAttributeUpdated = function (name, node) {
+      return !(liveSwap && name === "open" && /^(DETAILS|DIALOG)$/.test(node.tagName));
+    };
   }
 
   // A filtered region (data-query-form="<form id>", the runs table) shows what that form asks
@@ -73,7 +110,7 @@
   var PAGE_PARAMS = ["after", "before"];
   var issued = {}; // region id -> number of the newest GET issued for it
   var userGets = {}; // region id -> GETs a person started, in flight
-  var heldLive = {}; // region id -> the live fetch waiting for them
+  var heldLive = {}; // region id -> a live fetch waits for them
   var newestUser = {}; // region id -> the issue number of the newest GET a person started
 
   function queryRegion(target) {
@@ -158,9 +195,8 @@
     var id = xhr.safestopRegion;
     userGets[id] = Math.max(0, (userGets[id] || 0) - 1);
     if (!userGets[id] && heldLive[id]) {
-      var go = heldLive[id];
-      heldLive[id] = null;
-      go();
+      heldLive[id] = false;
+      refresh(id);
     }
   });
 
@@ -238,6 +274,9 @@
   function onFrame(root, msg) {
     if (!msg || msg.type !== "run.updated") return;
     recentlyChanged[msg.run_id] = Date.now();
+    // The navigation's counts refetch themselves on this event (base.html: hx-trigger with a
+    // delay, so a burst of frames costs one request).
+    htmx.trigger(document.body, "safestop:frame");
     var scopeRun = root.dataset.runId;
     if (scopeRun && scopeRun !== msg.run_id) return;
     // A lost frame may have been the one a filter or a status check would have let through.

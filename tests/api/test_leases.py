@@ -152,3 +152,65 @@ def test_another_teams_lease_is_404(api, other_team, agent_token):
     run, lease = make_running(other_team)
     assert api.post(url(run, "lease/heartbeat/"), lease_body(lease), agent_token).status_code == 404
     assert api.post(url(run, "lease/"), {"worker_id": "w"}, agent_token).status_code == 404
+
+
+def test_release_with_suspend_keeps_the_approval_and_the_next_lease_goes_on(api, team, agent_token):
+    run, lease = make_running(team)
+    held = api.post(
+        url(run, "permits/"),
+        {
+            "epoch": lease.epoch,
+            "tool_call_id": "call_1",
+            "tool": "refund",
+            "side_effect": "write",
+            "arguments": {"order": "1042"},
+            "needs_approval": True,
+        },
+        agent_token,
+    )
+    assert held.status_code == 202
+    released = api.post(
+        url(run, "lease/release/"),
+        {**lease_body(lease), "suspend": True, "reason": "waiting_for_approval"},
+        agent_token,
+    )
+    assert released.status_code == 200
+    assert released.json()["status"] == "suspended"
+    approval = api.get(f"/api/v1/approvals/{held.json()['approval']['id']}/", agent_token)
+    assert approval.json()["status"] == "waiting"
+    again = api.post(url(run, "lease/"), {"worker_id": "w-2"}, agent_token)
+    assert again.status_code == 201 and again.json()["epoch"] == lease.epoch
+
+
+def test_release_with_suspend_while_a_call_is_in_flight_is_409_and_keeps_the_lease(
+    api, team, agent_token
+):
+    run, lease = make_running(team)
+    api.post(
+        url(run, "permits/"),
+        {
+            "epoch": lease.epoch,
+            "tool_call_id": "c1",
+            "tool": "lookup",
+            "side_effect": "none",
+            "arguments": {},
+        },
+        agent_token,
+    )
+    response = api.post(
+        url(run, "lease/release/"), {**lease_body(lease), "suspend": True}, agent_token
+    )
+    assert response.status_code == 409
+    assert response.json()["error"] == "illegal_transition"
+    assert "c1" in response.json()["detail"]
+    beat = api.post(url(run, "lease/heartbeat/"), lease_body(lease), agent_token)
+    assert beat.status_code == 200, "the lease is still the worker's"
+
+
+def test_release_with_a_suspend_that_is_not_a_boolean_is_400(api, team, agent_token):
+    run, lease = make_running(team)
+    response = api.post(
+        url(run, "lease/release/"), {**lease_body(lease), "suspend": "yes"}, agent_token
+    )
+    assert response.status_code == 400
+    assert response.json()["field"] == "suspend"

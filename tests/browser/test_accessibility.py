@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from gateway.services import upstream_create
 from handoff.models import StopPacket
 from notifications.services import channel_create
 from runs import services
@@ -78,10 +79,20 @@ def every_page(team: Team, bob: Any, alice: Any) -> dict[str, str]:
         target="oncall@example.com",
         actor=Actor.for_user(alice),
     ).channel
+    upstream = upstream_create(
+        team=team,
+        name="everything",
+        transport="stdio",
+        command="npx",
+        args=["@modelcontextprotocol/server-everything", "stdio"],
+        env={"API_KEY": "never-shown"},
+        actor=Actor.for_user(alice),
+    )
     epoch = StopPacket.objects.filter(run=dirty).values_list("stop_epoch", flat=True).first()
     return {
         "runs": "/",
         "needs me": "/needs-me/",
+        "needs me (approvals only)": "/needs-me/?kind=approval",
         "run (running)": f"/runs/{running.pk}/",
         "run (stopped dirty)": f"/runs/{dirty.pk}/",
         "stop packet": f"/runs/{dirty.pk}/packets/{epoch}/",
@@ -95,6 +106,8 @@ def every_page(team: Team, bob: Any, alice: Any) -> dict[str, str]:
         "audit": "/audit/",
         "stop quality": "/quality/",
         "tokens": "/tokens/",
+        "mcp upstreams": "/upstreams/",
+        "mcp upstream": f"/upstreams/{upstream.pk}/",
         "notification channels": "/notifications/",
         "notification channel": f"/notifications/channels/{channel.pk}/",
         "notification deliveries": "/notifications/deliveries/",

@@ -23,7 +23,7 @@ from runs.models import (
 )
 from tests.support.approvals import SCHEMA, rule, url, waiting
 from tests.support.htmx import htmx
-from tests.support.scenarios import new_run
+from tests.support.scenarios import AGENT, new_run
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +48,7 @@ def test_inbox_lists_waiting_approvals_soonest_deadline_first(as_reviewer, team)
     )
     assert f'data-approval-id="{middle.public_id}" data-status="waiting" class=""' in body
     assert "data-countdown" in body  # time left, kept current by console.js
-    assert '<td class="small">deploys</td>' in body  # the rule that holds it
+    assert '<td class="small" data-label="Why">deploys</td>' in body  # the rule that holds it
 
 
 def test_inbox_filters_by_team_agent_tool_and_risk(as_staff, team, other_team):
@@ -523,3 +523,52 @@ def test_approvals_are_read_only_in_the_django_admin(as_staff, team):
     response = as_staff.post(f"/admin/runs/approval/{approval.pk}/delete/", {"post": "yes"})
     assert response.status_code == 403
     assert Approval.objects.filter(pk=approval.pk).exists()
+
+
+def test_the_steps_timeline_follows_the_run_while_the_approval_waits(as_reviewer, team):
+    approval = waiting(team)
+    key = approval.run.steps.order_by("seq").first().key
+    before = as_reviewer.get(url(approval), **htmx("approval-status")).content.decode()
+    assert (
+        'id="approval-steps" class="panel" aria-labelledby="context-title" hx-swap-oob="true"'
+        in (before)
+    )
+    lease = approval.run.leases.filter(released_at__isnull=True).get()
+    services.events_ingest(
+        run_id=approval.run_id,
+        epoch=lease.epoch,
+        actor=AGENT,
+        events=[
+            {"event_id": "later-step", "type": "step.started", "key": key, "kind": "tool_read"}
+        ],
+    )
+    after = as_reviewer.get(url(approval), **htmx("approval-status")).content.decode()
+    steps = after[after.index('id="approval-steps"') :]
+    assert 'id="approval-step-1" class="timeline__item timeline__item--running"' in steps
+    assert steps != before[before.index('id="approval-steps"') :]
+
+
+def test_an_expired_email_approval_says_the_email_was_never_sent(as_reviewer, team):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.support.scenarios import start
+
+    run = new_run(team, title="Mail the customer")
+    lease = start(run)
+    services.outbox_enqueue(
+        run_id=run.pk,
+        epoch=lease.epoch,
+        transport="email",
+        destination="customer@example.org",
+        payload={"subject": "Your refund", "body": "Done."},
+        idempotency_key="mail-1",
+        actor=AGENT,
+        needs_approval=True,
+    )
+    approval = Approval.objects.get(run=run)
+    services.approval_expire(approval_id=approval.pk, now=timezone.now() + timedelta(days=2))
+    body = as_reviewer.get(url(approval)).content.decode()
+    assert "the e-mail was never sent" in body
+    assert "The call never ran" not in body

@@ -33,7 +33,7 @@ def _resolve(client, run: Run, target: str, target_id: str, **headers):
 
 
 def _row(body: str, run: Run) -> str:
-    match = re.search(rf'<tr data-run-id="{run.pk}".*?</tr>', body, re.S)
+    match = re.search(rf'<tr [^>]*data-run-id="{run.pk}".*?</tr>', body, re.S)
     assert match, f"no row for {run.pk}"
     return match.group(0)
 
@@ -138,3 +138,42 @@ def test_the_quality_page_counts_an_interruption_resolved_and_resumed(as_reviewe
     assert "0 of 1 interrupted runs" in as_reviewer.get("/quality/").content.decode()
     as_reviewer.post(f"/runs/{run.pk}/resume/", {"checkpoint": ""})
     assert "1 of 1 interrupted runs" in as_reviewer.get("/quality/").content.decode()
+
+
+def _recovery(body: str) -> str:
+    match = re.search(r"<dt>Recovery</dt><dd><strong>(.*?)</strong>", body, re.S)
+    assert match, "no recovery advice"
+    return match.group(1)
+
+
+def test_resolving_an_unknown_brings_the_summary_calls_and_resolutions_along(as_reviewer, team):
+    run = interrupted(team)
+    call_id = _write_id(run)
+    page = as_reviewer.get(f"/runs/{run.pk}/packet/").content.decode()
+    advice = _recovery(page)
+    assert advice and advice != "confirm manually"
+    assert 'id="packet-resolutions"' in page  # there, hidden, for the first one to land in
+
+    body = _resolve(as_reviewer, run, "tool_call", call_id, **htmx()).content.decode()
+    for region in ("interruption-head", "packet-calls", "packet-resolutions"):
+        assert re.search(rf'id="{region}"[^>]*hx-swap-oob="true"', body), region
+    head = body[body.index('id="interruption-head"') :]
+    head = head[: head.index("</section>")]
+    assert "tag--ok" in head and "nothing" in head  # "Unknown now": nothing any more
+    resolutions = body[body.index('id="packet-resolutions"') :]
+    resolutions = resolutions[: resolutions.index("</section>")]
+    assert " hidden " not in resolutions and "not in the deploy history" in resolutions
+    assert call_id in body[body.index('id="packet-calls"') :]
+    # the advice the reviewer acted on stays as it was
+    assert _recovery(body) == advice
+    assert _recovery(as_reviewer.get(f"/runs/{run.pk}/packet/").content.decode()) == advice
+
+
+def test_a_live_refresh_of_the_interruption_brings_the_same_regions(as_reviewer, team):
+    run = interrupted(team)
+    body = as_reviewer.get(
+        f"/runs/{run.pk}/packet/", **htmx("interruption-status")
+    ).content.decode()
+    assert body.lstrip().startswith('<section id="interruption-status"')
+    for region in ("interruption-head", "packet-calls", "packet-resolutions"):
+        assert re.search(rf'id="{region}"[^>]*hx-swap-oob="true"', body), region

@@ -68,3 +68,21 @@ def test_an_unknown_delivery_status_shows_no_deliveries(as_admin, team):
     html = as_admin.get("/notifications/deliveries/", {"status": "exploded"}).content.decode()
     assert 'data-filter-error="status"' in html
     assert "exploded is not a delivery status." in html
+
+
+def test_the_audit_reason_menu_lists_reasons_not_reviewers_messages(as_admin, team, alice):
+    from runs import services as run_services
+    from runs.actors import Actor
+    from tests.support.approvals import waiting
+
+    approval = waiting(team)
+    run_services.approval_decide(
+        approval_id=approval.pk,
+        decision="reject",
+        actor=Actor.for_user(alice),
+        message="Please ask finance first",
+    )
+    response = as_admin.get("/audit/")
+    reasons = list(response.context["reasons"])
+    assert "Please ask finance first" not in reasons
+    assert "asked_by_agent" in reasons  # the request's own reason is a reason

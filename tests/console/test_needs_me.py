@@ -57,7 +57,7 @@ def interrupted_with_a_write(team: Team, *, title: str = "Deploy") -> Run:
     return run
 
 
-def test_everything_waiting_is_listed_most_urgent_first_with_its_deciding_page(
+def test_everything_waiting_is_grouped_by_kind_approvals_first_with_its_deciding_page(
     as_reviewer, team, bob
 ):
     later = waiting(team, title="Later refund", deadline_in=3600)
@@ -71,12 +71,13 @@ def test_everything_waiting_is_listed_most_urgent_first_with_its_deciding_page(
     body = response.content.decode()
     assert response.status_code == 200
     kinds = [item.kind for item in response.context["items"]]
-    assert kinds == ["approval", "stopped_dirty", "interrupted", "approval", "handoff"]
+    # Approvals first, the soonest deadline first; then dirty stops, interrupted runs, handoffs.
+    assert kinds == ["approval", "approval", "stopped_dirty", "interrupted", "handoff"]
     order = [
         body.index(f'href="/approvals/{soon.public_id}/"'),
+        body.index(f'href="/approvals/{later.public_id}/"'),
         body.index(f'href="/runs/{dirty.pk}/packet/"'),
         body.index(f'href="/runs/{broken.pk}/packet/"'),
-        body.index(f'href="/approvals/{later.public_id}/"'),
         body.index(f'href="/handoffs/#handoff-{handoff.pk}"'),
     ]
     assert order == sorted(order)
@@ -133,16 +134,17 @@ def test_the_page_follows_the_team_socket(as_reviewer, team):
 def test_queries_do_not_grow_with_what_waits(as_reviewer, team, bob, django_assert_max_num_queries):
     waiting(team)
     stopped_dirty(team)
+    interrupted_with_a_write(team)
     handed_off(team, by=Actor.for_user(bob))
     with CaptureQueriesContext(connection) as few:
-        assert len(as_reviewer.get("/needs-me/").context["items"]) == 3
+        assert len(as_reviewer.get("/needs-me/").context["items"]) == 4
     for index in range(4):
         waiting(team, title=f"refund {index}")
         stopped_dirty(team, title=f"dirty {index}")
         interrupted_with_a_write(team, title=f"deploy {index}")
         handed_off(team, by=Actor.for_user(bob), title=f"handed {index}")
     with CaptureQueriesContext(connection) as many:
-        assert len(as_reviewer.get("/needs-me/").context["items"]) == 19
+        assert len(as_reviewer.get("/needs-me/").context["items"]) == 20
     assert len(many) == len(few)
     with django_assert_max_num_queries(len(few)):
         as_reviewer.get("/needs-me/", **htmx("needs-me-region"))
@@ -181,3 +183,76 @@ def test_a_user_of_no_team_sees_nothing_and_counts_zero(client, team, django_use
     assert response.status_code == 200 and response.context["items"] == []
     assert 'id="nav-approvals-count" class="nav-count is-zero" >0<' in response.content.decode()
     assert client.get("/home/")["Location"] == "/"
+
+
+def test_each_group_is_counted_and_the_badge_agrees_with_the_groups(as_reviewer, team, bob):
+    for index in range(3):
+        waiting(team, title=f"refund {index}")
+    stopped_dirty(team)
+    interrupted_with_a_write(team)
+    handed_off(team, by=Actor.for_user(bob))
+    response = as_reviewer.get("/needs-me/")
+    body = response.content.decode()
+    counts = {group.kind: group.count for group in response.context["groups"]}
+    assert counts == {"approval": 3, "stopped_dirty": 1, "interrupted": 1, "handoff": 1}
+    assert 'data-kind-count="approval">3<' in body
+    assert 'id="nav-needs-count" class="nav-count" >6<' in body
+    # the badge of any other page says the same
+    other = as_reviewer.get("/nav-counts/", **htmx("nav-needs-count")).content.decode()
+    assert 'id="nav-needs-count" class="nav-count" hx-swap-oob="true">6<' in other
+    assert 'id="nav-approvals-count" class="nav-count" hx-swap-oob="true">3<' in other
+
+
+def test_the_kind_filter_shows_one_group_and_pages_through_it(as_reviewer, team):
+    from console.selectors.needs_me import NEEDS_ME_GROUP_PAGE
+
+    made = [
+        waiting(team, title=f"refund {index}", deadline_in=600 + index)
+        for index in range(NEEDS_ME_GROUP_PAGE + 2)
+    ]
+    stopped_dirty(team)
+    everything = as_reviewer.get("/needs-me/")
+    approvals = everything.context["groups"][0]
+    assert approvals.kind == "approval" and len(approvals.items) < approvals.count
+    assert 'href="/needs-me/?kind=approval"' in everything.content.decode()
+
+    first = as_reviewer.get("/needs-me/?kind=approval")
+    assert [group.kind for group in first.context["groups"]] == ["approval"]
+    shown = [item.approval.pk for item in first.context["items"]]
+    assert shown == [approval.pk for approval in made[:NEEDS_ME_GROUP_PAGE]]
+    assert "page=2" in first.content.decode()
+    second = as_reviewer.get("/needs-me/?kind=approval&page=2")
+    assert [item.approval.pk for item in second.context["items"]] == [
+        approval.pk for approval in made[NEEDS_ME_GROUP_PAGE:]
+    ]
+    dirty = as_reviewer.get("/needs-me/?kind=stopped_dirty").context["items"]
+    assert [item.kind for item in dirty] == ["stopped_dirty"]
+
+
+def test_an_unreadable_kind_or_page_shows_nothing_and_says_why(as_reviewer, team):
+    waiting(team)
+    for query in ("kind=everything", "page=zero", "kind=approval&page=-1"):
+        response = as_reviewer.get(f"/needs-me/?{query}")
+        assert response.status_code == 200
+        assert response.context["items"] == []
+        assert 'data-testid="needs-filter-errors"' in response.content.decode()
+
+
+def test_the_urgent_rows_have_a_legend(as_reviewer, team):
+    waiting(team, deadline_in=60)
+    body = as_reviewer.get("/needs-me/").content.decode()
+    assert 'id="needs-legend"' in body and "expires within 10 min" in body
+    assert "is-urgent" in body
+
+
+def test_a_handoff_says_when_it_was_handed_off(as_reviewer, team):
+    handed_off(team, by=Actor.system("watchdog"))  # open: nobody has accepted it
+    body = as_reviewer.get("/needs-me/").content.decode()
+    assert "handed off <time" in body and "waiting <time" not in body
+
+
+def test_a_viewers_navigation_counts_have_no_needs_me_part(as_viewer, team):
+    waiting(team)
+    body = as_viewer.get("/nav-counts/", **htmx()).content.decode()
+    assert 'id="nav-needs-count"' not in body  # a viewer's navigation has no such link
+    assert 'id="nav-approvals-count" class="nav-count" hx-swap-oob="true">1<' in body

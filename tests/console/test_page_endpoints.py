@@ -70,3 +70,14 @@ def test_no_view_module_imports_a_sibling_view():
             name for name in imported if name.startswith("console.views.")
         } - SHARED_VIEW_MODULES
         assert not siblings, f"{path.name} imports {sorted(siblings)}"
+
+
+def test_the_api_docs_page_has_no_inline_style(client):
+    """The Content-Security-Policy allows no inline <style>: the Swagger page's few rules come
+    from a file."""
+    response = client.get("/api/docs/")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "<style" not in body
+    assert "console/api_docs.css" in body
+    assert "style-src 'self'" in response["Content-Security-Policy"]

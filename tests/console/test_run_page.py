@@ -15,6 +15,7 @@ from tests.support.scenarios import (
     AGENT,
     handed_off,
     new_run,
+    outbox_seen,
     running,
     start,
     stopped_cleanly,
@@ -203,7 +204,7 @@ def test_unapplied_steering_is_carried_over_or_discarded(as_reviewer, team, bob)
 
 def test_frozen_outbox_item_is_released_or_discarded(as_reviewer, team):
     run = stopped_cleanly(team)
-    item = run.outbox_items.get()
+    [item] = outbox_seen(run)
     assert item.status == "frozen"
     page = as_reviewer.get(f"/runs/{run.pk}/").content.decode()
     assert f"/runs/{run.pk}/outbox/{item.pk}/release/" in page

@@ -267,6 +267,7 @@ ROW_FIELDS = (
     "frozen_at",
     "frozen_by_epoch",
     "sent_at",
+    "enqueue_epoch",
 )
 
 
@@ -293,6 +294,10 @@ def tally(stops: dict[str, object], received: Iterable[str], *, items: int) -> T
     for row in _item_rows(list(stops)):
         rows[row["idempotency_key"]] = row
         stop = stops[row["run_id"]].stop_request  # type: ignore[attr-defined]
+        if row["status"] == OutboxStatus.PENDING and row["enqueue_epoch"] < stop.epoch_after:
+            # Frozen by the stop's epoch, its row not relabelled yet (runs/frozen.py): what
+            # every reader sees, and what the relabel will write.
+            row.update(status=OutboxStatus.FROZEN, frozen_by_epoch=stop.epoch_after)
         if row["status"] == OutboxStatus.SENT:
             result.sent += 1
             sent_per_run[row["run_id"]] += 1

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from handoff.models import StopPacket
-from runs import dispatch, services, tasks
+from runs import dispatch, frozen, services, tasks
 from runs.actors import Actor
 from runs.models import LedgerEntry, OutboxItem, OutboxStatus, RunStatus
 from tests.support.scenarios import make_running, reload
@@ -68,8 +68,16 @@ def test_items_frozen_by_a_stop_are_never_sent(team, receiver) -> None:
     assert dispatch.dispatch_pending() == 0
     assert [dispatch.dispatch_one(item) for item in items] == [None, None, None]
     assert receiver.count() == 0
+    stopped = reload(run)
+    seen = frozen.present(stopped, OutboxItem.objects.filter(run=run))
+    assert {item.status for item in seen} == {OutboxStatus.FROZEN}
+    # Relabelled later, in bounded batches: still never sent.
+    assert services.outbox_relabel_frozen(run_id=run.pk, limit=2) == 2
+    assert services.outbox_relabel_frozen(run_id=run.pk, limit=2) == 1
+    assert services.outbox_relabel_frozen(run_id=run.pk, limit=2) == 0
     statuses = set(OutboxItem.objects.filter(run=run).values_list("status", flat=True))
     assert statuses == {OutboxStatus.FROZEN}
+    assert dispatch.dispatch_pending() == 0 and receiver.count() == 0
 
 
 def test_a_scan_read_before_the_stop_cannot_send_after_it(team, receiver) -> None:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from handoff.models import StopPacket
-from runs import dispatch, services
+from runs import dispatch, frozen, services
 from runs.actors import Actor
 from runs.models import (
     ExecutionState,
@@ -142,7 +142,7 @@ def test_the_enforcer_stops_a_run_past_max_seconds_with_reason_timeout(team, rec
     assert (stop_request.reason, stop_request.requested_by) == ("timeout", "budget")
     entry = _last(run, "run.stop_requested")
     assert (entry.reason, entry.actor) == ("timeout", "budget")
-    assert run.outbox_items.get().status == OutboxStatus.FROZEN
+    assert frozen.present(run, run.outbox_items.all())[0].status == OutboxStatus.FROZEN
     assert dispatch.dispatch_pending() == 0
     assert dispatch.enforce_budgets() == 0
     assert receiver.count() == 0

@@ -7,7 +7,16 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SKIPPED_DIRS = {".git", ".venv", "node_modules", "dist", "staticfiles", "results", "__pycache__"}
+SKIPPED_DIRS = {
+    ".git",
+    ".venv",
+    ".venv-matrix",
+    "node_modules",
+    "dist",
+    "staticfiles",
+    "results",
+    "__pycache__",
+}
 TEXT_SUFFIXES = {".py", ".md", ".ts", ".js", ".html", ".toml", ".yml", ".yaml", ".cfg", ".txt"}
 TEXT_NAMES = {"Makefile", "Dockerfile"}
 CITATION = re.compile(r"\bissues? #?\d+|\bpoints? \d+ of issue", re.IGNORECASE)
@@ -17,7 +26,11 @@ def _text_files() -> list[Path]:
     found = []
     for path in ROOT.rglob("*"):
         parts = set(path.relative_to(ROOT).parts)
-        if parts & SKIPPED_DIRS or any(part.endswith(".egg-info") for part in parts):
+        # Every virtualenv (.venv, and the small ones of `make adapter-matrix` and
+        # `make mcp-clients`) holds other people's code.
+        if parts & SKIPPED_DIRS or any(
+            part.endswith(".egg-info") or part.startswith(".venv") for part in parts
+        ):
             continue
         if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name in TEXT_NAMES):
             found.append(path)

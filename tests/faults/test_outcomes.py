@@ -34,7 +34,7 @@ from runs.models import (
     SideEffectState,
 )
 from safestop_agent import AgentRun, ApiError, Cancelled
-from tests.support.scenarios import make_running
+from tests.support.scenarios import make_running, outbox_seen
 from tests.support.stack import (
     WorkerThread,
     actions,
@@ -266,7 +266,7 @@ def test_tool_success_racing_the_stop_keeps_the_success_and_dispatches_nothing_m
                 actor=AGENT,
             )
         assert dispatch.dispatch_pending(limit=10) == 0
-        assert OutboxItem.objects.get(run=run).status == OutboxStatus.FROZEN
+        assert [item.status for item in outbox_seen(run)] == [OutboxStatus.FROZEN]
         assert wait_status(run.pk, RunStatus.STOPPED_CLEANLY).status == RunStatus.STOPPED_CLEANLY
     print(f"\nsuccess/stop race outcomes over 12 runs: {dict(orders)}")
     assert set(orders) == {"success first", "success reported after the stop"}

@@ -43,7 +43,7 @@ from runs.models import (
 )
 from safestop_agent import AgentRun, Refused
 from tests.support.run_factories import run_complete
-from tests.support.scenarios import make_running
+from tests.support.scenarios import make_running, outbox_seen
 from tests.support.stack import WorkerThread, actions, leased, planned, racer, wait_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -386,7 +386,7 @@ def test_stop_while_the_dispatcher_is_scanning_sends_nothing(transactional_db, t
     assert claimed == [None] * 5
     time.sleep(0.2)
     assert receiver.count() == 0
-    items = list(OutboxItem.objects.filter(run=run))
+    items = outbox_seen(run)
     assert {(item.status, item.frozen_by_epoch, item.claim_epoch) for item in items} == {
         (OutboxStatus.FROZEN, 2, None)
     }
@@ -439,7 +439,7 @@ def test_stop_racing_a_busy_dispatcher_never_sends_after_the_stop(transactional_
             if action == "outbox.claimed"
         }
         assert claimed_after == set()
-        items = {item.public_id: item for item in OutboxItem.objects.filter(run=run)}
+        items = {item.public_id: item for item in outbox_seen(run)}
         assert {
             pid for pid, item in items.items() if item.status == OutboxStatus.SENT
         } == claimed_before

@@ -1,5 +1,6 @@
-"""The MCP gateway against MCP servers nobody here wrote (`@modelcontextprotocol/server-everything`,
-installed from tests/mcp/package-lock.json by `make mcp-servers`) and the `mcp` SDK's client."""
+"""The MCP gateway against MCP servers nobody here wrote (`@modelcontextprotocol/server-everything`
+and `@modelcontextprotocol/server-filesystem`, installed from tests/mcp/package-lock.json by
+`make mcp-servers`) and the `mcp` SDK's client."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from runs.models import Team
 
 HERE = Path(__file__).resolve().parent
 EVERYTHING = HERE / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+FILESYSTEM = HERE / "node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
 SLOW_WRITER = HERE / "slow_writer.py"
 NODE = shutil.which("node") or "node"
 
@@ -42,6 +44,29 @@ def everything(team: Team) -> McpUpstream:
         command=NODE,
         args=[str(EVERYTHING), "stdio"],
         env={"EVERYTHING_TOKEN": "s3cret-value"},
+        actor=Actor.system("test"),
+    )
+
+
+@pytest.fixture
+def shared_dir(tmp_path: Path) -> Path:
+    """The one directory the filesystem upstream may touch."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def filesystem(team: Team, shared_dir: Path) -> McpUpstream:
+    """server-filesystem over stdio, allowed `shared_dir` only, registered as `/mcp/files/`."""
+    if not FILESYSTEM.exists():
+        pytest.fail(f"{FILESYSTEM} is missing: run `make mcp-servers` (npm ci from the lockfile)")
+    return upstream_create(
+        team=team,
+        name="files",
+        transport="stdio",
+        command=NODE,
+        args=[str(FILESYSTEM), str(shared_dir)],
         actor=Actor.system("test"),
     )
 

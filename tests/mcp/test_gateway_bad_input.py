@@ -121,8 +121,12 @@ def test_bad_input_is_a_json_rpc_error(
         )
         assert wrong_path.status_code == 404
 
-        get = http.get(url, headers=own)
-        assert get.status_code == 405
+        put = http.put(url, headers=own)
+        assert put.status_code == 405
+        # The session's own stream: not for another team's token, not without a session.
+        stolen_stream = http.get(url, headers=headers(outsider_token, session_id))
+        assert stolen_stream.status_code == 404
+        assert http.get(url, headers=headers(agent_token)).status_code == 400
 
         notification = http.post(
             url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=own

@@ -56,6 +56,7 @@ def test_stop_freezes_exactly_the_runs_pending_items_and_ledgers_their_count(tea
     untouched = _enqueue(other, other_lease, "other")
 
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=SYSTEM)
+    services.outbox_relabel_frozen(run_id=run.pk)  # the rows as readers saw them from the stop
 
     for item in pending:
         item.refresh_from_db()

@@ -79,18 +79,40 @@ def test_a_target_off_the_allow_list_is_refused_on_the_page(alice, receiver):
     assert response.status_code == 400
     assert "SAFESTOP_WEBHOOK_ALLOWED_HOSTS" in response.content.decode()
     assert not NotificationChannel.objects.exists()
+    # said at the Target field, naming the host and the setting that would allow it
+    form = response.context["form"]
+    assert list(form.errors) == ["target"]
+    assert "evil.example" in form.errors["target"][0]
+    assert "SAFESTOP_WEBHOOK_ALLOWED_HOSTS" in form.errors["target"][0]
 
 
-def test_send_test_shows_the_targets_answer(alice, team, receiver, make_channel):
+def test_send_test_redirects_then_shows_the_targets_answer(alice, team, receiver, make_channel):
     channel, secret = make_channel(team, receiver.url())
     receiver.secret = secret
     receiver.answers = [(202, "queued by receiver")]
-    response = _client(alice).post(f"/notifications/channels/{channel.pk}/test/")
-    body = response.content.decode()
-    assert response.status_code == 200
+    client = _client(alice)
+    response = client.post(f"/notifications/channels/{channel.pk}/test/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/notifications/?tested=")
+    body = client.get(response["Location"]).content.decode()
     assert "delivered" in body and "HTTP 202" in body and "queued by receiver" in body
     assert receiver.hits[0].verified
     assert secret not in body
+    # a reload shows the answer again and sends nothing
+    client.get(response["Location"])
+    assert len(receiver.hits) == 1
+
+
+def test_a_test_answer_of_another_teams_channel_is_not_shown(
+    alice, outsider, team, receiver, make_channel
+):
+    channel, _secret = make_channel(team, receiver.url())
+    location = _client(alice).post(f"/notifications/channels/{channel.pk}/test/")["Location"]
+    body = _client(outsider).get(location)
+    assert body.status_code in (200, 302)
+    assert "queued" not in body.content.decode() and 'id="test-answer"' not in (
+        body.content.decode()
+    )
 
 
 def test_reviewers_and_viewers_manage_only_their_own_subscriptions(
@@ -188,3 +210,25 @@ def test_every_notifications_model_has_an_admin_page(team, receiver, make_channe
     delivery = Delivery.objects.get()
     page = client.get(f"/admin/notifications/delivery/{delivery.pk}/change/")
     assert page.status_code == 200
+
+
+def test_the_outbox_page_keeps_agents_mail_apart_from_notifications(alice, team):
+    notice = CapturedMail.objects.create(
+        from_email="safestop@example.com",
+        to=["oncall@example.com"],
+        subject="[safestop] Run stopped dirty: nightly report",
+        headers={"X-Safestop-Event": "run.stopped_dirty"},
+    )
+    customer = CapturedMail.objects.create(
+        from_email="safestop@example.com",
+        to=["customer@example.org"],
+        subject="Your refund",
+        headers={"X-Safestop-Run": "run_01abc", "Idempotency-Key": "k1"},
+    )
+    response = _client(alice).get("/notifications/outbox/")
+    assert [mail.pk for mail in response.context["mails"]] == [notice.pk]
+    assert [mail.pk for mail in response.context["agent_mails"]] == [customer.pk]
+    body = response.content.decode()
+    agents_part = body[body.index('data-testid="agent-mails"') :]
+    assert "Your refund" in agents_part and "Run stopped dirty" not in agents_part
+    assert body.index("Run stopped dirty") < body.index('data-testid="agent-mails"')

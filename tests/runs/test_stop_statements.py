@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import services, sql
+from runs import frozen, services, sql
 from runs.actors import Actor
 from runs.ledger import ledger_verify
 from runs.models import (
@@ -100,9 +100,22 @@ def test_a_stop_is_five_statements_and_does_everything_a_stop_does(team, monkeyp
         "cancel_requested",
         [],
     )
-    items = OutboxItem.objects.filter(run=run)
-    assert {item.status for item in items} == {OutboxStatus.FROZEN}
-    assert {item.frozen_by_epoch for item in items} == {lease.epoch + 1}
+    # Frozen by the new epoch: no outbox row is written by the stop, every reader sees them
+    # frozen, and the relabel writes what the readers saw.
+    outbox_update = f'UPDATE "{OutboxItem._meta.db_table}"'
+    assert not [text for text in statements if outbox_update in text], statements
+    rows = list(OutboxItem.objects.filter(run=run))
+    assert {item.status for item in rows} == {OutboxStatus.PENDING}
+    seen = frozen.present(stopped, OutboxItem.objects.filter(run=run))
+    assert {(item.status, item.frozen_by_epoch) for item in seen} == {
+        (OutboxStatus.FROZEN, lease.epoch + 1)
+    }
+    assert {item.frozen_at for item in seen} == {stop_request.requested_at}
+    assert services.outbox_relabel_frozen(run_id=run.pk) == 3
+    relabelled = list(OutboxItem.objects.filter(run=run))
+    assert {(item.status, item.frozen_by_epoch, item.frozen_at) for item in relabelled} == {
+        (OutboxStatus.FROZEN, lease.epoch + 1, stop_request.requested_at)
+    }
     record = ExecutionRecord.objects.get(run=run, tool_call_id="call-1")
     assert record.cancel_requested
     assert record.remote_cancel_state == RemoteCancelState.REQUESTED

@@ -25,7 +25,14 @@ from runs.models import (
     StopReason,
 )
 from tests.support.run_factories import run_complete, run_fail, run_suspend
-from tests.support.scenarios import SYSTEM, make_run, make_running, reload, run_interrupt
+from tests.support.scenarios import (
+    SYSTEM,
+    make_run,
+    make_running,
+    outbox_seen,
+    reload,
+    run_interrupt,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -169,7 +176,7 @@ def test_stop_freezes_pending_outbox_and_flags_calls_in_flight(team):
         actor=SYSTEM,
     )
     services.run_stop(run_id=run.pk, reason=StopReason.USER_STOP, actor=ALICE)
-    item.refresh_from_db()
+    [item] = outbox_seen(run)
     record.refresh_from_db()
     assert item.status == OutboxStatus.FROZEN and item.frozen_by_epoch == 2
     assert record.cancel_requested and record.remote_cancel_state == "requested"

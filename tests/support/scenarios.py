@@ -14,9 +14,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from runs import services
+from runs import frozen, services
 from runs.actors import Actor
-from runs.models import Lease, Run, Team
+from runs.models import Lease, OutboxItem, Run, Team
 from tests.support.run_factories import run_complete, run_fail
 
 AGENT = Actor(kind="api_client", id="1", name="agent-1")
@@ -70,6 +70,13 @@ def make_running(team: Team, *, ttl: float = 30, **budget: int) -> tuple[Run, Le
 
 def reload(run: Run) -> Run:
     return Run.objects.get(pk=run.pk)
+
+
+def outbox_seen(run: Run) -> list[OutboxItem]:
+    """The run's outbox items, oldest first, as every reader sees them: an item the stop's
+    epoch froze is `frozen` before its row is relabelled (runs/frozen.py)."""
+    current = reload(run)
+    return frozen.present(current, OutboxItem.objects.filter(run=current).order_by("pk"))
 
 
 def run_interrupt(*, run_id: str, actor: Actor = SYSTEM) -> Run:

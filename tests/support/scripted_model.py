@@ -20,7 +20,9 @@ from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
     ResponseOutputText,
+    ResponseUsage,
 )
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 
 def call(name: str, arguments: str | dict[str, Any], call_id: str) -> ResponseFunctionToolCall:
@@ -42,14 +44,44 @@ def say(text: str) -> ResponseOutputMessage:
     )
 
 
+def spent(input_tokens: int, output_tokens: int, cached: int = 0) -> Usage:
+    """What one turn used, as the SDK's `Usage` of a model response."""
+    return Usage(
+        requests=1,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=input_tokens + output_tokens,
+        # `cache_write_tokens` is required by later openai releases; earlier ones keep it as extra.
+        input_tokens_details=InputTokensDetails(cached_tokens=cached, cache_write_tokens=0),
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+    )
+
+
 class ScriptedModel(Model):
     """Plays `turns` in order and records each input; `hold={turn: seconds}` makes a turn
-    think that long first (so a stop can land while the model works)."""
+    think that long first (so a stop can land while the model works). `usage` (one `Usage`
+    per turn) is what each turn's response says it used, `model` the name it goes by; each
+    response gets the id `resp_<turn>` when it reports usage."""
 
-    def __init__(self, turns: list[list[Any]], hold: dict[int, float] | None = None) -> None:
+    def __init__(
+        self,
+        turns: list[list[Any]],
+        hold: dict[int, float] | None = None,
+        *,
+        usage: list[Usage] | None = None,
+        model: str = "scripted",
+    ) -> None:
         self.turns = list(turns)
         self.inputs: list[Any] = []
         self.hold = hold or {}
+        self.usage = list(usage or [])
+        self.model = model
+
+    def _usage(self) -> tuple[Usage, str | None]:
+        turn = len(self.inputs)
+        if turn <= len(self.usage):
+            return self.usage[turn - 1], f"resp_{turn}"
+        return Usage(), None
 
     async def _next(self, input: Any) -> list[Any]:
         self.inputs.append(input)
@@ -61,21 +93,34 @@ class ScriptedModel(Model):
         return self.turns.pop(0)
 
     async def get_response(self, system_instructions, input, *args, **kwargs):  # type: ignore[no-untyped-def]
-        return ModelResponse(output=await self._next(input), usage=Usage(), response_id=None)
+        output = await self._next(input)
+        usage, response_id = self._usage()
+        return ModelResponse(output=output, usage=usage, response_id=response_id)
 
     async def stream_response(
         self, system_instructions, input, *args, **kwargs
     ) -> AsyncIterator[Any]:  # type: ignore[no-untyped-def]  # noqa: E501
+        output = await self._next(input)
+        usage, response_id = self._usage()
         response = Response(
-            id="resp",
+            id=response_id or "resp",
             created_at=0,
-            model="scripted",
+            model=self.model,
             object="response",
-            output=await self._next(input),
+            output=output,
             tool_choice="auto",
             tools=[],
             parallel_tool_calls=False,
             status="completed",
+            usage=ResponseUsage(
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                total_tokens=usage.total_tokens,
+                input_tokens_details=usage.input_tokens_details,
+                output_tokens_details=usage.output_tokens_details,
+            )
+            if response_id
+            else None,
         )
         yield ResponseCompletedEvent(
             type="response.completed", response=response, sequence_number=0

@@ -49,6 +49,8 @@ export class SafestopClient extends WireClient {
 
 export { AgentRun, ToolCallRecord, outcomeOf, decisionFromApproval, decisionFromFrame } from "./run.js";
 export type { ApprovalDecision, LeaseOptions, LeaseOutcome, ToolCallContext, ToolCallOptions } from "./run.js";
+export { usageFields } from "./usage.js";
+export type { UsageReport } from "./usage.js";
 export { WireClient, errorFromAnswer, isNetworkError } from "./wire.js";
 export type { CreateRunInput, OutboxItem, OutboxRequest, PermitRequest, WireClientOptions } from "./wire.js";
 export {

@@ -48,6 +48,7 @@ import type {
   StopSignal,
   WireEvent,
 } from "./types.js";
+import { usageFields, type UsageReport } from "./usage.js";
 import { retry, shortText } from "./util.js";
 import { isNetworkError, type OutboxItem, type WireClient } from "./wire.js";
 
@@ -246,6 +247,8 @@ export class AgentRun {
   private flushing: Promise<void> = Promise.resolve();
   private flushTimer: NodeJS.Timeout | undefined;
   private finishing: Promise<void> | undefined;
+  /** True once `release({suspend: true})` suspended the run to wait for reviewers. */
+  suspended = false;
 
   constructor(client: WireClient, runId: string, workerId: string, options: LeaseOptions = {}) {
     this.client = client;
@@ -271,8 +274,13 @@ export class AgentRun {
     const lease = await this.client.acquireLease(this.runId, this.workerId, this.ttlSeconds);
     this.leaseId = lease.lease_id;
     this.epoch = lease.epoch;
+    this.listen(lease.lease_id, lease.epoch);
+    return this;
+  }
+
+  private listen(leaseId: string, epoch: number): void {
     this.heartbeat = new HeartbeatLoop({
-      beat: () => this.client.heartbeat(this.runId, lease.lease_id, lease.epoch),
+      beat: () => this.client.heartbeat(this.runId, leaseId, epoch),
       intervalMs: this.options.heartbeatIntervalMs,
       ttlMs: this.ttlSeconds * 1000,
       onSignal: (signal) => void this.handleStopSignal(signal, "heartbeat"),
@@ -291,7 +299,44 @@ export class AgentRun {
       });
       this.listener.start();
     }
-    return this;
+  }
+
+  /**
+   * Give the lease back now (queued events are sent first); `finish()` then has nothing left.
+   * With `{suspend: true}` the run is suspended to wait for reviewers instead of being
+   * interrupted: its waiting approvals stay open, a reviewer decides them while no process
+   * holds the run, and the next lease (any process) goes on at the same epoch and gets the
+   * decisions when it asks the same permits again (same `toolCallId`). The server refuses it
+   * (`Refused`, `illegal_transition`) while a tool call is in flight; the lease is then still
+   * held. If a stop came first, the release counts as the drain and the stop is thrown.
+   */
+  async release(options: { suspend?: boolean; reason?: string } = {}): Promise<JsonObject> {
+    const { leaseId, epoch } = this.requireLease();
+    this.throwIfStopped();
+    await this.flush();
+    // Quiet first: a heartbeat after the release would take the revoked lease for a stop.
+    this.heartbeat?.stop();
+    await this.listener?.stop();
+    let answer: JsonObject;
+    try {
+      answer = await this.client.releaseLease(this.runId, leaseId, epoch, {
+        suspend: options.suspend ?? false,
+        reason: options.reason ?? "waiting_for_approval",
+      });
+    } catch (error) {
+      if (error instanceof Refused && error.code !== "illegal_transition") throw this.refused(error);
+      this.listen(leaseId, epoch); // not released: the lease is still ours
+      throw error;
+    }
+    this.leaseId = undefined;
+    const status = answer["status"];
+    if (options.suspend && typeof status === "string" && status !== "suspended") {
+      this.drainedSent = true; // a stop came first: the server took the release as the drain
+      this.abort(new RunStoppedError({ reason: status, via: "refusal" }));
+      this.throwIfStopped();
+    }
+    this.suspended = options.suspend ?? false;
+    return answer;
   }
 
   /** Resolves once the push socket is open (rejects after `timeoutMs`; at once without push). */
@@ -797,8 +842,8 @@ export class AgentRun {
   }
 
   /** Queue one event (a fact); it is sent with the next batch. Returns its `event_id`. */
-  event(type: string, fields: JsonObject = {}): string {
-    const event: WireEvent = { ...fields, event_id: `evt_${randomUUID().replaceAll("-", "")}`, type };
+  event(type: string, fields: JsonObject = {}, eventId?: string): string {
+    const event: WireEvent = { ...fields, event_id: eventId ?? `evt_${randomUUID().replaceAll("-", "")}`, type };
     this.queue.push({ event });
     if (this.queue.length >= this.options.eventBatchSize) void this.flush();
     else this.flushTimer ??= setTimeout(() => void this.flush(), this.options.eventFlushIntervalMs);
@@ -876,6 +921,22 @@ export class AgentRun {
     const stepKey = fields.stepKey ?? this.steps.getStore();
     if (stepKey !== undefined) event["step_key"] = stepKey;
     return this.event("artifact.added", event);
+  }
+
+  /**
+   * Report one model call's tokens as a `usage` event (DESIGN §13; OpenTelemetry's
+   * `gen_ai.usage.*` names). Queued and batched like every fact; returns its `event_id`.
+   * `inputTokens` counts every input token, cached ones included; give `costUsd` only when the
+   * provider said what the call cost (it then wins over the server's price table). `stepKey`
+   * defaults to the step open here; `eventId` (e.g. from the provider's response id) makes a
+   * repeated report of the same call a `duplicate`, counted once. Bad figures throw
+   * `RangeError` before anything is queued: the server would refuse the event.
+   */
+  reportUsage(usage: UsageReport): string {
+    const fields = usageFields(usage);
+    const stepKey = usage.stepKey ?? this.steps.getStore();
+    if (stepKey !== undefined) fields["step_key"] = stepKey;
+    return this.event("usage", fields, usage.eventId);
   }
 
   /** Report the run finished. After a stop the server keeps it as a late fact only. */

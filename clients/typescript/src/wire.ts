@@ -138,8 +138,17 @@ export class WireClient {
     return this.request("POST", runPath(runId, "lease/heartbeat/"), { lease_id: leaseId, epoch });
   }
 
-  releaseLease(runId: string, leaseId: string, epoch: number): Promise<JsonObject> {
-    return this.request("POST", runPath(runId, "lease/release/"), { lease_id: leaseId, epoch });
+  /**
+   * Give the lease back. `{suspend: true}`: the run is suspended to wait for reviewers (its
+   * waiting approvals stay open; the next lease goes on at the same epoch), not interrupted.
+   */
+  releaseLease(runId: string, leaseId: string, epoch: number, options: { suspend?: boolean; reason?: string } = {}): Promise<JsonObject> {
+    const body: JsonObject = { lease_id: leaseId, epoch };
+    if (options.suspend) {
+      body["suspend"] = true;
+      if (options.reason) body["reason"] = options.reason;
+    }
+    return this.request("POST", runPath(runId, "lease/release/"), body);
   }
 
   // -- work --------------------------------------------------------------------------------

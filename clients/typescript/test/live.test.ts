@@ -26,6 +26,7 @@ import {
   ToolCallConflict,
   type ApprovalInfo,
   type JsonObject,
+  type JsonValue,
 } from "../src/index.js";
 import { startServer, waitFor, type LiveServer } from "./support/server.js";
 
@@ -444,6 +445,69 @@ describe("events", () => {
     }
     // One request per step start (carrying what was queued before it) and one for the end.
     assert.deepEqual(sizes, [1, 4, 4, 4]);
+    await runStatus(runId, "completed");
+  });
+});
+
+describe("usage", () => {
+  test("reportUsage is batched with the other facts, counted once per eventId, and priced on the run", async () => {
+    const runId = await newRun("TS usage");
+    const run = await leased(runId, { eventFlushIntervalMs: 10_000 });
+    const sizes: number[] = [];
+    const send = run.client.sendEvents.bind(run.client);
+    run.client.sendEvents = (id, epoch, events) => {
+      sizes.push(events.length);
+      return send(id, epoch, events);
+    };
+    try {
+      await run.step("plan", "Plan", async () => {
+        run.reportUsage({ model: "gpt-4o", provider: "openai", inputTokens: 1200, outputTokens: 80, cacheReadTokens: 1000, eventId: "evt_usage_resp_1" });
+        run.reportUsage({ model: "gpt-4o", provider: "openai", inputTokens: 1200, outputTokens: 80, cacheReadTokens: 1000, eventId: "evt_usage_resp_1" });
+        run.reportUsage({ model: "my-own-model", inputTokens: 10, outputTokens: 5 });
+      });
+      assert.equal((await run.complete({ done: true })).status, "accepted");
+      await run.finish();
+    } finally {
+      run.client.sendEvents = send;
+    }
+    assert.deepEqual(sizes, [1, 5], "the usage events went out with the step's end, in one batch");
+    const info = await reviewer.getRun(runId);
+    assert.deepEqual(info["tokens"], { input: 1210, output: 85, total: 1295 }, "the repeat counted once");
+    assert.equal(info["unpriced_tokens"], 15, "a model the table lacks is unpriced, not $0");
+    assert.ok(Number(info["cost_usd"]) > 0, `priced from the table: ${String(info["cost_usd"])}`);
+  });
+});
+
+describe("suspend", () => {
+  test("release({suspend: true}) keeps the approval open; the next lease gets the decision at the same epoch", async () => {
+    const runId = await newRun("TS suspend for a reviewer");
+    const first = await leased(runId, SLOW_POLL);
+    const epoch = first.epoch as number;
+    const asked = await first.client.requestPermit(runId, {
+      epoch, tool_call_id: "call_refund", tool: "refund", side_effect: "write",
+      arguments: { order: "1042", amount: 120 }, needs_approval: true,
+    });
+    assert.equal(asked.permit_id, undefined, "held for a reviewer");
+    const answer = await first.release({ suspend: true });
+    assert.equal(answer["status"], "suspended");
+    await first.finish(); // nothing left to do: no drain, no second release
+    const approval = await waitingApproval(runId);
+    await reviewer.decideApproval(approval.id, "approve", { arguments: { order: "1042", amount: 90 } });
+    assert.equal((await reviewer.getRun(runId)).status, "suspended", "deciding starts nothing");
+
+    const second = await agent.lease(runId, "ts-worker-2", { ttlSeconds: 30, ...SLOW_POLL });
+    assert.equal(second.epoch, epoch, "the same epoch the decision belongs to");
+    const ran: JsonValue[] = [];
+    try {
+      const receipt = await second.toolCall("refund", { order: "1042", amount: 120 },
+        async (args) => { ran.push(args as JsonValue); return "refunded"; },
+        { sideEffect: "write", needsApproval: true, toolCallId: "call_refund" });
+      assert.equal(receipt, "refunded");
+      await second.complete({ done: true });
+    } finally {
+      await second.finish();
+    }
+    assert.deepEqual(ran, [{ order: "1042", amount: 90 }], "ran once, with the reviewer's edit");
     await runStatus(runId, "completed");
   });
 });

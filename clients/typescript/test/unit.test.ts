@@ -16,6 +16,7 @@ import {
   decisionFromApproval,
   decisionFromFrame,
   outcomeOf,
+  usageFields,
   type ApprovalInfo,
 } from "../src/index.js";
 
@@ -103,4 +104,17 @@ test("errors: refusals, a client too old, and no answer", async () => {
   }
   const nobody = new SafestopClient({ baseUrl: `http://127.0.0.1:${port}`, token: "ss_x", timeoutMs: 2000 });
   await assert.rejects(nobody.getRun("run_1"), TransportError);
+});
+
+test("usage: OpenTelemetry's names on the wire; bad figures throw before anything is queued", () => {
+  assert.deepEqual(
+    usageFields({ model: "gpt-4o", provider: "openai", inputTokens: 1200, outputTokens: 80, cacheReadTokens: 1000, costUsd: "0.0001" }),
+    { model: "gpt-4o", input_tokens: 1200, output_tokens: 80, provider: "openai", cache_read_tokens: 1000, cost_usd: "0.0001" },
+  );
+  assert.throws(() => usageFields({ model: "", inputTokens: 1, outputTokens: 1 }), RangeError);
+  assert.throws(() => usageFields({ model: "m", inputTokens: -1, outputTokens: 1 }), RangeError);
+  assert.throws(() => usageFields({ model: "m", inputTokens: 1.5, outputTokens: 1 }), RangeError);
+  for (const cost of [Number.NaN, Number.POSITIVE_INFINITY, -1, "NaN"]) {
+    assert.throws(() => usageFields({ model: "m", inputTokens: 1, outputTokens: 1, costUsd: cost }), RangeError);
+  }
 });

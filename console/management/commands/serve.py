@@ -24,6 +24,19 @@ from django.core.management.base import BaseCommand, CommandParser
 from accounts.services import group_roles_seed
 
 
+def public_url(host: str, port: int) -> str:
+    """The console's address for links sent out (notifications, Slack): SAFESTOP_PUBLIC_URL if
+    the environment sets it, else the address this server listens on (a wildcard host is not an
+    address a person can open: the loopback one stands in for it)."""
+    configured = os.environ.get("SAFESTOP_PUBLIC_URL", "").strip()
+    if configured:
+        return configured.rstrip("/")
+    shown = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
 class Command(BaseCommand):
     help = (
         "Run the embedded safestop console: migrations, daphne, the background loop and the demo."
@@ -78,6 +91,8 @@ class Command(BaseCommand):
             )
 
         base_url = f"http://{host}:{port}"
+        # Links in notifications point at this server unless SAFESTOP_PUBLIC_URL says otherwise.
+        settings.SAFESTOP_PUBLIC_URL = public_url(host, port)
         simulator = self._start_simulator(base_url) if demo else None
         if simulator is not None:
             # Ctrl-C: stop the simulator while daphne still serves, so its workers can drain

@@ -1,0 +1,158 @@
+"""A permit's reads in one round trip and its writes in another, as statements built once.
+
+A permit read the live lease, looked for a record of the same `tool_call_id`, read the team's
+approval rules, found the running step, inserted the record, bumped the run's counters, read
+the ledger head and appended: nine ORM statements, each compiled again on every call. Every
+tool call an agent makes through the MCP gateway waits for its permit, so those round trips
+were most of what the gateway added to a call (docs/BENCHMARKS.md).
+
+Here the reads are one statement and the record with the run's counters another, both run
+after the run row is locked, in the permit's transaction (READ COMMITTED takes a new snapshot
+per statement: after the lock was granted). Rules are only read in full when the team has an
+enabled one, and a `tool_call_id` asked before takes the ORM path (a retry is rare).
+On SQLite (`make run`) each read and write goes through the ORM, one by one.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from runs import sql
+from runs.ledger import EMPTY_CHAIN, ChainHead, chain_head
+from runs.models import (
+    ApprovalRule,
+    ExecutionRecord,
+    Lease,
+    LedgerEntry,
+    Run,
+    Step,
+    StepStatus,
+)
+from runs.services._base import _live_lease
+
+# What a permit changes on the run row.
+RUN_FIELDS = ("tool_calls_count", "change_seq", "updated_at")
+
+
+@dataclass(frozen=True)
+class PermitReads:
+    lease: Lease | None
+    asked_before: bool
+    step_id: int | None
+    rules_exist: bool
+    ledger_head: ChainHead
+
+
+@functools.cache
+def _read_statement() -> str:
+    lease = (
+        f"SELECT {sql.select_columns(Lease)} FROM {sql.table(Lease)} "
+        f"WHERE {sql.column(Lease, 'run')} = %s AND {sql.column(Lease, 'released_at')} IS NULL "
+        f"ORDER BY {sql.column(Lease, 'id')} LIMIT 1"  # at most one: lease_one_live_per_run
+    )
+    asked = (
+        f"EXISTS (SELECT 1 FROM {sql.table(ExecutionRecord)} "
+        f"WHERE {sql.column(ExecutionRecord, 'run')} = %s "
+        f"AND {sql.column(ExecutionRecord, 'tool_call_id')} = %s)"
+    )
+    step = (
+        f"(SELECT {sql.column(Step, 'id')} FROM {sql.table(Step)} "
+        f"WHERE {sql.column(Step, 'run')} = %s AND {sql.column(Step, 'status')} = %s "
+        f"ORDER BY {sql.column(Step, 'seq')} DESC LIMIT 1)"
+    )
+    rules = (
+        f"EXISTS (SELECT 1 FROM {sql.table(ApprovalRule)} "
+        f"WHERE {sql.column(ApprovalRule, 'team')} = %s "
+        f"AND {sql.column(ApprovalRule, 'enabled')})"
+    )
+    head = (
+        f"SELECT {sql.column(LedgerEntry, 'run_seq')} AS run_seq, "
+        f"{sql.column(LedgerEntry, 'hash')} AS hash FROM {sql.table(LedgerEntry)} "
+        f"WHERE {sql.column(LedgerEntry, 'run')} = %s "
+        f"ORDER BY {sql.column(LedgerEntry, 'run_seq')} DESC LIMIT 1"
+    )
+    lease_columns = ", ".join(f"lease.{sql.quoted(field)}" for field in Lease._meta.concrete_fields)
+    return (
+        f"SELECT {lease_columns}, {asked}, {step}, {rules}, head.run_seq, head.hash "
+        "FROM (SELECT 1) AS one "
+        f"LEFT JOIN LATERAL ({lease}) AS lease ON true "
+        f"LEFT JOIN LATERAL ({head}) AS head ON true"
+    )
+
+
+def read_for_permit(run: Run, *, tool_call_id: str, step_key: str) -> PermitReads:
+    """What a permit decides on. Call it under the run lock, in the permit's transaction."""
+    if not sql.prepared_statements() or step_key:
+        return _read_with_the_orm(run, tool_call_id=tool_call_id, step_key=step_key)
+    # In the statement's order: the columns' subqueries, then the lease's and the head's joins.
+    params: list[Any] = [
+        run.pk,
+        tool_call_id,
+        run.pk,
+        StepStatus.RUNNING,
+        run.team_id,
+        run.pk,
+        run.pk,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_read_statement(), params)
+        row = cursor.fetchone()
+    width = len(Lease._meta.concrete_fields)
+    lease_values, (asked, step_id, rules, run_seq, digest) = row[:width], row[width:]
+    return PermitReads(
+        lease=sql.from_row(Lease, lease_values) if lease_values[0] is not None else None,
+        asked_before=asked,
+        step_id=step_id,
+        rules_exist=rules,
+        ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
+    )
+
+
+def _read_with_the_orm(run: Run, *, tool_call_id: str, step_key: str) -> PermitReads:
+    steps = Step.objects.filter(run=run)
+    step = (
+        steps.filter(key=step_key)
+        if step_key
+        else steps.filter(status=StepStatus.RUNNING).order_by("-seq")
+    )
+    return PermitReads(
+        lease=_live_lease(run),
+        asked_before=ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).exists(),
+        step_id=step.values_list("pk", flat=True).first(),
+        rules_exist=ApprovalRule.objects.filter(team_id=run.team_id, enabled=True).exists(),
+        ledger_head=chain_head(run),
+    )
+
+
+@functools.cache
+def _write_statement() -> str:
+    moved = (
+        f"UPDATE {sql.table(Run)} SET "
+        f"{', '.join(f'{sql.column(Run, name)} = %s' for name in RUN_FIELDS)} "
+        f"WHERE {sql.column(Run, 'id')} = %s"
+    )
+    return f"WITH moved AS ({moved}) {sql.insert_statement(ExecutionRecord)}"
+
+
+def write_permit(run: Run, record: ExecutionRecord, *, now: datetime) -> None:
+    """Insert `record` (its pk is set) and write the run's counters (already set on `run`,
+    but for `updated_at`, set here). Call it under the run lock, in the permit's transaction."""
+    run.updated_at = now
+    if not sql.prepared_statements():
+        record.save(force_insert=True)
+        run.save(update_fields=list(RUN_FIELDS))
+        return
+    params = [
+        sql.field_of(Run, name).get_db_prep_save(getattr(run, name), connection)
+        for name in RUN_FIELDS
+    ]
+    params += [run.pk, *sql.insert_params(record)]
+    with connection.cursor() as cursor:
+        cursor.execute(_write_statement(), params)
+        row = cursor.fetchone()
+    sql.saved_as(record, row[0])

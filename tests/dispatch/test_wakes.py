@@ -1,0 +1,121 @@
+"""Idle costs nothing: periodic work is woken at the next deadline and by changes, and beat is
+only a slow safety net. Counted in queries and scheduled wakes, never timed."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+import redis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from console.celery import SAFETY_NET_MIN_SECONDS, beat_schedule
+from runs import dispatch, services, tasks
+from runs.actors import Actor
+from runs.models import Lease
+from tests.support.isolation import suite_redis_url
+from tests.support.scenarios import make_running, reload
+
+pytestmark = pytest.mark.django_db
+
+AGENT = Actor("api_client", "1", "agent-1")
+REVIEWER = Actor("user", "2", "bob")
+
+
+@pytest.fixture
+def scheduled(monkeypatch) -> list[dict]:
+    """Every `wake` this process schedules (the broker is not asked)."""
+    calls: list[dict] = []
+    monkeypatch.setattr(tasks.wake, "apply_async", lambda **kwargs: calls.append(kwargs))
+    return calls
+
+
+def test_nothing_is_due_on_an_idle_server_and_asking_is_a_few_index_reads() -> None:
+    with CaptureQueriesContext(connection) as queries:
+        assert dispatch.next_deadline() is None
+    # leases, stops, dispatches, two for approvals, two for budgets, two for notifications
+    assert len(queries.captured_queries) <= 10, [q["sql"] for q in queries.captured_queries]
+
+
+def test_the_next_deadline_is_the_earliest_lease_expiry_or_drain_deadline(team, settings) -> None:
+    settings.SAFESTOP_DRAIN_DEADLINE_SECONDS = 5
+    run, lease = make_running(team, ttl=600)
+    assert dispatch.next_deadline() == lease.expires_at
+
+    services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
+    stopping = reload(run)
+    assert dispatch.next_deadline() == stopping.stop_requested_at + timedelta(seconds=5)
+
+
+def test_an_idle_server_schedules_no_wake_and_a_lease_schedules_one_at_its_expiry(
+    team, scheduled, settings
+) -> None:
+    settings.REDIS_URL = ""  # no shared store: every call schedules (the dedupe is below)
+    assert tasks.schedule_next_wake() is False
+    assert scheduled == []
+
+    _run, lease = make_running(team, ttl=30)
+    assert tasks.schedule_next_wake() is True
+    [wake] = scheduled
+    expected = (lease.expires_at - lease.acquired_at).total_seconds()
+    assert expected - 2 < wake["countdown"] <= expected + tasks.WAKE_MARGIN_SECONDS
+
+
+def test_one_wake_is_scheduled_at_a_time_however_many_changes_ask(
+    team, scheduled, settings, monkeypatch
+) -> None:
+    settings.REDIS_URL = suite_redis_url()
+    monkeypatch.setenv("SAFESTOP_CELERY_QUEUE", f"wake-test-{uuid.uuid4().hex[:8]}")
+    client = redis.Redis.from_url(suite_redis_url())
+    try:
+        _run, lease = make_running(team, ttl=30)
+        assert [tasks.schedule_next_wake() for _ in range(5)] == [True, False, False, False, False]
+        # an earlier deadline gets a wake of its own; the later one is then not rescheduled
+        Lease.objects.filter(pk=lease.pk).update(
+            expires_at=lease.expires_at - timedelta(seconds=10)
+        )
+        assert tasks.schedule_next_wake() is True
+        assert tasks.schedule_next_wake() is False
+        assert len(scheduled) == 2
+        assert scheduled[1]["countdown"] < scheduled[0]["countdown"]
+    finally:
+        client.delete(tasks._wake_key())
+        client.close()
+
+
+def test_a_stop_that_froze_items_queues_a_relabel_and_busy_kinds_schedule_no_wake(
+    monkeypatch,
+) -> None:
+    queued: list[tuple[str, dict]] = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def apply_async(self, **options) -> None:
+            queued.append((self.name, options))
+
+    for name in ("dispatch_pending", "relabel_frozen_outbox", "schedule_wake"):
+        task = getattr(tasks, name)
+        monkeypatch.setattr(task, "_get_current_object", lambda name=name: Recorder(name))
+    monkeypatch.setattr(tasks, "_ensure_kicker", lambda: None)
+    tasks._kicks.clear()
+
+    tasks._kick_dispatch({"kind": "events", "run_id": "r"})
+    tasks._kick_dispatch({"kind": "permit", "run_id": "r"})
+    assert tasks._kicks == {}
+    tasks._kick_dispatch({"kind": "run.stop_requested", "run_id": "r", "frozen_outbox": 0})
+    assert set(tasks._kicks) == {"wake"}
+    tasks._kick_dispatch({"kind": "run.stop_requested", "run_id": "r", "frozen_outbox": 3})
+    tasks._kick_dispatch({"kind": "outbox.enqueued", "run_id": "r"})
+    assert set(tasks._kicks) == {"wake", ("relabel", "r"), "dispatch"}
+    relabel = tasks._kicks[("relabel", "r")][1]
+    assert relabel == {"kwargs": {"run_id": "r"}, "countdown": tasks.RELABEL_DELAY_SECONDS}
+    tasks._kicks.clear()
+
+
+def test_beat_is_a_safety_net_that_never_ticks_faster_than_its_minimum() -> None:
+    schedule = beat_schedule(0.5)
+    assert min(float(entry["schedule"]) for entry in schedule.values()) >= SAFETY_NET_MIN_SECONDS
