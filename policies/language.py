@@ -19,40 +19,50 @@ from dataclasses import dataclass
 from typing import Any
 
 from cel_expr_python import cel
+from django.utils.translation import gettext_lazy as _
 
 _T = cel.Type
 
 # Name → (CEL type, what it means). The order is the order the docs and the console list them.
-CONTEXT: dict[str, tuple[Any, str]] = {
-    "run.agent": (_T.STRING, "the run's agent"),
-    "run.team": (_T.STRING, "the run's team (its slug)"),
-    "run.elapsed_seconds": (_T.DOUBLE, "seconds since the run started"),
-    "run.steps": (_T.INT, "steps the run has started"),
-    "run.tool_calls": (_T.INT, "tool calls asked for so far"),
-    "run.tool_failures_in_a_row": (_T.INT, "tool results that failed in a row (0 after a success)"),
+CONTEXT: dict[str, tuple[Any, Any]] = {
+    "run.agent": (_T.STRING, _("the run's agent")),
+    "run.team": (_T.STRING, _("the run's team (its slug)")),
+    "run.elapsed_seconds": (_T.DOUBLE, _("seconds since the run started")),
+    "run.steps": (_T.INT, _("steps the run has started")),
+    "run.tool_calls": (_T.INT, _("tool calls asked for so far")),
+    "run.tool_failures_in_a_row": (
+        _T.INT,
+        _("tool results that failed in a row (0 after a success)"),
+    ),
     "run.side_effects_last_minute": (
         _T.INT,
-        "side effects (write calls and outbox items) asked for in the last 60 seconds",
+        _("side effects (write calls and outbox items) asked for in the last 60 seconds"),
     ),
-    "run.cost_usd": (_T.DOUBLE, "what the run's model calls cost so far, in USD"),
-    "run.tokens": (_T.INT, "model tokens so far (input + output)"),
-    "call.tool": (_T.STRING, "the tool asked for (blank when the event is not a call)"),
-    "call.arguments": (_T.Map(_T.STRING, _T.DYN), "the call's arguments (an outbox payload)"),
-    "call.side_effect": (_T.STRING, "'write' or 'none' ('write' for an outbox item)"),
+    "run.cost_usd": (_T.DOUBLE, _("what the run's model calls cost so far, in USD")),
+    "run.tokens": (_T.INT, _("model tokens so far (input + output)")),
+    "call.tool": (_T.STRING, _("the tool asked for (blank when the event is not a call)")),
+    "call.arguments": (_T.Map(_T.STRING, _T.DYN), _("the call's arguments (an outbox payload)")),
+    "call.side_effect": (_T.STRING, _("'write' or 'none' ('write' for an outbox item)")),
     "call.destination_host": (
         _T.STRING,
-        "the host the call reaches: an outbox item's destination host, or the host of the "
-        "call's `url` argument; blank otherwise",
+        _(
+            "the host the call reaches: an outbox item's destination host, or the host of the "
+            "call's `url` argument; blank otherwise"
+        ),
     ),
     "call.repeats": (
         _T.INT,
-        "how many times in a row this tool was asked with the same canonical arguments (1 for a "
-        "new call, 0 when the event is not a call)",
+        _(
+            "how many times in a row this tool was asked with the same canonical arguments (1 for "
+            "a new call, 0 when the event is not a call)"
+        ),
     ),
     "event.type": (
         _T.STRING,
-        "tool.permit, outbox.enqueue, tool.result, step.started, step.completed, step.failed, "
-        "usage, … (the events batch's types), or tick",
+        _(
+            "tool.permit, outbox.enqueue, tool.result, step.started, step.completed, step.failed, "
+            "usage, … (the events batch's types), or tick"
+        ),
     ),
 }
 

@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from runs.models import Run, StopRequest, Team
 
 
 class PolicyAction(models.TextChoices):
-    NOTIFY = "notify", "Notify"
-    REQUIRE_APPROVAL = "require_approval", "Require approval"
-    STOP = "stop", "Stop"
-    STOP_AND_TAKE_OVER = "stop_and_take_over", "Stop and take over"
+    NOTIFY = "notify", _("Notify")
+    REQUIRE_APPROVAL = "require_approval", _("Require approval")
+    STOP = "stop", _("Stop")
+    STOP_AND_TAKE_OVER = "stop_and_take_over", _("Stop and take over")
 
 
 class PolicyMode(models.TextChoices):
-    OBSERVE = "observe", "Observe"
-    ENFORCE = "enforce", "Enforce"
+    OBSERVE = "observe", _("Observe")
+    ENFORCE = "enforce", _("Enforce")
 
 
 class PolicyOnError(models.TextChoices):
-    REQUIRE_APPROVAL = "require_approval", "Require approval"
-    STOP = "stop", "Stop"
-    IGNORE = "ignore", "Ignore"
+    REQUIRE_APPROVAL = "require_approval", _("Require approval")
+    STOP = "stop", _("Stop")
+    IGNORE = "ignore", _("Ignore")
 
 
 class Policy(models.Model):
@@ -61,9 +62,9 @@ class Policy(models.Model):
 
 
 class HitOutcome(models.TextChoices):
-    ACTED = "acted", "Acted"
-    WOULD_ACT = "would_act", "Would act (observe)"
-    ERROR = "error", "Evaluation error"
+    ACTED = "acted", _("Acted")
+    WOULD_ACT = "would_act", _("Would act (observe)")
+    ERROR = "error", _("Evaluation error")
 
 
 class PolicyHit(models.Model):
@@ -121,10 +122,10 @@ class RunFacts(models.Model):
 
 
 class PolicyTestStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
 
 
 class PolicyTest(models.Model):

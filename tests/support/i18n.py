@@ -56,6 +56,7 @@ ALLOWED_WORDS = frozenset(
         "oidc",
         "scim",
         "md",
+        "cel",
         "docs",
         "ok",
         "get",
