@@ -17,7 +17,7 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone, translation
 from django.utils.dateparse import parse_datetime
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext, gettext_lazy, ngettext
 
 from notifications.models import Event
 from runs.labels import label_for
@@ -286,7 +286,11 @@ def _interrupted_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -
     return _notice(event, f"{event}:{run.pk}:{epoch}", run, message)
 
 
-_BUDGET_PERIODS = {"team_daily_usd": "daily", "team_monthly_usd": "monthly"}
+# Read when the message is built, so in the recipient's language.
+_BUDGET_PERIODS = {
+    "team_daily_usd": gettext_lazy("daily"),
+    "team_monthly_usd": gettext_lazy("monthly"),
+}
 
 
 def _budget_warning_notice(payload: dict[str, Any], run: Run) -> Notice:
@@ -294,18 +298,22 @@ def _budget_warning_notice(payload: dict[str, Any], run: Run) -> Notice:
     per budget and period, whatever run crossed it."""
     budget = str(payload.get("budget", ""))
     period = str(payload.get("period", ""))
-    which = _BUDGET_PERIODS.get(budget, budget)
+    which = str(_BUDGET_PERIODS.get(budget, budget))
     spent, limit = str(payload.get("spent_usd", "")), str(payload.get("limit_usd", ""))
+    amounts = {"which": which, "spent": spent, "limit": limit}
     message = Message(
-        title=f"Team {which} budget 80 % spent: {spent} of {limit} USD",
+        title=gettext("Team %(which)s budget 80 %% spent: %(spent)s of %(limit)s USD") % amounts,
         text=(
-            f"The team has spent {spent} USD of its {which} budget of {limit} USD ({period}, "
-            f"{payload.get('time_zone', 'UTC')}). At 100 % its runs are stopped and it gets no "
-            "new permits until an admin raises the budget or the period ends."
+            gettext(
+                "The team has spent %(spent)s USD of its %(which)s budget of %(limit)s USD "
+                "(%(period)s, %(time_zone)s). At 100 %% its runs are stopped and it gets no new "
+                "permits until an admin raises the budget or the period ends."
+            )
+            % {**amounts, "period": period, "time_zone": payload.get("time_zone", "UTC")}
         ),
         link=public_url(reverse("console:team_budget")),
-        link_label="Open the team budget",
-        facts=[("Budget", budget), ("Period", period), *_run_facts(run)],
+        link_label=gettext("Open the team budget"),
+        facts=[(gettext("Budget"), budget), (gettext("Period"), period), *_run_facts(run)],
         run_id=run.pk,
     )
     event = Event.BUDGET_WARNING
@@ -319,14 +327,18 @@ def _policy_stop_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -
     note = str(payload.get("note", ""))
     policy = entry.actor.removeprefix("policy:")
     message = Message(
-        title=f"Policy {policy} stopped a run: {run.title}",
+        title=gettext("Policy %(policy)s stopped a run: %(title)s")
+        % {"policy": policy, "title": run.title},
         text=(
-            f"The policy {policy} matched and stopped the run. The stop packet says what it saw "
-            "and what was in flight; review it before resuming or closing the run."
+            gettext(
+                "The policy %(policy)s matched and stopped the run. The stop packet says what it "
+                "saw and what was in flight; review it before resuming or closing the run."
+            )
+            % {"policy": policy}
         ),
         link=public_url(reverse("console:run", args=[run.pk])),
-        link_label="Open the run",
-        facts=[*_run_facts(run), ("Policy", policy), ("Why", note[:300])],
+        link_label=gettext("Open the run"),
+        facts=[*_run_facts(run), (gettext("Policy"), policy), (gettext("Why"), note[:300])],
         run_id=run.pk,
     )
     epoch = payload.get("stop_epoch", entry.run_seq)
@@ -338,14 +350,18 @@ def _policy_notice(entry: LedgerEntry, payload: dict[str, Any], run: Run) -> Not
     values = payload.get("values") or {}
     seen = ", ".join(f"{name}={value!r}" for name, value in values.items())[:300]
     message = Message(
-        title=f"Policy {policy} matched: {run.title}",
+        title=gettext("Policy %(policy)s matched: %(title)s")
+        % {"policy": policy, "title": run.title},
         text=(
-            f"The policy {policy} ({str(payload.get('expression', ''))[:200]}) matched on this "
-            "run. Nothing was stopped or held: look at the run and decide whether it needs you."
+            gettext(
+                "The policy %(policy)s (%(expression)s) matched on this run. Nothing was stopped "
+                "or held: look at the run and decide whether it needs you."
+            )
+            % {"policy": policy, "expression": str(payload.get("expression", ""))[:200]}
         ),
         link=public_url(reverse("console:run", args=[run.pk])),
-        link_label="Open the run",
-        facts=[*_run_facts(run), ("Policy", policy), ("Saw", seen or "—")],
+        link_label=gettext("Open the run"),
+        facts=[*_run_facts(run), (gettext("Policy"), policy), (gettext("Saw"), seen or "—")],
         run_id=run.pk,
     )
     key = f"{Event.POLICY_NOTIFIED}:{run.pk}:{payload.get('policy_id', policy)}"
