@@ -203,6 +203,12 @@ def _insert_entry(
     head: ChainHead | None = None,
 ) -> LedgerEntry:
     head = head or chain_head(run)
+    # A head read early in a transition (the permit reads it with its other reads) goes stale
+    # when something in between appends to the same chain under the same lock (a policy's
+    # observe or notify entry): the entries this run object appended since win.
+    appended = getattr(run, "_ledger_appended", None)
+    if appended is not None and appended.run_seq > head.run_seq:
+        head = appended
     run_seq = head.run_seq + 1
     prev_hash = head.hash
     # Truncate to microseconds as stored, so the verifier recomputes the very same string.
@@ -243,6 +249,8 @@ def _insert_entry(
         sql.insert(entry)
     else:
         entry.save(force_insert=True)
+    if run is not None:
+        run._ledger_appended = ChainHead(run_seq, digest)  # type: ignore[attr-defined]
     # Same transaction as the entry: what listeners write (notification rows) commits with it.
     hooks.entry_appended(entry, run)
     return entry

@@ -27,7 +27,6 @@ from runs.models import (
 )
 from runs.selectors import needs_resolution_q
 
-NEEDS_ME_LIMIT = 100
 # An approval this close to its deadline goes to the top: when it passes, the call is rejected.
 NEEDS_ME_SOON = timedelta(minutes=10)
 
@@ -159,61 +158,6 @@ class NeedsMeItem:
     @property
     def sort_key(self) -> tuple[int, datetime]:
         return (self.tier, self.approval.deadline if self.approval else self.since)
-
-
-def needs_me_items(access: Access, *, now: datetime | None = None) -> list[NeedsMeItem]:
-    """What waits for a person on the teams where the user may act, most urgent first; three
-    queries (approvals, runs, handoffs), each capped at NEEDS_ME_LIMIT.
-
-    Urgency: 0. approvals whose deadline is within NEEDS_ME_SOON (they expire as a rejection);
-    1. dirty stops and interrupted runs with unconfirmed side effects, oldest first (something
-    may have happened in the world that nobody has checked); 2. the other approvals, soonest
-    deadline first; 3. handoffs waiting to be accepted (and accepted ones that are the user's),
-    oldest first."""
-    now = now or timezone.now()
-    acting = access.ids_with(Role.REVIEWER)
-    if acting == []:
-        return []
-    items: list[NeedsMeItem] = []
-    for approval in (
-        _waiting_approvals(acting).select_related("run", "team").order_by("deadline", "pk")
-    )[:NEEDS_ME_LIMIT]:
-        soon = approval.deadline - now <= NEEDS_ME_SOON
-        items.append(
-            NeedsMeItem(
-                "approval", 0 if soon else 2, approval.requested_at, approval.run, approval=approval
-            )
-        )
-    unknown_calls = ExecutionRecord.objects.filter(UNCONFIRMED_SIDE_EFFECT, run=OuterRef("pk"))
-    unknown_items = OutboxItem.objects.unconfirmed().filter(run=OuterRef("pk"))
-    runs: list[Any] = list(
-        _needs_runs(acting)
-        .select_related("team")
-        .annotate(
-            unknown_calls=_count(unknown_calls),
-            unknown_items=_count(unknown_items),
-            waiting_since=Coalesce("stopped_at", "updated_at"),
-        )
-        .order_by("waiting_since", "pk")[:NEEDS_ME_LIMIT]
-    )
-    for run in runs:
-        items.append(
-            NeedsMeItem(
-                "stopped_dirty" if run.status == RunStatus.STOPPED_DIRTY else "interrupted",
-                1,
-                run.waiting_since,
-                run,
-                unknowns=(run.unknown_calls or 0) + (run.unknown_items or 0),
-            )
-        )
-    for handoff in (
-        _needs_handoffs(acting, access.user_id)
-        .select_related("run", "run__team", "assignee")
-        .order_by("created_at", "pk")
-    )[:NEEDS_ME_LIMIT]:
-        items.append(NeedsMeItem("handoff", 3, handoff.created_at, handoff.run, handoff=handoff))
-    items.sort(key=lambda item: item.sort_key)
-    return items
 
 
 # --------------------------------------------------------------------------------------------

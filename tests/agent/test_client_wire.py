@@ -421,8 +421,8 @@ def test_iter_ledger_follows_pages_with_the_filters() -> None:
         ("run_not_running", True),
         ("lease_revoked", True),
         ("illegal_transition", True),
-        # The server never answers this one: a run over budget is stopped instead.
-        ("budget_exhausted", False),
+        # A team over its daily or monthly budget gets no new permits until an admin raises it.
+        ("budget_exhausted", True),
         ("lease_held", False),
     ],
 )

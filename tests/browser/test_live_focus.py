@@ -18,21 +18,19 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.test_console import collect_errors, create_run, login, wait_live
+from tests.support.browser import (
+    COUNT_LIVE,
+    ask_approval,
+    collect_errors,
+    create_run,
+    held_payment,
+    login,
+    wait_live,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 LIVE_TIMEOUT = 15_000  # ms
-_calls = itertools.count(1)
-
-# Counts the live refreshes that have landed (the console marks them with X-Safestop-Live).
-COUNT_LIVE = """() => {
-  window.__liveSwaps = 0;
-  document.addEventListener("htmx:afterSettle", (evt) => {
-    const headers = (evt.detail.requestConfig && evt.detail.requestConfig.headers) || {};
-    if (headers["X-Safestop-Live"]) window.__liveSwaps += 1;
-  });
-}"""
 
 
 def every_second(change: Callable[[], object], stop: threading.Event) -> threading.Thread:
@@ -45,34 +43,6 @@ def every_second(change: Callable[[], object], stop: threading.Event) -> threadi
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     return thread
-
-
-def ask_approval(api: httpx.Client, run_id: str, epoch: int) -> str:
-    """The agent asks to refund, and a reviewer must approve first: the approval's id."""
-    response = api.post(
-        f"/api/v1/runs/{run_id}/permits/",
-        json={
-            "epoch": epoch,
-            "tool_call_id": f"refund_{next(_calls)}",
-            "tool": "payments.refund",
-            "side_effect": "write",
-            "arguments": {"amount": 120, "order": "1042"},
-            "needs_approval": True,
-            "summary": "Refund order 1042 (charged twice)",
-            "risk": "high",
-        },
-    )
-    assert response.status_code == 202, response.text
-    return response.json()["approval"]["id"]
-
-
-def held_payment(api: httpx.Client) -> tuple[str, str, int]:
-    """A new running run waiting for a refund's approval: the approval, the run, the epoch."""
-    run_id = create_run(api, "Refund the duplicate charge")
-    lease = api.post(f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "w", "ttl_seconds": 60})
-    assert lease.status_code in (200, 201), lease.text
-    epoch = lease.json()["epoch"]
-    return ask_approval(api, run_id, epoch), run_id, epoch
 
 
 def agent(url: str, headers: httpx.Headers) -> httpx.Client:

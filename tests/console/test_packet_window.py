@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 import console.selectors.packets as console_selectors
 from handoff.packets import stop_packet_snapshot
+from runs import frozen as frozen_by_stop
 from runs import services
 from runs.models import (
     Artifact,
@@ -26,7 +27,7 @@ from runs.models import (
     StopRequest,
     Team,
 )
-from tests.support.scenarios import AGENT, SYSTEM, new_run, start
+from tests.support.scenarios import AGENT, SYSTEM, new_run, reload, start
 
 pytestmark = pytest.mark.django_db
 
@@ -127,7 +128,11 @@ def test_a_long_packet_shows_the_newest_completed_steps_and_every_pending_step_a
     assert "Step_0400" in pending and "Step_0401" in pending  # not done: never windowed
     # the unknowns and the outbox a reviewer must decide on are all there
     assert 'data-target-id="call_old_write"' in body and "Record resolution" in body
-    in_flight, frozen = OutboxItem.objects.filter(run=long_run).order_by("pk")
+    # A stop freezes by epoch: every reader (the packet page here) sees the pending item frozen
+    # from the commit; the row itself is relabelled later.
+    in_flight, frozen = frozen_by_stop.present(
+        reload(long_run), OutboxItem.objects.filter(run=long_run).order_by("pk")
+    )
     assert f'data-target-id="{in_flight.public_id}"' in body
     assert frozen.status == "frozen" and f"/outbox/{frozen.pk}/release/" in _section(
         body, "packet-frozen"
@@ -303,6 +308,7 @@ def test_stop_packet_snapshot_is_exactly_the_stop_state(team, bob):
     services.run_drained(
         run_id=run.pk, lease_token=lease.token, epoch=epoch, actor=AGENT, observations=[]
     )
+    services.outbox_relabel_frozen(run_id=run.pk)  # the rows as every reader already saw them
     run.refresh_from_db()
     stop_request = StopRequest.objects.get(run=run, epoch_after=run.stop_epoch)
     lease = Lease.objects.get(pk=lease.pk)

@@ -25,8 +25,9 @@ from tests.support.scenarios import (
 pytestmark = pytest.mark.django_db
 
 # 16, one for the MCP gateway's session row (the client and upstream a run came through), and
-# one for the run's policy hits (what a team's policies did or would have done on it)
-RUN_PAGE_MAX_QUERIES = 18
+# one for the run's policy hits (what a team's policies did or would have done on it), and one
+# for the run's approvals (id, rule, decision, who)
+RUN_PAGE_MAX_QUERIES = 19
 
 
 def _reload(run: Run) -> Run:

@@ -4,13 +4,14 @@ evaluation error fails closed (DESIGN §14)."""
 from __future__ import annotations
 
 import pytest
+from django.utils import timezone
 
 from notifications.events import event_for_entry
 from policies.models import Policy, PolicyHit
-from policies.periodic import policies_tick
+from policies.periodic import TIME_RULE_PERIOD, next_time_rule_deadline, policies_tick
 from policies.services import policy_update
 from runs.errors import RunNotRunning
-from runs.models import Approval, ExecutionState, LedgerEntry, RunStatus, StopRequest
+from runs.models import Approval, ExecutionState, LedgerEntry, Run, RunStatus, StopRequest
 from tests.support.policies import ADMIN, permit, policy
 from tests.support.scenarios import make_running, reload
 
@@ -142,3 +143,18 @@ def test_the_tick_stops_a_run_past_its_time(team):
     run = reload(run)
     assert run.stop_reason == "policy_violation"
     assert StopRequest.objects.get(run=run).requested_by == "policy:too-long"
+
+
+def test_time_rules_wake_the_periodic_work_only_while_they_have_a_running_run(team):
+    from runs import dispatch
+
+    assert next_time_rule_deadline() is None  # no time rule: an idle server is never woken
+    policy(team, "too-long", "run.elapsed_seconds > 60.0")
+    assert next_time_rule_deadline() is None  # a rule, but no running run to look at
+    run, _lease = make_running(team)
+    due = next_time_rule_deadline()
+    assert due is not None and due <= timezone.now() + TIME_RULE_PERIOD
+    woken = dispatch.next_deadline()
+    assert woken is not None and woken <= timezone.now() + TIME_RULE_PERIOD
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.STOPPED_CLEANLY)
+    assert next_time_rule_deadline() is None

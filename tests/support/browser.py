@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -91,3 +92,43 @@ def collect_errors(page: Page) -> list[str]:
         ),
     )
     return errors
+
+
+# Counts the live refreshes that have landed (the console marks them with X-Safestop-Live).
+COUNT_LIVE = """() => {
+  window.__liveSwaps = 0;
+  document.addEventListener("htmx:afterSettle", (evt) => {
+    const headers = (evt.detail.requestConfig && evt.detail.requestConfig.headers) || {};
+    if (headers["X-Safestop-Live"]) window.__liveSwaps += 1;
+  });
+}"""
+
+_calls = itertools.count(1)
+
+
+def ask_approval(api: httpx.Client, run_id: str, epoch: int) -> str:
+    """The agent asks to refund, and a reviewer must approve first: the approval's id."""
+    response = api.post(
+        f"/api/v1/runs/{run_id}/permits/",
+        json={
+            "epoch": epoch,
+            "tool_call_id": f"refund_{next(_calls)}",
+            "tool": "payments.refund",
+            "side_effect": "write",
+            "arguments": {"amount": 120, "order": "1042"},
+            "needs_approval": True,
+            "summary": "Refund order 1042 (charged twice)",
+            "risk": "high",
+        },
+    )
+    assert response.status_code == 202, response.text
+    return response.json()["approval"]["id"]
+
+
+def held_payment(api: httpx.Client) -> tuple[str, str, int]:
+    """A new running run waiting for a refund's approval: the approval, the run, the epoch."""
+    run_id = create_run(api, "Refund the duplicate charge")
+    lease = api.post(f"/api/v1/runs/{run_id}/lease/", json={"worker_id": "w", "ttl_seconds": 60})
+    assert lease.status_code in (200, 201), lease.text
+    epoch = lease.json()["epoch"]
+    return ask_approval(api, run_id, epoch), run_id, epoch
