@@ -14,8 +14,8 @@ from playwright.sync_api import Page, expect
 
 from runs.actors import Actor
 from runs.models import Approval, ApprovalStatus
-from tests.browser.test_accessibility import axe_violations, serve_axe
 from tests.support import scenarios
+from tests.support.axe import axe_violations, serve_axe
 from tests.support.browser import COUNT_LIVE, held_payment, in_thread, login, wait_live
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
