@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.middleware.locale import LocaleMiddleware
@@ -171,6 +172,19 @@ def language_from_accept_header(header: str) -> str | None:
     return None
 
 
+def _session_value(request: HttpRequest, key: str) -> Any:
+    """A value saved in the session (the language, the time zone), or None. Reading it loads the session: with the
+    database down that raises here, in a middleware, where the outage answer (a 503 from the
+    view's first query) cannot catch it; the request goes on in the default language instead."""
+    session = getattr(request, "session", None)
+    if session is None:
+        return None
+    try:
+        return session.get(key)
+    except DatabaseError:
+        return None
+
+
 class UserLocale(LocaleMiddleware):
     """The language and time zone of one request.
 
@@ -180,8 +194,7 @@ class UserLocale(LocaleMiddleware):
     """
 
     def process_request(self, request: HttpRequest) -> None:
-        session = getattr(request, "session", None)
-        chosen = session.get(SESSION_LANGUAGE) if session is not None else None
+        chosen = _session_value(request, SESSION_LANGUAGE)
         language = chosen if chosen in LANGUAGE_CODES else None
         if language is None:
             cookie = request.COOKIES.get(settings.LANGUAGE_COOKIE_NAME)
@@ -193,7 +206,7 @@ class UserLocale(LocaleMiddleware):
             )
         translation.activate(language)
         request.LANGUAGE_CODE = translation.get_language()  # type: ignore[attr-defined]
-        zone = session.get(SESSION_TIME_ZONE) if session is not None else None
+        zone = _session_value(request, SESSION_TIME_ZONE)
         if zone:
             try:
                 timezone.activate(zoneinfo.ZoneInfo(zone))

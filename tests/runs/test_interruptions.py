@@ -61,7 +61,7 @@ def test_resume_is_refused_while_an_unknown_remains_and_says_which(team):
     with pytest.raises(IllegalTransition) as refused:
         services.run_resume(run_id=run.pk, actor=BOB)
     assert "resolve the interruption's unknowns" in str(refused.value)
-    assert "unconfirmed side effects, outbox in flight" in str(refused.value)
+    assert "unconfirmed side effects, outbox items in flight" in str(refused.value)
     resolution_record(
         run_id=run.pk,
         target="tool_call",
