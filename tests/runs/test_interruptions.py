@@ -70,7 +70,7 @@ def test_resume_is_refused_while_an_unknown_remains_and_says_which(team):
         evidence="not in the deploy history",
         actor=BOB,
     )
-    with pytest.raises(IllegalTransition, match="outbox in flight"):
+    with pytest.raises(IllegalTransition, match="outbox items in flight"):
         services.run_resume(run_id=run.pk, actor=BOB)
     assert reload(run).status == RunStatus.INTERRUPTED
 
