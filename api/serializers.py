@@ -67,6 +67,20 @@ class AnyJSONField(serializers.JSONField):
 # errors
 
 
+def refuse_unknown_fields(
+    serializer: serializers.Serializer, attrs: dict[str, Any]
+) -> dict[str, Any]:
+    """A 400 naming the first field the body has and the serializer lacks: a typo ("tool_name")
+    must not silently make a rule that matches everything, or a budget nobody set."""
+    given = serializer.initial_data if isinstance(serializer.initial_data, dict) else {}
+    unknown = sorted(set(given) - set(serializer.fields))
+    if unknown:
+        raise serializers.ValidationError(
+            {unknown[0]: f"unknown field: the fields are {', '.join(serializer.fields)}"}
+        )
+    return attrs
+
+
 class ErrorSerializer(serializers.Serializer):
     error = StrictCharField(help_text="stable machine-readable code, e.g. stale_epoch")
     detail = StrictCharField()
@@ -1240,14 +1254,7 @@ class ApprovalRuleChangeIn(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        given = self.initial_data if isinstance(self.initial_data, dict) else {}
-        unknown = sorted(set(given) - set(self.fields))
-        if unknown:
-            # A typo ("tool_name") must not silently make a rule that matches everything.
-            raise serializers.ValidationError(
-                {unknown[0]: f"unknown field: the fields are {', '.join(self.fields)}"}
-            )
-        return attrs
+        return refuse_unknown_fields(self, attrs)
 
 
 class ApprovalRuleCreateIn(ApprovalRuleChangeIn):
@@ -1291,13 +1298,7 @@ class TeamBudgetIn(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        given = self.initial_data if isinstance(self.initial_data, dict) else {}
-        unknown = sorted(set(given) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError(
-                {unknown[0]: f"unknown field: the fields are {', '.join(self.fields)}"}
-            )
-        return attrs
+        return refuse_unknown_fields(self, attrs)
 
 
 class TeamBudgetOut(serializers.Serializer):
