@@ -292,7 +292,8 @@ def _nested(depth: int) -> Any:
 def test_a_stop_is_answered_while_a_slow_check_runs(team, reviewer_token, settings, monkeypatch):
     """The decision's check runs before the run lock: a stop of the same run, issued while
     the check is running, finishes before the check does. The check is then killed at its
-    time limit and the decision refused."""
+    time limit or its memory limit (this schema's errors grow with the time spent: which limit
+    comes first depends on the machine's speed) and the decision refused."""
     settings.SAFESTOP_ARGUMENTS_CHECK_SECONDS = 10
     run, _lease = make_running(team)
     record, _ = services.permit_request(
@@ -343,6 +344,7 @@ def test_a_stop_is_answered_while_a_slow_check_runs(team, reviewer_token, settin
     assert outcome.status in ("stopped_cleanly", "stopped_dirty", "cancel_requested", "draining")
     assert reload(run).status == outcome.status
     assert len(answers) == 1
-    assert (answers[0].status_code, answers[0].json()["error"]) == (400, "arguments_check_timeout")
+    assert answers[0].status_code == 400
+    assert answers[0].json()["error"] in ("arguments_check_timeout", "arguments_check_failed")
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.VOID  # voided by the stop, never approved
