@@ -362,29 +362,15 @@ def _measure(n: int) -> list[Row]:
             "events batch: CPU of the checks, 50 enabled policies",
             checks["fifty", "events"][1],
         ),
-        _added(
-            "permit: added by 50 enabled policies (its checks' p99 with − without)",
-            checks["bare", "permit"][0],
-            checks["fifty", "permit"][0],
-            target_ms=1,
-        ),
-        _added(
-            "permit: CPU added by 50 enabled policies (its checks' CPU, with − without)",
-            checks["bare", "permit"][1],
-            checks["fifty", "permit"][1],
-            target_ms=1,
-        ),
-        _added(
-            "events batch: added by 50 enabled policies (its checks' p99 with − without)",
-            checks["bare", "events"][0],
-            checks["fifty", "events"][0],
-            target_ms=1,
-        ),
-        _added(
-            "events batch: CPU added by 50 enabled policies (its checks' CPU, with − without)",
-            checks["bare", "events"][1],
-            checks["fifty", "events"][1],
-            target_ms=1,
+        *(
+            _added(
+                f"{name}: {what} by 50 enabled policies (its checks', with − without)",
+                checks["bare", kind][index],
+                checks["fifty", kind][index],
+                target_ms=1,
+            )
+            for kind, name in (("permit", "permit"), ("events", "events batch"))
+            for index, what in enumerate(("added", "CPU added"))
         ),
         _added(
             "permit: whole, with − without", clock.wall["permit bare"], clock.wall["permit fifty"]
