@@ -1,4 +1,4 @@
-"""What checking costs (DESIGN §14, issue 27 point 7), counted in SQL statements, not timed:
+"""What checking costs (DESIGN §14), counted in SQL statements, not timed:
 50 policies cost a permit and an events batch the statements no policy costs, because a
 team's compiled set is cached per process under a version that every change replaces."""
 
