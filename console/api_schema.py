@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.utils import translation
+from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -23,7 +24,7 @@ class CachedSchemaView(SpectacularAPIView):
 
     def _get_schema_response(self, request: Request) -> Response:
         version = self.api_version or request.version or self._get_version_parameter(request)
-        schema = _schema(self.generator_class, translation.get_language(), version)
+        schema = _schema(translation.get_language(), version)
         return Response(
             data=schema,
             headers={
@@ -35,8 +36,8 @@ class CachedSchemaView(SpectacularAPIView):
 # A handful of languages and versions exist; the bound keeps hostile `?lang=` values (each one
 # its own key) from growing the cache.
 @lru_cache(maxsize=8)
-def _schema(generator_class: Any, language: str | None, version: str | None) -> dict[str, Any]:
+def _schema(language: str | None, version: str | None) -> dict[str, Any]:
     # `public=True` (the view's own default): the schema does not depend on who asks, so it is
     # generated without a request.
-    generator = generator_class(api_version=version)
+    generator = spectacular_settings.DEFAULT_GENERATOR_CLASS(api_version=version)
     return generator.get_schema(request=None, public=True)
