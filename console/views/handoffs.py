@@ -101,19 +101,22 @@ def _card_answer(request: HtmxHttpRequest, handoff_id: int) -> Callable[[Outcome
 # shown next to the card
 
 
-def _assign(request: HtmxHttpRequest, handoff: Handoff, data: dict[str, Any]) -> str:
-    wanted = data["assignee"]
-    user: Any
+def _assignee(request: HtmxHttpRequest, wanted: str) -> Any:
+    """The user the assign form names: me, an active user by name, or nobody."""
     if wanted == ASSIGNEE_ME:
-        user = request.user
-    elif wanted and wanted != ASSIGNEE_NONE:
-        user = user_by_username(username=wanted)
-        if user is None:
-            raise InvalidInput(
-                gettext("no active user %(wanted)s") % {"wanted": wanted}, field="assignee"
-            )
-    else:
-        user = None
+        return request.user
+    if not wanted or wanted == ASSIGNEE_NONE:
+        return None
+    user = user_by_username(username=wanted)
+    if user is None:
+        raise InvalidInput(
+            gettext("no active user %(wanted)s") % {"wanted": wanted}, field="assignee"
+        )
+    return user
+
+
+def _assign(request: HtmxHttpRequest, handoff: Handoff, data: dict[str, Any]) -> str:
+    user = _assignee(request, data["assignee"])
     handoff_services.handoff_assign(handoff_id=handoff.pk, assignee=user, actor=actor_of(request))
     if user is None:
         return gettext("Unassigned: anyone on the team may accept it.")
