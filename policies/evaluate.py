@@ -5,7 +5,7 @@
 check runs under the run lock of the runs transition that asked, updates the run's aggregates
 (`RunFacts`), evaluates the team's enabled policies and acts only through runs services:
 
-- `stop` / `stop_and_take_over`: `_stop_locked` with reason `policy_violation` and actor
+- `stop` / `stop_and_take_over`: `stop_locked` with reason `policy_violation` and actor
   `policy:<name>` (one StopRequest, one ledger entry; the notification follows that entry); a
   run already stopping is left alone;
 - `require_approval`: the call or outbox item being asked is held as an approval naming the
@@ -19,6 +19,7 @@ An evaluation error is counted on the policy and, in enforce mode, applies its `
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.db.models import F
@@ -38,8 +39,8 @@ from runs.actors import Actor
 from runs.hooks import NO_VERDICT, PolicyChecks, PolicyVerdict
 from runs.ledger import ledger_append
 from runs.models import ActorKind, Run, RunStatus, Step, StopReason, Team
-from runs.services._base import TRANSITIONS
-from runs.services.lifecycle import _stop_locked
+from runs.services import TRANSITIONS
+from runs.services.lifecycle import stop_locked
 
 _STOPS = (PolicyAction.STOP, PolicyAction.STOP_AND_TAKE_OVER)
 
@@ -65,7 +66,9 @@ _RUN_COLUMNS: dict[str, tuple[str, ...]] = {
 class LiveRun:
     """The run's values, each read when a policy first asks for it."""
 
-    def __init__(self, run: Run, facts: Callable[[], RunFacts], now: Any, names: set[str]) -> None:
+    def __init__(
+        self, run: Run, facts: Callable[[], RunFacts], now: datetime, names: set[str]
+    ) -> None:
         self.run, self.facts, self.now = run, facts, now
         # The events batch builds its run from a few columns; load what the policies read
         # and the batch did not, in one query, rather than one query per deferred field.
@@ -137,7 +140,7 @@ def _save(facts: RunFacts) -> None:
 class _Acting:
     """What one moment's results do to the run, in order: the first stop ends the moment."""
 
-    def __init__(self, run: Run, facts: _FactsRef, moment: Moment, now: Any) -> None:
+    def __init__(self, run: Run, facts: _FactsRef, moment: Moment, now: datetime) -> None:
         self.run, self.ref, self.moment, self.now = run, facts, moment, now
         self.stopped = ""
         self.hold = ("", "")
@@ -237,7 +240,7 @@ class _Acting:
             f"policy {policy.name} {why}: {policy.expression} — saw "
             f"{describe_values(result.values)}"
         )
-        stop_request = _stop_locked(
+        stop_request = stop_locked(
             self.run,
             reason=StopReason.POLICY_VIOLATION,
             note=note[:4000],
@@ -307,7 +310,7 @@ def _moment_at(
     run: Run,
     moment: Moment,
     *,
-    now: Any,
+    now: datetime,
     facts: RunFacts | _FactsRef | None = None,
     policies: list[Compiled] | None = None,
     facts_changed: bool = False,
@@ -329,7 +332,7 @@ def _moment_at(
 
 class Checks(PolicyChecks):
     def permit(
-        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: Any
+        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: datetime
     ) -> PolicyVerdict:
         facts = _facts(run)
         aggregates.record_call(
@@ -347,7 +350,7 @@ class Checks(PolicyChecks):
         return _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
 
     def outbox(
-        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: Any
+        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: datetime
     ) -> PolicyVerdict:
         facts = _facts(run)
         aggregates.record_side_effect(facts, at=now.timestamp())
@@ -361,7 +364,7 @@ class Checks(PolicyChecks):
         )
         return _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
 
-    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: Any) -> None:
+    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: datetime) -> None:
         facts = _facts(run)
         aggregates.record_result(facts, execution_state=execution_state)
         if run.status != RunStatus.RUNNING:
@@ -370,7 +373,7 @@ class Checks(PolicyChecks):
         moment = Moment("tool.result", tool=tool)
         _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
 
-    def events(self, run: Run, event_types: list[str], *, now: Any) -> None:
+    def events(self, run: Run, event_types: list[str], *, now: datetime) -> None:
         policies = [policy for policy in team_policies(run.team_id) if not policy.reads_call]
         if not policies:
             return
@@ -386,7 +389,7 @@ def time_policies(team_id: int) -> list[Compiled]:
     return [policy for policy in team_policies(team_id) if "run.elapsed_seconds" in policy.names]
 
 
-def tick_run(run: Run, policies: list[Compiled], *, now: Any) -> None:
+def tick_run(run: Run, policies: list[Compiled], *, now: datetime) -> None:
     """A periodic look at a running run, for rules of time (`run.elapsed_seconds`)."""
     if run.status == RunStatus.RUNNING and policies:
         _moment_at(run, Moment("tick"), now=now, policies=policies)

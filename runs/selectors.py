@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from runs import frozen
+from runs.budgets import budget_exceeded
 from runs.labels import label_for
 from runs.models import (
     Approval,
@@ -413,3 +414,39 @@ def approvals_due_ids(
         .values_list("pk", flat=True)[:limit]
     )
     return expired, escalate
+
+
+def runs_over_budget_ids() -> list[str]:
+    """Candidates for the budget enforcer (the enforcer re-checks each under its lock)."""
+    running = Run.objects.filter(status=RunStatus.RUNNING).filter(
+        Q(max_seconds__isnull=False)
+        | Q(max_tool_calls__isnull=False)
+        | Q(max_cost_usd__isnull=False)
+        | Q(max_tokens__isnull=False)
+    )
+    now = timezone.now()
+    ids = []
+    for run in running.only(
+        "id",
+        "max_seconds",
+        "max_tool_calls",
+        "tool_calls_count",
+        "started_at",
+        "max_cost_usd",
+        "max_tokens",
+        "cost_usd",
+        "input_tokens",
+        "output_tokens",
+    ):
+        if budget_exceeded(run, now=now):
+            ids.append(run.pk)
+    return ids
+
+
+def runs_with_frozen_by_epoch(*, limit: int = 100, run_id: str | None = None) -> list[str]:
+    """Runs with rows still to relabel (the safety net's scan: pending rows are few, and walked
+    through `outbox_pending_idx`)."""
+    rows = OutboxItem.objects.filter(frozen.frozen_by_epoch_q())
+    if run_id is not None:
+        rows = rows.filter(run_id=run_id)
+    return list(rows.order_by().values_list("run_id", flat=True).distinct()[:limit])

@@ -14,6 +14,7 @@ Lock order: a run, then the team's budget row; nothing takes a run lock while ho
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -24,6 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from runs import sql
 from runs.actors import Actor
 from runs.errors import InvalidInput, NotFound
 from runs.ledger import ledger_append
@@ -61,21 +63,6 @@ class Charge:
 # the events batch's hook
 
 
-# One statement: the counters move to the current period (a new day or month starts at zero)
-# and add the batch's spend; the row lock it takes is held to the batch's commit.
-_CHARGE_SQL = """
-UPDATE "runs_teambudget" SET
-  "day_spent_usd" = CASE WHEN "day" = (%(now)s::timestamptz AT TIME ZONE "time_zone")::date
-      THEN "day_spent_usd" ELSE 0 END + %(amount)s,
-  "day" = (%(now)s::timestamptz AT TIME ZONE "time_zone")::date,
-  "month_spent_usd" = CASE
-      WHEN "month" = date_trunc('month', %(now)s::timestamptz AT TIME ZONE "time_zone")::date
-      THEN "month_spent_usd" ELSE 0 END + %(amount)s,
-  "month" = date_trunc('month', %(now)s::timestamptz AT TIME ZONE "time_zone")::date
-WHERE "team_id" = %(team)s
-RETURNING "time_zone", "daily_usd", "monthly_usd", "day", "day_spent_usd", "month",
-  "month_spent_usd", "day_warned", "month_warned"
-"""
 _CHARGE_FIELDS = (
     "time_zone",
     "daily_usd",
@@ -87,6 +74,28 @@ _CHARGE_FIELDS = (
     "day_warned",
     "month_warned",
 )
+
+
+@functools.cache
+def _charge_statement() -> str:
+    """One statement: the counters move to the current period (a new day or month starts at
+    zero) and add the batch's spend; the row lock it takes is held to the batch's commit."""
+    day, month, zone = (sql.column(TeamBudget, name) for name in ("day", "month", "time_zone"))
+    day_spent, month_spent = (
+        sql.column(TeamBudget, "day_spent_usd"),
+        sql.column(TeamBudget, "month_spent_usd"),
+    )
+    local = f"(%(now)s::timestamptz AT TIME ZONE {zone})"
+    return (
+        f"UPDATE {sql.table(TeamBudget)} SET "
+        f"{day_spent} = CASE WHEN {day} = {local}::date THEN {day_spent} ELSE 0 END + %(amount)s, "
+        f"{day} = {local}::date, "
+        f"{month_spent} = CASE WHEN {month} = date_trunc('month', {local})::date "
+        f"THEN {month_spent} ELSE 0 END + %(amount)s, "
+        f"{month} = date_trunc('month', {local})::date "
+        f"WHERE {sql.column(TeamBudget, 'team')} = %(team)s "
+        f"RETURNING {', '.join(sql.column(TeamBudget, name) for name in _CHARGE_FIELDS)}"
+    )
 
 
 def team_budget_charge(run: Run, amount_usd: Decimal, *, now: datetime) -> Charge | None:
@@ -134,9 +143,9 @@ def team_budget_charge(run: Run, amount_usd: Decimal, *, now: datetime) -> Charg
 
 
 def _charged(team_id: int, amount: Decimal, now: datetime) -> TeamBudget | None:
-    if connection.vendor == "postgresql":
+    if sql.prepared_statements():
         with connection.cursor() as cursor:
-            cursor.execute(_CHARGE_SQL, {"now": now, "amount": amount, "team": team_id})
+            cursor.execute(_charge_statement(), {"now": now, "amount": amount, "team": team_id})
             row = cursor.fetchone()
         if row is None:
             return None
