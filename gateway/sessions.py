@@ -425,12 +425,14 @@ class GatewaySession:
             record, _ = await _db_held(services.permit_request)(
                 run_id=self.run_id,
                 epoch=self.epoch,
-                tool_call_id=call.tool_call_id,
-                tool=call.tool,
                 actor=self.caller.actor,
-                side_effect=call.side_effect,
-                arguments=arguments or {},
-                summary=f"MCP {self.upstream_config.name}: {call.tool}",
+                request=services.PermitRequest(
+                    tool_call_id=call.tool_call_id,
+                    tool=call.tool,
+                    side_effect=call.side_effect,
+                    arguments=arguments or {},
+                    summary=f"MCP {self.upstream_config.name}: {call.tool}",
+                ),
             )
         except (RunNotRunning, StaleEpoch) as error:
             facts = await _db(records.stop_facts)(self.run_id)

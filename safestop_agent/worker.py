@@ -59,6 +59,7 @@ from .wire import (
     EventAnswer,
     ExecutionState,
     OutboxItemInfo,
+    PermitAsk,
     PermitInfo,
     RecoveryPolicy,
     RemoteCancelState,
@@ -558,21 +559,8 @@ class AgentRun:
         self.token.raise_if_cancelled()
         try:
             answer: Mapping[str, Any] = retry(
-                lambda: self.client.request_permit(
-                    self.run_id,
-                    epoch=epoch,
-                    tool_call_id=call.tool_call_id,
-                    tool=call.tool,
-                    side_effect=call.side_effect,
-                    arguments=call.arguments,
-                    idempotency_key=call.idempotency_key,
-                    operation_id=call.operation_id,
-                    recovery_policy=call.recovery_policy,
-                    step_key=call.step_key,
-                    needs_approval=call.needs_approval,
-                    summary=call.summary,
-                    risk=call.risk,
-                    arguments_schema=call.arguments_schema,
+                lambda: self.client.send_permit_request(
+                    self.run_id, PermitAsk.of(call), epoch=epoch
                 ),
                 token=self.token,
                 attempts=3,
