@@ -1067,8 +1067,8 @@ def _budget_team(caller: Caller, slug: str, capability: Capability) -> Team:
 
 def _budget_answer(team: Team) -> Response:
     now = timezone.now()
-    budget = services.team_budget_spent(team.pk, now=now)
-    exhausted, _note = services.team_budget_refusal(team.pk, now=now)
+    budget = run_selectors.team_budget_spent(team.pk, now=now)
+    exhausted, _note = run_selectors.team_budget_refusal(team.pk, now=now)
     return Response(
         s.TeamBudgetOut(
             {

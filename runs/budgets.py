@@ -1,15 +1,19 @@
-"""A run's budgets (DESIGN §2, §13) as facts about the run: which one is used up, the note a
-stop names it in. Pure functions of a `Run`; the stops they lead to are
-`runs.services.budget` (the enforcer and the permit) and the events batch.
+"""Budgets (DESIGN §2, §13) as facts: which of a run's budgets is used up and the note a stop
+names it in; a team budget's periods (days and months in the team's time zone) and what its
+counters say in one. Pure functions of a `Run` or a `TeamBudget`; the stops they lead to are
+`runs.services.budget` (the enforcer and the permit), the events batch and
+`runs.services.team_budgets`.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from zoneinfo import ZoneInfo
 
-from runs.models import Run, StopReason
+from runs.models import Run, StopReason, TeamBudget
 
 # The run budgets a stop with reason budget_exhausted may name, in the order they are checked.
 BUDGET_NAMES = ("max_cost_usd", "max_tokens", "max_tool_calls")
@@ -86,3 +90,51 @@ def budget_exceeded(run: Run, *, now: datetime, adding_tool_call: bool = False) 
         if (now - run.started_at).total_seconds() > run.max_seconds:
             return StopReason.TIMEOUT
     return ""
+
+
+# --------------------------------------------------------------------------------------------
+# a team's budgets: its periods, and what its counters say in one
+
+DAILY, MONTHLY = TEAM_BUDGET_NAMES
+
+
+@dataclass(frozen=True)
+class Period:
+    day: date
+    month: date  # its first day
+
+
+def period_at(time_zone: str, now: datetime) -> Period:
+    local = now.astimezone(ZoneInfo(time_zone)).date()
+    return Period(local, local.replace(day=1))
+
+
+def team_budget_roll(budget: TeamBudget, period: Period) -> None:
+    """Move the counters to `period`: a new day or month starts at zero."""
+    if budget.day != period.day:
+        budget.day, budget.day_spent_usd = period.day, Decimal(0)
+    if budget.month != period.month:
+        budget.month, budget.month_spent_usd = period.month, Decimal(0)
+
+
+def team_budget_states(
+    budget: TeamBudget,
+) -> list[tuple[str, Decimal | None, Decimal, date | None, date | None]]:
+    return [
+        (DAILY, budget.daily_usd, budget.day_spent_usd, budget.day, budget.day_warned),
+        (MONTHLY, budget.monthly_usd, budget.month_spent_usd, budget.month, budget.month_warned),
+    ]
+
+
+def team_budget_note(budget: TeamBudget, name: str) -> str:
+    """The stop request's note (`budget.budget_from_note` reads the name back)."""
+    if name == DAILY:
+        spent, limit, period = budget.day_spent_usd, budget.daily_usd, f"day {budget.day}"
+    else:
+        spent, limit = budget.month_spent_usd, budget.monthly_usd
+        period = f"month {budget.month:%Y-%m}" if budget.month else "month"
+    limit_text = "no limit" if limit is None else f"{limit.normalize():f}"
+    return (
+        f"budget {name} exhausted: {spent.normalize():f} USD of {limit_text} USD "
+        f"({period}, {budget.time_zone})"
+    )

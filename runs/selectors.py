@@ -26,7 +26,13 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from runs import frozen
-from runs.budgets import budget_exceeded
+from runs.budgets import (
+    budget_exceeded,
+    period_at,
+    team_budget_note,
+    team_budget_roll,
+    team_budget_states,
+)
 from runs.labels import label_for
 from runs.models import (
     Approval,
@@ -38,6 +44,7 @@ from runs.models import (
     OutboxItem,
     Run,
     RunStatus,
+    TeamBudget,
     Usage,
 )
 
@@ -450,3 +457,25 @@ def runs_with_frozen_by_epoch(*, limit: int = 100, run_id: str | None = None) ->
     if run_id is not None:
         rows = rows.filter(run_id=run_id)
     return list(rows.order_by().values_list("run_id", flat=True).distinct()[:limit])
+
+
+def team_budget_spent(team_id: int, *, now: datetime) -> TeamBudget | None:
+    """The team's budget with its counters as of `now` (a period that ended reads zero)."""
+    budget = TeamBudget.objects.filter(pk=team_id).first()
+    if budget is not None:
+        team_budget_roll(budget, period_at(budget.time_zone, now))
+    return budget
+
+
+def team_budget_refusal(team_id: int, *, now: datetime) -> tuple[str, str]:
+    """The permit's hook: (budget name, note) when the team's spend in the current period has reached a budget,
+    else ("", ""). Read without a lock: the batch that reached it already stopped its run, and
+    a permit that reads a moment too early is one call in flight, which the bound counts."""
+    budget = TeamBudget.objects.filter(pk=team_id).first()
+    if budget is None or (budget.daily_usd is None and budget.monthly_usd is None):
+        return "", ""
+    team_budget_roll(budget, period_at(budget.time_zone, now))
+    for name, limit, spent, _period, _warned in team_budget_states(budget):
+        if limit is not None and spent >= limit:
+            return name, team_budget_note(budget, name)
+    return "", ""

@@ -14,7 +14,7 @@ This module knows nothing of workers: `worker.py` builds on it, and
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, Self, TypedDict
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
@@ -157,15 +157,16 @@ class EventAnswer(TypedDict, total=False):
 JSON = dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass
 class PermitAsk:
     """One tool call's permit request as the wire sends it (the run and the epoch aside):
-    `WireClient.request_permit`'s keywords, and what a worker's `ToolCall` asks with."""
+    `WireClient.request_permit`'s keywords. A worker's `ToolCall` is one, with what it learns
+    as the call goes (its `arguments` become the approved ones)."""
 
-    tool_call_id: str
     tool: str
-    side_effect: SideEffect
     arguments: Any
+    side_effect: SideEffect
+    tool_call_id: str
     idempotency_key: str | None = None
     operation_id: str | None = None
     recovery_policy: RecoveryPolicy | None = None
@@ -174,11 +175,6 @@ class PermitAsk:
     summary: str | None = None
     risk: Risk | None = None
     arguments_schema: Mapping[str, Any] | None = None
-
-    @classmethod
-    def of(cls, source: Any) -> PermitAsk:
-        """The request of an object with these attributes (a `ToolCall`)."""
-        return cls(**{name.name: getattr(source, name.name) for name in fields(cls)})
 
     def body(self, epoch: int) -> JSON:
         body: JSON = {

@@ -111,9 +111,7 @@ from runs.services.steering import (
 )
 from runs.services.team_budgets import (
     team_budget_charge,
-    team_budget_refusal,
     team_budget_set,
-    team_budget_spent,
     team_price_delete,
     team_price_set,
 )
@@ -125,9 +123,7 @@ from runs.services.tool_calls import (
 
 __all__ = [
     "team_budget_charge",
-    "team_budget_refusal",
     "team_budget_set",
-    "team_budget_spent",
     "team_price_delete",
     "team_price_set",
     "BULK_STOP_REASONS",

@@ -32,6 +32,7 @@ from runs.models import (
     SideEffectState,
     StopReason,
 )
+from runs.selectors import team_budget_refusal
 from runs.services._base import (
     RESULT_STATES,
     apply_tool_result,
@@ -51,7 +52,6 @@ from runs.services.approval_gate import (
 )
 from runs.services.budget import budget_exceeded
 from runs.services.lifecycle import settle_dirty_if_resolved, stop_locked
-from runs.services.team_budgets import team_budget_refusal
 
 
 @dataclass(frozen=True)
