@@ -12,9 +12,7 @@ _READ_ONLY = ["get", "head"]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path(
-        "api/schema/", CachedSchemaView.as_view(http_method_names=_READ_ONLY), name="api-schema"
-    ),
+    path("api/schema/", CachedSchemaView.as_view(http_method_names=_READ_ONLY), name="api-schema"),
     path(
         "api/docs/",
         # The split view serves its script as a file (`?script`), and our template its style
