@@ -20,6 +20,8 @@ Operations (each from its own client in this process, which is not counted):
   its own process, not counted) holds the lease and its push socket, until the worker has
   drained: the stop, the signal pushed to the worker, its acknowledgement and `drained`, the
   settle and the stop packet;
+- **HTTP floor** (a JSON 404, no auth, no database) and **idle** (nothing asked, 15 s; each
+  kind's idle CPU over an operation's wall time is subtracted from it);
 - **viewer frame**: 200 browser viewers of one run (bench/ws_viewers.py, not counted) while
   this process commits 10 changes a second; CPU per delivered frame (the change's own commit is
   this process's, not counted; daphne's and Redis's share of it is the frame's).
@@ -259,6 +261,33 @@ def _warm(http: httpx.Client, run_id: str, epoch: int) -> None:
         )
 
 
+def idle(shape: Shape, seconds: float) -> tuple[int, dict[str, float], float, float]:
+    """Nothing asked of the shape: what each kind spends on its own (polls, timers, the beat),
+    per second; subtracted from every operation's window."""
+
+    def work() -> int:
+        time.sleep(seconds)
+        return 1
+
+    return shape.measure(work)
+
+
+def floor(stack: Stack, shape: Shape, count: int) -> tuple[int, dict[str, float], float, float]:
+    """bench_ingest.py's HTTP floor (a JSON 404 through the whole middleware stack, no auth, no
+    database): what any request costs before its own work."""
+    with httpx.Client(base_url=stack.base_url, timeout=30) as http:
+        for _ in range(20):
+            http.get("/api/v1/no-such-endpoint/")
+
+        def work() -> int:
+            for _ in range(count):
+                if http.get("/api/v1/no-such-endpoint/").status_code != 404:
+                    raise RuntimeError("floor request did not answer 404")
+            return count
+
+        return shape.measure(work)
+
+
 def events_single(
     stack: Stack, shape: Shape, count: int
 ) -> tuple[int, dict[str, float], float, float]:
@@ -472,19 +501,77 @@ def _layers_on(redis_url: str) -> Callable[[], None]:
 
 
 def _row(
-    name: str, unit: str, measured: tuple[int, dict[str, float], float, float], note: str
+    name: str,
+    unit: str,
+    measured: tuple[int, dict[str, float], float, float],
+    note: str,
+    idle_rate: dict[str, float],
 ) -> Row:
+    """µs per operation by kind, net of what each kind spends idle over the same wall time."""
     count, spent, wall, load = measured
-    per = {kind: spent[kind] * 1e6 / max(count, 1) for kind in KINDS}
+    gross = {kind: spent[kind] * 1e6 / max(count, 1) for kind in KINDS}
+    per = {
+        kind: max(0.0, spent[kind] - idle_rate[kind] * wall) * 1e6 / max(count, 1) for kind in KINDS
+    }
     total = sum(per.values())
     shown = ", ".join(f"{kind} {per[kind]:,.0f}" for kind in KINDS)
     return Row(
         "cost",
         f"CPU per {name}",
-        {"value": total, "count": count, "per_kind_us": per, "wall_s": wall, "load": load},
+        {
+            "value": total,
+            "count": count,
+            "per_kind_us": per,
+            "gross_per_kind_us": gross,
+            "wall_s": wall,
+            "load": load,
+        },
         "µs",
-        note=f"µs per {unit}: {shown}; {count:,} in {wall:.1f} s; load average {load:.2f}; " + note,
+        note=f"µs per {unit} net of idle: {shown} (gross daphne {gross['daphne']:,.0f}); "
+        f"{count:,} in {wall:.1f} s; load average {load:.2f}; {note}",
     )
+
+
+OPERATIONS: tuple[tuple[str, str, str, Callable[[Stack, Shape], Any]], ...] = (
+    (
+        "HTTP floor request",
+        "request",
+        "a JSON 404 through the whole middleware stack (no auth, no database), one client",
+        lambda stack, shape: floor(stack, shape, stack.n(400, 60)),
+    ),
+    (
+        "single event",
+        "event",
+        "one POST /events/ of one event, one client",
+        lambda stack, shape: events_single(stack, shape, stack.n(400, 60)),
+    ),
+    (
+        "event in a batch of 100",
+        "event",
+        "POST /events/ of 100 events, one client",
+        lambda stack, shape: events_batched(stack, shape, stack.n(20, 4)),
+    ),
+    (
+        "permit",
+        "permit",
+        "one POST /permits/, one client",
+        lambda stack, shape: permits(stack, shape, stack.n(300, 40)),
+    ),
+    (
+        "stop",
+        "stop",
+        "POST /cancel/ → signal at a safestop_agent worker → its ack and drained",
+        lambda stack, shape: stops(stack, shape, stack.n(30, 5)),
+    ),
+    (
+        "viewer frame",
+        "frame",
+        "viewers of one run, 10 changes a second committed by the bench",
+        lambda stack, shape: viewer_frames(
+            stack, shape, stack.n(200, 50), 10.0, stack.n(10.0, 4.0)
+        ),
+    ),
+)
 
 
 def run(stack: Stack) -> list[Row]:
@@ -518,46 +605,20 @@ def run(stack: Stack) -> list[Row]:
         )
         shape = Shape(daphne=daphne, celery=celery, redis=redis, backends=backends)
         time.sleep(3.0)  # let the worker's first beat pass
+        _count, spent, wall, load = idle(shape, costed.n(15.0, 4.0))
+        idle_rate = {kind: spent[kind] / wall for kind in KINDS}
         rows.append(
-            _row(
-                "single event",
-                "event",
-                events_single(costed, shape, costed.n(400, 60)),
-                "one POST /events/ of one event, one client",
+            Row(
+                "cost",
+                "idle CPU, % of one core",
+                {"value": 100 * sum(idle_rate.values()), "per_kind": idle_rate},
+                "%",
+                note=", ".join(f"{kind} {100 * idle_rate[kind]:.2f} %" for kind in KINDS)
+                + f" over {wall:.0f} s; load average {load:.2f}; subtracted from each row below",
             )
         )
-        rows.append(
-            _row(
-                "event in a batch of 100",
-                "event",
-                events_batched(costed, shape, costed.n(20, 4)),
-                "POST /events/ of 100 events, one client",
-            )
-        )
-        rows.append(
-            _row(
-                "permit",
-                "permit",
-                permits(costed, shape, costed.n(300, 40)),
-                "one POST /permits/, one client",
-            )
-        )
-        rows.append(
-            _row(
-                "stop",
-                "stop",
-                stops(costed, shape, costed.n(30, 5)),
-                "POST /cancel/ → signal at a safestop_agent worker → its ack and drained",
-            )
-        )
-        rows.append(
-            _row(
-                "viewer frame",
-                "frame",
-                viewer_frames(costed, shape, costed.n(200, 50), 10.0, costed.n(10.0, 4.0)),
-                "viewers of one run, 10 changes a second committed by the bench",
-            )
-        )
+        for name, unit, note, operation in OPERATIONS:
+            rows.append(_row(name, unit, operation(costed, shape), note, idle_rate))
     finally:
         if costed is not None:
             costed.stop_celery()
