@@ -139,7 +139,7 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
             await layer.group_send(group, frame)
 
     in_memory = any(isinstance(layer, InMemoryChannelLayer) for layer, _, _ in sends)
-    if _has_loop_to_route_to() and not in_memory:
+    if _has_loop_to_route_to() and not in_memory and _routed_loop_runs():
         # A daphne request thread with Redis layers: hand the sends to the loop and return.
         # Django runs every sync view of the process in this one thread, so waiting here for
         # the loop and the PUBLISHes' round trips held up every other request (the single-event
@@ -152,6 +152,13 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
         async_to_sync(send_all)()
     else:
         asyncio.run_coroutine_threadsafe(send_all(), _publisher_loop()).result(timeout=10)
+
+
+def _routed_loop_runs() -> bool:
+    """The loop this thread would route to is alive (a thread-local can outlive its loop: a
+    test's, a server's that stopped); else the send takes the waiting path, as before."""
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    return loop is not None and loop.is_running()
 
 
 class _LoopOutbox:
