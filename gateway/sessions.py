@@ -15,28 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import DatabaseError, connection
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
 from gateway import records
+from gateway.lane import Lane, News
+from gateway.lane import db as _db
 from gateway.records import Caller, StopFacts, UpstreamConfig
 from gateway.services import session_ended
 from gateway.upstream import ClientRefused, UpstreamLink, UpstreamUnavailable
-from runs import notify, services
+from runs import services
 from runs.actors import Actor
 from runs.errors import ApprovalClosed, DomainError, LeaseRevoked, RunNotRunning, StaleEpoch
 from runs.groups import agent_group, token_group
@@ -49,59 +47,8 @@ OBSERVATION_CHARS = 2000
 Writer = Callable[[dict[str, Any]], Awaitable[bool]]
 
 
-# The gateway's database work runs on threads of its own, each keeping its connection between
-# calls: a tool call's permit is on the path of every call an agent makes, and handing the
-# connection back to the pool after each call (as `database_sync_to_async` does) cost a pool
-# round trip and a health check per call. Not the one thread Django's sync work shares by
-# default either: a session's result report, another session's permit and a heartbeat need
-# not queue behind each other.
-_DB_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcp-gateway-db")
-
-
-def _keeping_connection(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DatabaseError:
-            # A connection the server dropped is not kept: the next call takes a fresh one.
-            if not connection.in_atomic_block:
-                connection.close_if_unusable_or_obsolete()
-            raise
-
-    return call
-
-
-def _db(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    return sync_to_async(_keeping_connection(fn), thread_sensitive=False, executor=_DB_THREADS)
-
-
-def _db_held(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    """`_db`, with the run-change events kept back (`runs.notify.held`) and published after
-    the caller has its answer: the agent's call does not wait for the console's frames."""
-
-    def call(*args: Any, **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
-        with notify.held() as events:
-            try:
-                return fn(*args, **kwargs), events
-            except Exception:
-                notify.deliver(events)  # what committed before the refusal is still news
-                raise
-
-    run = _db(call)
-
-    async def answer(*args: Any, **kwargs: Any) -> Any:
-        result, events = await run(*args, **kwargs)
-        if events:
-            publish = asyncio.ensure_future(_db(notify.deliver)(events))
-            _PUBLISHING.add(publish)
-            publish.add_done_callback(_PUBLISHING.discard)
-        return result
-
-    return answer
-
-
-_PUBLISHING: set[asyncio.Task[Any]] = set()
+# A call's permit's frames wait this long for its result's, to be published with them.
+NEWS_DELAY_SECONDS = 0.02
 
 
 class ToolError(Exception):
@@ -188,6 +135,9 @@ class GatewaySession:
     asked: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     _asked_seq: int = 0
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    # The permits and results of this session's calls, in order (`gateway.lane`).
+    _lane: Lane = field(default_factory=Lane)
+    _news: News = field(default_factory=lambda: News(NEWS_DELAY_SECONDS))
     _reports: set[asyncio.Task[Any]] = field(default_factory=set)
     _channel: str = ""
 
@@ -422,7 +372,9 @@ class GatewaySession:
         self, call: InFlight, arguments: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         try:
-            record, _ = await _db_held(services.permit_request)(
+            (record, _), events = await self._lane.submit(
+                services.permit_request,
+                held=True,
                 run_id=self.run_id,
                 epoch=self.epoch,
                 tool_call_id=call.tool_call_id,
@@ -442,6 +394,7 @@ class GatewaySession:
             raise ToolError(f"safestop refused the call: {error.detail}") from error
         except DomainError as error:
             raise RpcError(-32602, f"safestop refused the call: {error.detail}") from error
+        self._news.later(events)
         if record.execution_state != ExecutionState.AWAITING_APPROVAL:
             return arguments
         call.approval_id = record.approval.pk
@@ -528,13 +481,16 @@ class GatewaySession:
     async def _reports_done(self) -> None:
         if self._reports:
             await asyncio.wait(set(self._reports))
+        await self._lane.idle()
 
     async def _report(
         self, call: InFlight, state: str, text: str, started: float, *, truncated: bool = False
     ) -> None:
         took = time.monotonic() - started
         try:
-            await _db_held(services.tool_result_report)(
+            _, events = await self._lane.submit(
+                services.tool_result_report,
+                held=True,
                 run_id=self.run_id,
                 tool_call_id=call.tool_call_id,
                 execution_state=state,
@@ -549,6 +505,8 @@ class GatewaySession:
             logger.exception(
                 "MCP session %s: result of %s refused", self.id[:12], call.tool_call_id
             )
+            return
+        self._news.now(events)
 
     # --- the client's side of the session: what the gateway sends it unasked ---------------
 
@@ -639,6 +597,7 @@ class GatewaySession:
             with contextlib.suppress(Exception):
                 await layer.group_discard(agent_group(self.run_id), self._channel)
                 await layer.group_discard(token_group(self.caller.token.pk), self._channel)
+        self._news.now()
         await _db(session_ended)(public_id=self.id, reason=reason)
         await self.link.close()
 
