@@ -471,9 +471,12 @@ class GatewaySession:
         state = ExecutionState.FAILED if result.get("isError") else ExecutionState.SUCCEEDED
         text, truncated = _observation(result)
         # The answer goes to the client now; the result is recorded beside it (one database
-        # hop less per call). A stop or the session's end waits for these reports first, so
-        # a drain never calls unknown a call whose answer the gateway already has.
-        report = asyncio.create_task(self._report(call, state, text, started, truncated=truncated))
+        # hop less per call), queued in the session's lane before the answer leaves, so the
+        # session's next permit comes after it. A stop or the session's end waits for these
+        # reports first, so a drain never calls unknown a call whose answer the gateway has.
+        report = asyncio.create_task(
+            self._recorded(call, self._record(call, state, text, started, truncated=truncated))
+        )
         self._reports.add(report)
         report.add_done_callback(self._reports.discard)
         return result
@@ -486,21 +489,30 @@ class GatewaySession:
     async def _report(
         self, call: InFlight, state: str, text: str, started: float, *, truncated: bool = False
     ) -> None:
+        await self._recorded(call, self._record(call, state, text, started, truncated=truncated))
+
+    def _record(
+        self, call: InFlight, state: str, text: str, started: float, *, truncated: bool = False
+    ) -> asyncio.Future[Any]:
+        """Queue the call's result in the session's lane (`tool_result_report`)."""
         took = time.monotonic() - started
+        return self._lane.submit(
+            services.tool_result_report,
+            held=True,
+            run_id=self.run_id,
+            tool_call_id=call.tool_call_id,
+            execution_state=state,
+            actor=self.caller.actor,
+            observation=f"{text}\n[{took * 1000:.1f} ms via the MCP gateway]"[
+                : OBSERVATION_CHARS + 40
+            ],
+            output_truncated=truncated,
+            source="mcp-gateway",
+        )
+
+    async def _recorded(self, call: InFlight, recording: asyncio.Future[Any]) -> None:
         try:
-            _, events = await self._lane.submit(
-                services.tool_result_report,
-                held=True,
-                run_id=self.run_id,
-                tool_call_id=call.tool_call_id,
-                execution_state=state,
-                actor=self.caller.actor,
-                observation=f"{text}\n[{took * 1000:.1f} ms via the MCP gateway]"[
-                    : OBSERVATION_CHARS + 40
-                ],
-                output_truncated=truncated,
-                source="mcp-gateway",
-            )
+            _, events = await recording
         except DomainError:
             logger.exception(
                 "MCP session %s: result of %s refused", self.id[:12], call.tool_call_id
