@@ -11,7 +11,13 @@ tool, sequential calls, one client, the `mcp` SDK's client everywhere:
    which asks a permit, forwards over stdio to its own server-everything and records the result.
    Added latency = p50(3) − p50(2) (same client transport), and p50(3) − p50(1) (what an
    agent switching from a local stdio server pays).
-4. stop → the client's pending call answers — a reviewer's `POST .../cancel/` while
+   Run 3 also reads daphne's own CPU time (`/proc`), divided by the calls (and run 2 the
+   node server's): on a shared machine the wall-clock figures measure the queue for its cores,
+   the CPU time does not.
+4. 2 and 3 again with a pause between calls (`PAUSE_SECONDS`, standing for the model's turn):
+   back to back, a call's permit waits for the previous call's result to be recorded (the
+   session's lane keeps them in order, `gateway/lane.py`); paced, it does not.
+5. stop → the client's pending call answers — a reviewer's `POST .../cancel/` while
    `trigger-long-running-operation` runs, until the call in flight returns its tool error
    (cancelled upstream, drained); one new session per stop.
 
