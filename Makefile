@@ -132,9 +132,11 @@ adapter-matrix: $(MATRIX)/oldest/.installed $(MATRIX)/newest/.installed
 PYTEST := DATABASE_URL=$(PG_URL) $(PY) -m pytest
 
 # The full suite: PostgreSQL, Redis, a real Celery worker, real websockets, real Chromium.
+# `--durations`: the slowest tests are printed at the end of every run, so the next cut of the
+# suite's time starts from figures.
 test: install services chromium nginx axe mcp-servers mcp-clients vendor
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory ts-client
 	$(MAKE) --no-print-directory adapter-matrix
 

@@ -2,18 +2,17 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from api.errors import json_not_found
+from console.api_schema import CachedSchemaView
 
 # The schema and its viewer answer GET only (the viewer has no template for anything else).
 _READ_ONLY = ["get", "head"]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path(
-        "api/schema/", SpectacularAPIView.as_view(http_method_names=_READ_ONLY), name="api-schema"
-    ),
+    path("api/schema/", CachedSchemaView.as_view(http_method_names=_READ_ONLY), name="api-schema"),
     path(
         "api/docs/",
         # The split view serves its script as a file (`?script`), and our template its style

@@ -17,6 +17,7 @@ from policies.language import CONTEXT
 from policies.models import Policy, PolicyAction, PolicyMode, PolicyOnError, PolicyTest
 from policies.rule_templates import TEMPLATES
 from policies.services import (
+    POLICY_FIELDS,
     policy_create,
     policy_delete,
     policy_test,
@@ -136,20 +137,7 @@ def policy_json(policy: Policy) -> dict[str, Any]:
         "team": policy.team.slug,
         **{
             name: getattr(policy, name)
-            for name in (
-                "name",
-                "description",
-                "expression",
-                "action",
-                "mode",
-                "on_error",
-                "agent_glob",
-                "tool_glob",
-                "enabled",
-                "errors_count",
-                "last_error",
-                "created_by",
-            )
+            for name in (*POLICY_FIELDS, "errors_count", "last_error", "created_by")
         },
         "last_error_at": policy.last_error_at.isoformat() if policy.last_error_at else None,
         "created_at": policy.created_at.isoformat(),

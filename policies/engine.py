@@ -8,6 +8,7 @@ read, and every policy is evaluated against one activation.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,9 +57,21 @@ class Compiled:
     def names(self) -> tuple[str, ...]:
         return self.program.names if self.program else ()
 
-    @property
+    @functools.cached_property
     def reads_call(self) -> bool:
         return any(name.startswith("call.") for name in self.names)
+
+    @functools.cached_property
+    def reads_event_type(self) -> bool:
+        return "event.type" in self.names
+
+    @functools.cached_property
+    def any_agent(self) -> bool:
+        return self.agent_glob in ("", "*")
+
+    @functools.cached_property
+    def any_tool(self) -> bool:
+        return self.tool_glob in ("", "*")
 
     def applies(self, agent: Callable[[], str], moment: Moment) -> bool:
         """In scope at this moment. A policy that reads `call.*` is checked only where there
@@ -66,11 +79,9 @@ class Compiled:
         blanks, and `!(call.destination_host in [...])` would match every step."""
         if self.reads_call and not moment.tool:
             return False
-        if self.tool_glob not in ("", "*") and not (
-            moment.is_call and fnmatchcase(moment.tool, self.tool_glob)
-        ):
+        if not self.any_tool and not (moment.is_call and fnmatchcase(moment.tool, self.tool_glob)):
             return False
-        return self.agent_glob in ("", "*") or fnmatchcase(agent(), self.agent_glob)
+        return self.any_agent or fnmatchcase(agent(), self.agent_glob)
 
 
 # (id, updated_at) → compiled: an edit changes updated_at, so the next evaluation compiles the
@@ -95,10 +106,52 @@ def compiled(row: tuple[Any, ...]) -> Compiled:
     return found
 
 
-def team_policies(team_id: int) -> list[Compiled]:
-    """The team's enabled policies, compiled (one indexed query; compiling only on a change)."""
+@dataclass(frozen=True)
+class TeamPolicies:
+    """A team's enabled policies, compiled, and the subsets each kind of check evaluates."""
+
+    all: tuple[Compiled, ...]
+    # An events batch has no call: the policies that read none, and of those the ones that
+    # read `event.type` (only they can answer differently for each type in the batch).
+    batch: tuple[Compiled, ...]
+    batch_typed: tuple[Compiled, ...]
+    # The periodic tick: the rules of time.
+    time: tuple[Compiled, ...]
+
+    @classmethod
+    def of(cls, policies: list[Compiled]) -> TeamPolicies:
+        batch = tuple(policy for policy in policies if not policy.reads_call)
+        return cls(
+            all=tuple(policies),
+            batch=batch,
+            batch_typed=tuple(policy for policy in batch if policy.reads_event_type),
+            time=tuple(policy for policy in policies if "run.elapsed_seconds" in policy.names),
+        )
+
+
+# team id → (the version of its policy set it was compiled at, the set). The version is read
+# in the transaction of every check (`policies.reads`), and every change to a team's policies
+# writes a new one in its own transaction (`policies.reads.policies_changed`): a change
+# committed in any process is seen by the next check in every process.
+_teams: dict[int, tuple[int, TeamPolicies]] = {}
+_TEAMS_MAX = 10_000
+
+
+def team_policies(team_id: int, version: int) -> TeamPolicies:
+    """The team's enabled policies, compiled: from this process's cache while `version` is the
+    one they were read at, else one indexed query (compiling only the policies that changed).
+
+    The rows are read after the version, in the same transaction, so the cache never holds a
+    set older than the version it is filed under (at worst a newer one, re-read next time)."""
+    found = _teams.get(team_id)
+    if found is not None and found[0] == version:
+        return found[1]
     rows = Policy.objects.filter(team_id=team_id, enabled=True).values_list(*POLICY_FIELDS)
-    return [compiled(row) for row in rows]
+    policies = TeamPolicies.of([compiled(row) for row in rows])
+    if len(_teams) >= _TEAMS_MAX:
+        _teams.clear()
+    _teams[team_id] = (version, policies)
+    return policies
 
 
 def compile_policy(policy: Policy) -> Compiled:
@@ -159,12 +212,12 @@ def check(
     bound = activation(data)
     results = []
     for policy in applying:
-        seen = {name: data[name] for name in policy.names}
         if policy.program is None:
-            results.append(Result(policy, False, policy.compile_error, seen))
-            continue
-        matched, error = evaluate(policy.program, bound)
+            matched, error = False, policy.compile_error
+        else:
+            matched, error = evaluate(policy.program, bound)
         if matched or error:
+            seen = {name: data[name] for name in policy.names}
             results.append(Result(policy, matched, error, seen))
     return results
 

@@ -18,7 +18,7 @@ An evaluation error is counted on the policy and, in enforce mode, applies its `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import F
@@ -33,6 +33,13 @@ from policies.models import (
     PolicyMode,
     PolicyOnError,
     RunFacts,
+)
+from policies.reads import (
+    RUN_COLUMNS,
+    CheckReads,
+    policy_set_version,
+    read_for_checks,
+    save_facts,
 )
 from runs.actors import Actor
 from runs.hooks import NO_VERDICT, PolicyChecks, PolicyVerdict
@@ -52,82 +59,53 @@ def policy_actor(policy: Compiled) -> Actor:
 # the run's values, read once each and only when a policy reads them
 
 
-_RUN_COLUMNS: dict[str, tuple[str, ...]] = {
-    "run.agent": ("agent",),
-    "run.team": (),
-    "run.elapsed_seconds": ("started_at", "created_at"),
-    "run.tool_calls": ("tool_calls_count",),
-    "run.cost_usd": ("cost_usd",),
-    "run.tokens": ("input_tokens", "output_tokens"),
-}
-
-
 class LiveRun:
-    """The run's values, each read when a policy first asks for it."""
+    """The run's values, each computed when a policy first asks for it, from the run as the
+    transition holds it or, for the columns an events batch leaves deferred, from the check's
+    own read (`CheckReads.run_values`)."""
 
-    def __init__(self, run: Run, facts: Callable[[], RunFacts], now: Any, names: set[str]) -> None:
-        self.run, self.facts, self.now = run, facts, now
-        # The events batch builds its run from a few columns; load what the policies read
-        # and the batch did not, in one query, rather than one query per deferred field.
-        wanted = {c for name in names for c in _RUN_COLUMNS.get(name, ())}
-        self._missing = wanted & run.get_deferred_fields()
+    def __init__(self, run: Run, reads: CheckReads, now: Any) -> None:
+        self.run, self.reads, self.now = run, reads, now
+        self._deferred = run.get_deferred_fields()
 
-    def _load(self, *columns: str) -> None:
-        deferred = self.run.get_deferred_fields()
-        if any(column in deferred for column in columns):
-            self.run.refresh_from_db(fields=sorted((self._missing | set(columns)) & deferred))
-            self._missing = set()
+    def _column(self, name: str) -> Any:
+        if name not in self._deferred:
+            return getattr(self.run, name)
+        if name not in self.reads.run_values:  # SQLite: the ORM read has no run columns
+            self.reads.run_values.update(
+                Run.objects.filter(pk=self.run.pk).values(*RUN_COLUMNS).get()
+            )
+        return self.reads.run_values[name]
 
     def agent(self) -> str:
-        self._load("agent")
-        return self.run.agent
+        return self._column("agent")
 
     def value(self, name: str) -> Any:
-        run = self.run
-        self._load(*_RUN_COLUMNS.get(name, ()))
+        run, column = self.run, self._column
         if name == "run.agent":
-            return run.agent
+            return column("agent")
         if name == "run.team":
+            if Run.team.is_cached(run):
+                return run.team.slug
             return Team.objects.filter(pk=run.team_id).values_list("slug", flat=True).first()
         if name == "run.elapsed_seconds":
-            started = run.started_at or run.created_at
+            started = column("started_at") or column("created_at")
             return max((self.now - started).total_seconds(), 0.0)
         if name == "run.steps":
             # Steps started so far (a planned step not yet started is not one), counted over
             # the run's own steps only, and only when a policy reads it.
             return Step.objects.filter(run_id=run.pk, started_at__isnull=False).count()
         if name == "run.tool_calls":
-            return run.tool_calls_count
+            return column("tool_calls_count")
         if name == "run.tool_failures_in_a_row":
-            return self.facts().tool_failures_in_a_row
+            return self.reads.facts.tool_failures_in_a_row
         if name == "run.side_effects_last_minute":
-            return aggregates.side_effects_last_minute(self.facts(), at=self.now.timestamp())
+            return aggregates.side_effects_last_minute(self.reads.facts, at=self.now.timestamp())
         if name == "run.cost_usd":
-            return float(run.cost_usd or 0)
+            return float(column("cost_usd") or 0)
         if name == "run.tokens":
-            return int(run.input_tokens or 0) + int(run.output_tokens or 0)
+            return int(column("input_tokens") or 0) + int(column("output_tokens") or 0)
         raise KeyError(name)
-
-
-class _FactsRef:
-    """The run's facts row, read on first use (most moments of most runs never need it)."""
-
-    def __init__(self, run: Run, facts: RunFacts | None) -> None:
-        self.run, self.row = run, facts
-
-    def __call__(self) -> RunFacts:
-        if self.row is None:
-            self.row = _facts(self.run)
-        return self.row
-
-
-def _facts(run: Run) -> RunFacts:
-    found = RunFacts.objects.filter(run_id=run.pk).first()
-    return found if found is not None else RunFacts(run_id=run.pk)
-
-
-def _save(facts: RunFacts) -> None:
-    facts.save(force_insert=facts._state.adding)
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,8 +115,8 @@ def _save(facts: RunFacts) -> None:
 class _Acting:
     """What one moment's results do to the run, in order: the first stop ends the moment."""
 
-    def __init__(self, run: Run, facts: _FactsRef, moment: Moment, now: Any) -> None:
-        self.run, self.ref, self.moment, self.now = run, facts, moment, now
+    def __init__(self, run: Run, facts: RunFacts, moment: Moment, now: Any) -> None:
+        self.run, self.facts, self.moment, self.now = run, facts, moment, now
         self.stopped = ""
         self.hold = ("", "")
         self.facts_changed = False
@@ -162,10 +140,6 @@ class _Acting:
                 self._require_approval(result)
             elif action == PolicyAction.NOTIFY:
                 self._notify(result)
-
-    @property
-    def facts(self) -> RunFacts:
-        return self.ref()
 
     def _hit(self, result: Result, outcome: str, action: str, **extra: Any) -> PolicyHit:
         policy = result.policy
@@ -285,7 +259,7 @@ class _Acting:
         if self.stopped:
             return PolicyVerdict(stopped=self.stopped)
         name, reason = self.hold
-        if not name and self.moment.is_side_effect and self.ref.row and self.facts.hold_name:
+        if not name and self.moment.is_side_effect and self.facts.hold_name:
             # A hold an earlier moment asked for takes this side effect.
             name, reason = self.facts.hold_name, self.facts.hold_reason
             self.facts.hold_name = self.facts.hold_reason = ""
@@ -308,30 +282,32 @@ def _moment_at(
     moment: Moment,
     *,
     now: Any,
-    facts: RunFacts | _FactsRef | None = None,
-    policies: list[Compiled] | None = None,
+    reads: CheckReads,
+    policies: Iterable[Compiled],
     facts_changed: bool = False,
 ) -> PolicyVerdict:
-    """Evaluate the team's policies at `moment`, act, and save the run's facts if they moved
+    """Evaluate `policies` at `moment` and act; save the run's facts if they moved
     (`facts_changed`: the caller already moved them)."""
-    policies = team_policies(run.team_id) if policies is None else policies
-    ref = facts if isinstance(facts, _FactsRef) else _FactsRef(run, facts)
-    acting = _Acting(run, ref, moment, now)
+    acting = _Acting(run, reads.facts, moment, now)
     if policies:
-        names = {name for policy in policies for name in policy.names}
-        live = LiveRun(run, ref, now, names)
+        live = LiveRun(run, reads, now)
         acting.apply(check(policies, agent=live.agent, moment=moment, run_value=live.value))
     verdict = acting.verdict()
-    if ref.row is not None and (acting.facts_changed or facts_changed):
-        _save(ref.row)
+    if acting.facts_changed or facts_changed:
+        save_facts(reads.facts)
     return verdict
 
 
 class Checks(PolicyChecks):
+    """One statement reads what a check needs (`read_for_checks`), the team's compiled policies
+    come from this process's cache while their version holds (`team_policies`), and one
+    statement writes the facts when they moved: 50 policies cost the statements 0 do."""
+
     def permit(
         self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: Any
     ) -> PolicyVerdict:
-        facts = _facts(run)
+        reads = read_for_checks(run)
+        facts = reads.facts
         aggregates.record_call(
             facts, tool=tool, arguments=arguments, side_effect=side_effect, at=now.timestamp()
         )
@@ -344,13 +320,14 @@ class Checks(PolicyChecks):
             repeats=facts.repeats,
             is_call=True,
         )
-        return _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
+        policies = team_policies(run.team_id, reads.version).all
+        return _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
     def outbox(
         self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: Any
     ) -> PolicyVerdict:
-        facts = _facts(run)
-        aggregates.record_side_effect(facts, at=now.timestamp())
+        reads = read_for_checks(run)
+        aggregates.record_side_effect(reads.facts, at=now.timestamp())
         moment = Moment(
             "outbox.enqueue",
             tool=transport,
@@ -359,34 +336,42 @@ class Checks(PolicyChecks):
             destination_host=aggregates.host_of(destination),
             is_call=True,
         )
-        return _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
+        policies = team_policies(run.team_id, reads.version).all
+        return _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
     def tool_result(self, run: Run, *, tool: str, execution_state: str, now: Any) -> None:
-        facts = _facts(run)
-        aggregates.record_result(facts, execution_state=execution_state)
+        reads = read_for_checks(run)
+        aggregates.record_result(reads.facts, execution_state=execution_state)
         if run.status != RunStatus.RUNNING:
-            _save(facts)
+            save_facts(reads.facts)
             return
+        policies = team_policies(run.team_id, reads.version).all
         moment = Moment("tool.result", tool=tool)
-        _moment_at(run, moment, now=now, facts=facts, facts_changed=True)
+        _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
     def events(self, run: Run, event_types: list[str], *, now: Any) -> None:
-        policies = [policy for policy in team_policies(run.team_id) if not policy.reads_call]
-        if not policies:
+        """Each accepted type once, in batch order. A policy that does not read `event.type`
+        sees the same values at every type of one batch, so it is evaluated at the first only."""
+        types = list(dict.fromkeys(event_types))
+        if not types:
             return
-        facts = _FactsRef(run, None)
-        for event_type in dict.fromkeys(event_types):  # each type once, in batch order
+        reads = read_for_checks(run)
+        policies = team_policies(run.team_id, reads.version)
+        if not policies.batch:
+            return
+        _moment_at(run, Moment(types[0][:40]), now=now, reads=reads, policies=policies.batch)
+        for event_type in types[1:] if policies.batch_typed else ():
             if run.status != RunStatus.RUNNING:
                 return
             moment = Moment(event_type[:40])
-            _moment_at(run, moment, now=now, facts=facts, policies=policies)
+            _moment_at(run, moment, now=now, reads=reads, policies=policies.batch_typed)
 
 
-def time_policies(team_id: int) -> list[Compiled]:
-    return [policy for policy in team_policies(team_id) if "run.elapsed_seconds" in policy.names]
+def time_policies(team_id: int) -> tuple[Compiled, ...]:
+    return team_policies(team_id, policy_set_version(team_id)).time
 
 
-def tick_run(run: Run, policies: list[Compiled], *, now: Any) -> None:
+def tick_run(run: Run, policies: Iterable[Compiled], *, now: Any) -> None:
     """A periodic look at a running run, for rules of time (`run.elapsed_seconds`)."""
     if run.status == RunStatus.RUNNING and policies:
-        _moment_at(run, Moment("tick"), now=now, policies=policies)
+        _moment_at(run, Moment("tick"), now=now, reads=read_for_checks(run), policies=policies)

@@ -61,6 +61,23 @@ class Policy(models.Model):
         return self.name
 
 
+class PolicySetVersion(models.Model):
+    """A team's policy set, as a number each process compares with its cached compile of it.
+
+    Every change to a team's policies (create, update, delete: `policies.services`) writes a
+    new number here in the change's own transaction, and every check reads it in the run's
+    transaction (`policies.reads`): a process recompiles the set only when the number differs.
+    A random number rather than a counter, so a rolled-back change cannot leave behind a number
+    that a later, different change reuses. No foreign key: a team deleted with its policies
+    leaves at most this one row, and nothing reads it."""
+
+    team_id = models.BigIntegerField(primary_key=True)
+    version = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"policies of team {self.team_id}: version {self.version}"
+
+
 class HitOutcome(models.TextChoices):
     ACTED = "acted", _("Acted")
     WOULD_ACT = "would_act", _("Would act (observe)")

@@ -2,8 +2,9 @@
 (the expression compiled and type-checked against the context) and ledgered.
 
 Like approval rules these lock no run: the ledger entries are global ones carrying the team's
-slug. A change applies from the next evaluation after its commit (the compile cache is keyed
-by the policy's id and `updated_at`); runs in flight see the new expression at their next fact.
+slug. Each writes a new version of the team's policy set in its own transaction
+(`policies_changed`), so the next check after its commit, in any process, drops its cached
+compile of the set; runs in flight see the new expression at their next fact.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from policies.models import (
     PolicyTest,
     PolicyTestStatus,
 )
+from policies.reads import policies_changed
 from runs.actors import Actor
 from runs.errors import InvalidInput, NotFound
 from runs.ledger import ledger_append
@@ -40,16 +42,7 @@ POLICY_FIELDS = (
     "tool_glob",
     "enabled",
 )
-_TEXT = (
-    "name",
-    "description",
-    "expression",
-    "action",
-    "mode",
-    "on_error",
-    "agent_glob",
-    "tool_glob",
-)
+_TEXT = tuple(name for name in POLICY_FIELDS if name != "enabled")
 _CHOICES = {
     "action": PolicyAction.values,
     "mode": PolicyMode.values,
@@ -118,6 +111,18 @@ def _save(policy: Policy, **kwargs: Any) -> None:
         ) from None
 
 
+def _locked_policy(policy_id: int) -> Policy:
+    policy = (
+        Policy.objects.select_for_update(of=("self",))
+        .select_related("team")
+        .filter(pk=policy_id)
+        .first()
+    )
+    if policy is None:
+        raise NotFound(f"policy {policy_id} does not exist")
+    return policy
+
+
 def policy_create(*, team_id: int, actor: Actor, **fields: Any) -> Policy:
     clean = _clean_fields(fields)
     for required in ("name", "expression", "action"):
@@ -129,6 +134,7 @@ def policy_create(*, team_id: int, actor: Actor, **fields: Any) -> Policy:
             raise NotFound(f"team {team_id} does not exist")
         policy = Policy(team=team, created_by=actor.name[:150], **clean)
         _save(policy)
+        policies_changed(team.pk)
         ledger_append(
             run=None,
             actor=actor,
@@ -143,14 +149,7 @@ def policy_update(*, policy_id: int, actor: Actor, **fields: Any) -> Policy:
     """Change some fields; the ledger keeps each changed field's old and new value."""
     clean = _clean_fields(fields)
     with transaction.atomic():
-        policy = (
-            Policy.objects.select_for_update(of=("self",))
-            .select_related("team")
-            .filter(pk=policy_id)
-            .first()
-        )
-        if policy is None:
-            raise NotFound(f"policy {policy_id} does not exist")
+        policy = _locked_policy(policy_id)
         before = _snapshot(policy)
         for name, value in clean.items():
             setattr(policy, name, value)
@@ -168,6 +167,7 @@ def policy_update(*, policy_id: int, actor: Actor, **fields: Any) -> Policy:
         else:
             changes_fields = [*changes, "updated_at"]
         _save(policy, update_fields=changes_fields)
+        policies_changed(policy.team_id)
         ledger_append(
             run=None,
             actor=actor,
@@ -181,17 +181,11 @@ def policy_update(*, policy_id: int, actor: Actor, **fields: Any) -> Policy:
 def policy_delete(*, policy_id: int, actor: Actor) -> None:
     """Delete a policy; its hits keep its name and expression."""
     with transaction.atomic():
-        policy = (
-            Policy.objects.select_for_update(of=("self",))
-            .select_related("team")
-            .filter(pk=policy_id)
-            .first()
-        )
-        if policy is None:
-            raise NotFound(f"policy {policy_id} does not exist")
+        policy = _locked_policy(policy_id)
         snapshot = {"policy_id": policy.pk, **_snapshot(policy)}
         team_slug = policy.team.slug
         policy.delete()
+        policies_changed(policy.team_id)
         ledger_append(
             run=None, actor=actor, action="policy.deleted", team_slug=team_slug, payload=snapshot
         )

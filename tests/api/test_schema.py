@@ -94,3 +94,37 @@ def test_the_docs_page_uses_our_own_static_files(client):
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page
     assert "cdn" not in page.lower()
     assert finders.find("drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
+
+
+def test_the_schema_is_generated_once_per_language_and_is_the_generators_own(client, monkeypatch):
+    from drf_spectacular.generators import SchemaGenerator
+
+    from console import api_schema
+
+    api_schema._schema.cache_clear()
+    generated: list[str | None] = []
+    real = SchemaGenerator.get_schema
+
+    def counted(self, *args, **kwargs):
+        from django.utils import translation
+
+        generated.append(translation.get_language())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SchemaGenerator, "get_schema", counted)
+    first = client.get("/api/schema/?format=json")
+    again = client.get("/api/schema/?format=json")
+    assert first.status_code == again.status_code == 200
+    assert first.json() == again.json()
+    assert len(generated) == 1
+    assert first.json() == SchemaGenerator().get_schema(request=None, public=True)
+    # another language is another document (descriptions may be translated)
+    assert client.get("/api/schema/?format=json&lang=zh-hans").status_code == 200
+    assert generated[-1] == "zh-hans"
+    assert len(generated) == 3  # the cached one, zh-hans, and the comparison above
+    client.get("/api/schema/?format=json&lang=zh-hans")
+    # a language nobody speaks, or a version the API does not have, is the same document
+    for query in ("lang=" + "x" * 500, "lang=%00", "version=" + "9" * 40):
+        assert client.get(f"/api/schema/?format=json&{query}").json() == first.json()
+    assert len(generated) == 3
+    api_schema._schema.cache_clear()

@@ -9,6 +9,7 @@ from django.utils import timezone
 from notifications.events import event_for_entry
 from policies.models import Policy, PolicyHit
 from policies.periodic import TIME_RULE_PERIOD, next_time_rule_deadline, policies_tick
+from policies.reads import policies_changed
 from policies.services import policy_update
 from runs.errors import RunNotRunning
 from runs.models import Approval, ExecutionState, LedgerEntry, Run, RunStatus, StopRequest
@@ -119,7 +120,10 @@ def test_a_policy_edited_mid_flight_applies_from_the_next_fact(team):
 
 def test_a_stored_expression_that_no_longer_compiles_fails_closed(team):
     loop = policy(team, "loop", "call.repeats >= 5")
+    # Written past the service (as a restore or a hand edit would), with the new version of
+    # the team's policy set the service would have written.
     Policy.objects.filter(pk=loop.pk).update(expression="run.vanished > 1")
+    policies_changed(team.pk)
     run, _lease = make_running(team)
     held, _ = permit(run, "c1", side_effect="write")
     assert held.execution_state == ExecutionState.AWAITING_APPROVAL
