@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import import_module
@@ -16,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -317,7 +319,13 @@ def on_user_logged_in(sender: Any, request: Any = None, user: Any = None, **kwar
 # The session keys the sign-in fills from the user's settings and team, so the console's
 # middleware chooses the language and the time zone without a query per request.
 SESSION_LANGUAGE = "safestop_language"
-SESSION_TIME_ZONE = "safestop_time_zone"
+# A user's team time zone, cached per user: the middleware reads it on every request, and a
+# change (an admin edits the team's zone, a membership comes or goes) forgets the affected
+# users' entries, so the next request reads the new zone. With a per-process cache (the default
+# local memory) the forgetting reaches only the process that saved; the entry's lifetime bounds
+# how long another process may still show the old zone.
+TIME_ZONE_CACHE_SECONDS = 60
+_TIME_ZONE_KEY = "safestop:time-zone:user:{}"
 
 
 def user_time_zone(*, user: Any) -> str:
@@ -331,9 +339,45 @@ def user_time_zone(*, user: Any) -> str:
     return zone or "UTC"
 
 
+def user_time_zone_cached(*, user: Any) -> str:
+    """`user_time_zone`, from the cache when a request already read it."""
+    key = _TIME_ZONE_KEY.format(user.pk)
+    zone = cache.get(key)
+    if zone is None:
+        zone = user_time_zone(user=user)
+        cache.set(key, zone, TIME_ZONE_CACHE_SECONDS)
+    return str(zone)
+
+
+def time_zones_forget(*, user_ids: Iterable[int]) -> None:
+    """Drop the cached time zones of these users: their next request reads the zone again.
+
+    Now, and again when the saving transaction commits: a request that read the old zone
+    between the two would otherwise cache it again for the entry's whole lifetime."""
+    keys = [_TIME_ZONE_KEY.format(user_id) for user_id in user_ids]
+    if keys:
+        cache.delete_many(keys)
+        transaction.on_commit(lambda: cache.delete_many(keys))
+
+
+def on_team_saved(sender: Any, instance: Team, update_fields: Any = None, **kwargs: Any) -> None:
+    """`post_save` of a team (wired in accounts.apps): a zone that may have changed is forgotten
+    for every member. A save naming other fields (counters, budgets) costs nothing."""
+    if update_fields is not None and "time_zone" not in update_fields:
+        return
+    time_zones_forget(
+        user_ids=Membership.objects.filter(team_id=instance.pk).values_list("user_id", flat=True)
+    )
+
+
+def on_membership_changed(sender: Any, instance: Membership, **kwargs: Any) -> None:
+    """`post_save` / `post_delete` of a membership: the user's first team may be another now."""
+    time_zones_forget(user_ids=[instance.user_id])
+
+
 def preferences_to_session(*, session: Any, user: Any) -> None:
-    """Copy the user's language and team time zone into the session at sign-in, so the
-    middleware reads them with the session instead of a query per request."""
+    """Copy the user's language into the session at sign-in, so the middleware reads it with the
+    session instead of a query per request; read the team's time zone into the cache."""
     language = (
         UserSettings.objects.filter(user=user).values_list("language", flat=True).first() or ""
     )
@@ -341,7 +385,8 @@ def preferences_to_session(*, session: Any, user: Any) -> None:
         session[SESSION_LANGUAGE] = language
     else:
         session.pop(SESSION_LANGUAGE, None)
-    session[SESSION_TIME_ZONE] = user_time_zone(user=user)
+    time_zones_forget(user_ids=[user.pk])
+    user_time_zone_cached(user=user)
 
 
 def user_language_set(*, user: Any, language: str) -> UserSettings:

@@ -8,6 +8,7 @@ concurrent requests can never lose an increment or let a burst slip past the lim
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 
 class RateWindow(models.Model):
@@ -16,11 +17,15 @@ class RateWindow(models.Model):
     Used only when REDIS_URL is unset; with Redis the same counter is an INCR + EXPIRE key.
     """
 
-    bucket = models.CharField(max_length=64)
-    window_start = models.BigIntegerField(help_text="unix time // window seconds")
-    hits = models.PositiveIntegerField(default=0)
+    bucket = models.CharField(max_length=64, verbose_name=_("bucket"))
+    window_start = models.BigIntegerField(
+        help_text="unix time // window seconds", verbose_name=_("window start")
+    )
+    hits = models.PositiveIntegerField(default=0, verbose_name=_("hits"))
 
     class Meta:
+        verbose_name = _("rate window")
+        verbose_name_plural = _("rate windows")
         constraints = [
             # the ON CONFLICT target of the atomic increment
             models.UniqueConstraint(
@@ -46,18 +51,20 @@ class Denial(models.Model):
     never attacker-chosen text), so a flood of bad requests grows a counter, not the table.
     """
 
-    window_start = models.DateTimeField()
-    reason = models.CharField(max_length=16, choices=DenialReason.choices)
-    team_slug = models.CharField(max_length=64, blank=True)
-    credential = models.CharField(max_length=160, blank=True)
-    client_ip = models.CharField(max_length=45, blank=True)
-    route = models.CharField(max_length=120, blank=True)
-    count = models.PositiveIntegerField(default=0)
-    first_at = models.DateTimeField()
-    last_at = models.DateTimeField()
-    last_detail = models.CharField(max_length=300, blank=True)
+    window_start = models.DateTimeField(verbose_name=_("window start"))
+    reason = models.CharField(max_length=16, choices=DenialReason.choices, verbose_name=_("reason"))
+    team_slug = models.CharField(max_length=64, blank=True, verbose_name=_("team slug"))
+    credential = models.CharField(max_length=160, blank=True, verbose_name=_("credential"))
+    client_ip = models.CharField(max_length=45, blank=True, verbose_name=_("client IP"))
+    route = models.CharField(max_length=120, blank=True, verbose_name=_("route"))
+    count = models.PositiveIntegerField(default=0, verbose_name=_("count"))
+    first_at = models.DateTimeField(verbose_name=_("first at"))
+    last_at = models.DateTimeField(verbose_name=_("last at"))
+    last_detail = models.CharField(max_length=300, blank=True, verbose_name=_("last detail"))
 
     class Meta:
+        verbose_name = _("denial")
+        verbose_name_plural = _("denials")
         constraints = [
             models.UniqueConstraint(
                 fields=["window_start", "reason", "team_slug", "credential", "client_ip", "route"],

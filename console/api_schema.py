@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
 from django.utils import translation
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.views import SpectacularAPIView
@@ -23,8 +24,10 @@ class CachedSchemaView(SpectacularAPIView):
     """SpectacularAPIView with the generated schema cached (see the module docstring)."""
 
     def _get_schema_response(self, request: Request) -> Response:
-        version = self.api_version or request.version or self._get_version_parameter(request)
-        schema = _schema(translation.get_language(), version)
+        # The API is not versioned (no versioning class): a `?version=` would only make another
+        # cache key for the same document.
+        version = self.api_version or request.version
+        schema = _schema(_language(), version)
         return Response(
             data=schema,
             headers={
@@ -33,11 +36,19 @@ class CachedSchemaView(SpectacularAPIView):
         )
 
 
-# A handful of languages and versions exist; the bound keeps hostile `?lang=` values (each one
-# its own key) from growing the cache.
+def _language() -> str:
+    """The language the schema is rendered in: an unknown `?lang=` (which drf-spectacular
+    activates as given) renders the default language's text, so it shares that key."""
+    try:
+        return translation.get_supported_language_variant(translation.get_language() or "")
+    except LookupError:
+        return settings.LANGUAGE_CODE
+
+
 @lru_cache(maxsize=8)
-def _schema(language: str | None, version: str | None) -> dict[str, Any]:
+def _schema(language: str, version: str | None) -> dict[str, Any]:
     # `public=True` (the view's own default): the schema does not depend on who asks, so it is
     # generated without a request.
     generator = spectacular_settings.DEFAULT_GENERATOR_CLASS(api_version=version)
-    return generator.get_schema(request=None, public=True)
+    with translation.override(language):
+        return generator.get_schema(request=None, public=True)

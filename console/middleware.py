@@ -16,7 +16,7 @@ from django.middleware.locale import LocaleMiddleware
 from django.utils import timezone, translation
 from django.views.defaults import page_not_found, permission_denied
 
-from accounts.services import SESSION_LANGUAGE, SESSION_TIME_ZONE
+from accounts.services import SESSION_LANGUAGE, user_time_zone_cached
 from api.errors import (
     DATABASE_RETRY_AFTER_SECONDS,
     DATABASE_UNAVAILABLE,
@@ -185,12 +185,25 @@ def _session_value(request: HttpRequest, key: str) -> Any:
         return None
 
 
+def _user_time_zone(request: HttpRequest) -> str | None:
+    """The signed-in user's team time zone (cached, forgotten when it changes), or None. As with
+    the session, a database outage here means the default (UTC), not a middleware crash."""
+    user = getattr(request, "user", None)
+    try:
+        if user is None or not user.is_authenticated:
+            return None
+        return user_time_zone_cached(user=user)
+    except DatabaseError:
+        return None
+
+
 class UserLocale(LocaleMiddleware):
     """The language and time zone of one request.
 
     Language: the signed-in user's own choice (saved on the user, copied into the session at
     sign-in and when they switch), else the language cookie (the sign-in page's switch), else
-    the browser's Accept-Language, else English. Time zone: the user's team's, else UTC.
+    the browser's Accept-Language, else English. Time zone: the user's team's (cached per user
+    and forgotten when an admin changes it, `accounts.services.user_time_zone_cached`), else UTC.
     """
 
     def process_request(self, request: HttpRequest) -> None:
@@ -206,7 +219,7 @@ class UserLocale(LocaleMiddleware):
             )
         translation.activate(language)
         request.LANGUAGE_CODE = translation.get_language()  # type: ignore[attr-defined]
-        zone = _session_value(request, SESSION_TIME_ZONE)
+        zone = _user_time_zone(request)
         if zone:
             try:
                 timezone.activate(zoneinfo.ZoneInfo(zone))

@@ -12,12 +12,16 @@ from runs.models import Run
 class StopPacket(models.Model):
     """One immutable snapshot per stop epoch; resolution status is shown on top of it."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stop_packets")
-    stop_epoch = models.PositiveIntegerField()
-    snapshot = models.JSONField()
-    created_at = models.DateTimeField(auto_now_add=True)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="stop_packets", verbose_name=_("run")
+    )
+    stop_epoch = models.PositiveIntegerField(verbose_name=_("stop epoch"))
+    snapshot = models.JSONField(verbose_name=_("snapshot"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("stop packet")
+        verbose_name_plural = _("stop packets")
         ordering = ["-stop_epoch"]
         constraints = [
             models.UniqueConstraint(
@@ -42,15 +46,23 @@ class ResolutionDecision(models.TextChoices):
 
 
 class Resolution(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="resolutions")
-    target = models.CharField(max_length=16, choices=ResolutionTarget.choices)
-    target_id = models.CharField(max_length=120)
-    decision = models.CharField(max_length=16, choices=ResolutionDecision.choices)
-    evidence = models.TextField()
-    by = models.CharField(max_length=150)
-    at = models.DateTimeField(auto_now_add=True)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="resolutions", verbose_name=_("run")
+    )
+    target = models.CharField(
+        max_length=16, choices=ResolutionTarget.choices, verbose_name=_("target")
+    )
+    target_id = models.CharField(max_length=120, verbose_name=_("target ID"))
+    decision = models.CharField(
+        max_length=16, choices=ResolutionDecision.choices, verbose_name=_("decision")
+    )
+    evidence = models.TextField(verbose_name=_("evidence"))
+    by = models.CharField(max_length=150, verbose_name=_("by whom"))
+    at = models.DateTimeField(auto_now_add=True, verbose_name=_("time"))
 
     class Meta:
+        verbose_name = _("resolution")
+        verbose_name_plural = _("resolutions")
         ordering = ["at"]
         constraints = [
             # resolving twice (a double click) must not record two decisions
@@ -72,9 +84,16 @@ class HandoffStatus(models.TextChoices):
 
 
 class Handoff(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="handoffs")
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="handoffs", verbose_name=_("run")
+    )
     stop_packet = models.ForeignKey(
-        StopPacket, on_delete=models.PROTECT, null=True, blank=True, related_name="handoffs"
+        StopPacket,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="handoffs",
+        verbose_name=_("stop packet"),
     )
     assignee = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -82,17 +101,23 @@ class Handoff(models.Model):
         null=True,
         blank=True,
         related_name="handoffs",
+        verbose_name=_("assignee"),
     )
-    created_by = models.CharField(max_length=150)
+    created_by = models.CharField(max_length=150, verbose_name=_("created by"))
     status = models.CharField(
-        max_length=16, choices=HandoffStatus.choices, default=HandoffStatus.OPEN
+        max_length=16,
+        choices=HandoffStatus.choices,
+        default=HandoffStatus.OPEN,
+        verbose_name=_("status"),
     )
-    note = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    accepted_at = models.DateTimeField(null=True, blank=True)
-    closed_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True, verbose_name=_("note"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    accepted_at = models.DateTimeField(null=True, blank=True, verbose_name=_("accepted at"))
+    closed_at = models.DateTimeField(null=True, blank=True, verbose_name=_("closed at"))
 
     class Meta:
+        verbose_name = _("handoff")
+        verbose_name_plural = _("handoffs")
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["status", "-created_at"], name="handoff_status_idx")]
 

@@ -20,7 +20,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext, gettext_lazy, ngettext
 
 from notifications.models import Event
-from runs.labels import label_for
+from runs.labels import approval_reason_text, label_for
 from runs.models import LedgerEntry, Run, StopReason
 
 
@@ -156,7 +156,7 @@ def _approval_notice(action: str, payload: dict[str, Any], run: Run) -> Notice:
         if payload.get("risk"):
             facts.append((gettext("Risk"), label_for(payload["risk"])))
         if payload.get("why"):
-            facts.append((gettext("Why held"), str(payload["why"])[:200]))
+            facts.append((gettext("Why held"), approval_reason_text(str(payload["why"]))[:200]))
         message = Message(
             title=gettext("Approval waiting: %(subject)s") % {"subject": subject},
             text=(

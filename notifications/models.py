@@ -50,23 +50,29 @@ def _all_events() -> list[str]:
 class NotificationChannel(models.Model):
     """Where a team's events go. `secret` signs webhooks: shown once at creation, never again."""
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="notification_channels")
-    name = models.CharField(max_length=120)
-    kind = models.CharField(max_length=12, choices=ChannelKind.choices)
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="notification_channels", verbose_name=_("team")
+    )
+    name = models.CharField(max_length=120, verbose_name=_("name"))
+    kind = models.CharField(max_length=12, choices=ChannelKind.choices, verbose_name=_("kind"))
     # A URL (webhook, Slack), an address (email) or an Apprise URL. Slack and Apprise targets
     # carry their service's token, so pages show them masked (`target_display`).
-    target = models.CharField(max_length=1000)
-    secret = models.CharField(max_length=100, blank=True)
-    events = models.JSONField(default=_all_events, blank=True)
+    target = models.CharField(max_length=1000, verbose_name=_("target"))
+    secret = models.CharField(max_length=100, blank=True, verbose_name=_("secret"))
+    events = models.JSONField(default=_all_events, blank=True, verbose_name=_("events"))
     # fnmatch pattern over the run's agent; blank means every agent.
-    agent_glob = models.CharField(max_length=120, blank=True)
-    enabled = models.BooleanField(default=True)
+    agent_glob = models.CharField(max_length=120, blank=True, verbose_name=_("agent glob"))
+    enabled = models.BooleanField(default=True, verbose_name=_("enabled"))
     # The language its messages are written in (a channel is read by many people: its own).
-    language = models.CharField(max_length=16, choices=settings.LANGUAGES, default="en")
-    created_by = models.CharField(max_length=150, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    language = models.CharField(
+        max_length=16, choices=settings.LANGUAGES, default="en", verbose_name=_("language")
+    )
+    created_by = models.CharField(max_length=150, blank=True, verbose_name=_("created by"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("notification channel")
+        verbose_name_plural = _("notification channels")
         ordering = ["team_id", "name"]
         constraints = [
             models.UniqueConstraint(fields=["team", "name"], name="notify_channel_unique_name"),
@@ -89,13 +95,18 @@ class UserSubscription(models.Model):
         settings.AUTH_USER_MODEL,
         on_delete=models.CASCADE,
         related_name="notification_subscriptions",
+        verbose_name=_("user"),
     )
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="user_subscriptions")
-    events = models.JSONField(default=list, blank=True)
-    agent_glob = models.CharField(max_length=120, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="user_subscriptions", verbose_name=_("team")
+    )
+    events = models.JSONField(default=list, blank=True, verbose_name=_("events"))
+    agent_glob = models.CharField(max_length=120, blank=True, verbose_name=_("agent glob"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("user subscription")
+        verbose_name_plural = _("user subscriptions")
         constraints = [
             models.UniqueConstraint(fields=["user", "team"], name="notify_subscription_unique"),
         ]
@@ -112,13 +123,19 @@ class DeliveryStatus(models.TextChoices):
 
 
 class Delivery(models.Model):
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="notification_deliveries")
+    team = models.ForeignKey(
+        Team,
+        on_delete=models.CASCADE,
+        related_name="notification_deliveries",
+        verbose_name=_("team"),
+    )
     channel = models.ForeignKey(
         NotificationChannel,
         on_delete=models.CASCADE,
         null=True,
         blank=True,
         related_name="deliveries",
+        verbose_name=_("channel"),
     )
     subscription = models.ForeignKey(
         UserSubscription,
@@ -126,30 +143,46 @@ class Delivery(models.Model):
         null=True,
         blank=True,
         related_name="deliveries",
+        verbose_name=_("subscription"),
     )
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False
+        Run,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,
+        verbose_name=_("run"),
     )
-    event = models.CharField(max_length=40)
+    event = models.CharField(max_length=40, verbose_name=_("event"))
     # Names the event, not the attempt (approval id, stop request, handoff, broken entry).
-    event_key = models.CharField(max_length=200)
+    event_key = models.CharField(max_length=200, verbose_name=_("event key"))
     # What to say (title, text, link, facts), fixed when the event happened.
-    message = models.JSONField(default=dict)
+    message = models.JSONField(default=dict, verbose_name=_("message"))
     status = models.CharField(
-        max_length=8, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+        max_length=8,
+        choices=DeliveryStatus.choices,
+        default=DeliveryStatus.PENDING,
+        verbose_name=_("status"),
     )
-    attempts = models.PositiveSmallIntegerField(default=0)
-    next_attempt_at = models.DateTimeField()
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    claimed_by = models.CharField(max_length=120, blank=True)
-    sent_at = models.DateTimeField(null=True, blank=True)
-    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0, verbose_name=_("attempts"))
+    next_attempt_at = models.DateTimeField(verbose_name=_("next attempt at"))
+    claimed_at = models.DateTimeField(null=True, blank=True, verbose_name=_("claimed at"))
+    claimed_by = models.CharField(max_length=120, blank=True, verbose_name=_("claimed by"))
+    sent_at = models.DateTimeField(null=True, blank=True, verbose_name=_("sent at"))
+    response_status = models.PositiveSmallIntegerField(
+        null=True, blank=True, verbose_name=_("response status")
+    )
     # The first bytes of the target's answer (or of the error), for the deliveries page.
-    response_excerpt = models.CharField(max_length=500, blank=True)
-    last_error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    response_excerpt = models.CharField(
+        max_length=500, blank=True, verbose_name=_("response excerpt")
+    )
+    last_error = models.TextField(blank=True, verbose_name=_("last error"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("delivery")
+        verbose_name_plural = _("deliveries")
         ordering = ["-created_at", "-id"]
         constraints = [
             # The dedup (DESIGN §11): one delivery per (event, channel) and (event, subscription).
@@ -207,15 +240,17 @@ class CapturedMail(models.Model):
     """A mail the capture email backend kept instead of sending (the demo's "Outbox of
     notifications"; `notifications.mail.CaptureEmailBackend`)."""
 
-    from_email = models.CharField(max_length=254)
-    to = models.JSONField(default=list)
-    subject = models.CharField(max_length=300)
-    text = models.TextField(blank=True)
-    html = models.TextField(blank=True)
-    headers = models.JSONField(default=dict, blank=True)
-    captured_at = models.DateTimeField(auto_now_add=True)
+    from_email = models.CharField(max_length=254, verbose_name=_("from email"))
+    to = models.JSONField(default=list, verbose_name=_("recipients"))
+    subject = models.CharField(max_length=300, verbose_name=_("subject"))
+    text = models.TextField(blank=True, verbose_name=_("text"))
+    html = models.TextField(blank=True, verbose_name=_("HTML"))
+    headers = models.JSONField(default=dict, blank=True, verbose_name=_("headers"))
+    captured_at = models.DateTimeField(auto_now_add=True, verbose_name=_("captured at"))
 
     class Meta:
+        verbose_name = _("captured mail")
+        verbose_name_plural = _("captured mails")
         ordering = ["-captured_at", "-id"]
 
     def __str__(self) -> str:
@@ -233,10 +268,17 @@ class SlackLink(models.Model):
     one-time code Slack showed that member alone (`SlackLinkCode`)."""
 
     user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slack_link"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="slack_link",
+        verbose_name=_("user"),
     )
-    slack_user_id = models.CharField(max_length=32, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    slack_user_id = models.CharField(max_length=32, unique=True, verbose_name=_("Slack user ID"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+
+    class Meta:
+        verbose_name = _("Slack link")
+        verbose_name_plural = _("Slack links")
 
     def __str__(self) -> str:
         return f"{self.slack_user_id} → {self.user_id}"
@@ -247,10 +289,16 @@ class SlackLinkCode(models.Model):
     for that member: whoever types it on their console page controls that member. Stored hashed;
     it expires, and using it deletes it."""
 
-    slack_user_id = models.CharField(max_length=32, unique=True)  # one live code per member
-    code_hash = models.CharField(max_length=64, unique=True)
-    expires_at = models.DateTimeField()
-    created_at = models.DateTimeField(auto_now_add=True)
+    slack_user_id = models.CharField(
+        max_length=32, unique=True, verbose_name=_("Slack user ID")
+    )  # one live code per member
+    code_hash = models.CharField(max_length=64, unique=True, verbose_name=_("code hash"))
+    expires_at = models.DateTimeField(verbose_name=_("expires at"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+
+    class Meta:
+        verbose_name = _("Slack link code")
+        verbose_name_plural = _("Slack link codes")
 
     def __str__(self) -> str:
         return f"link code for {self.slack_user_id}"
@@ -260,8 +308,12 @@ class SlackRequestSeen(models.Model):
     """The signature of every Slack action request accepted in the last minutes: a replay of a
     correctly signed request meets the unique constraint and is refused."""
 
-    signature = models.CharField(max_length=100, unique=True)
-    seen_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    signature = models.CharField(max_length=100, unique=True, verbose_name=_("signature"))
+    seen_at = models.DateTimeField(auto_now_add=True, db_index=True, verbose_name=_("seen at"))
+
+    class Meta:
+        verbose_name = _("Slack request seen")
+        verbose_name_plural = _("Slack requests seen")
 
     def __str__(self) -> str:
         return f"Slack request seen at {self.seen_at}"

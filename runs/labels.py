@@ -7,10 +7,12 @@ hidden, only untranslated until it is added (the zh-Hans page test finds it).
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
 
+from django.utils.translation import gettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
 
 LABELS: dict[str, Any] = {
     # run states
@@ -127,3 +129,62 @@ def label_for(value: Any) -> str:
     code = str(value or "")
     label = LABELS.get(code)
     return str(label) if label is not None else code.replace("_", " ")
+
+
+# What a matched approval rule stored as the approval's reason (`Approval.match_reason`, the
+# ledger's `why`), in English, as `runs.services.approvals` writes it:
+# "rule 'payments' matched tool 'charge_*', side effect 'write'" or "rule 'x' matched everything".
+# The stored text stays as it is (API, ledger, exports); a reader sees it rebuilt in their words.
+_QUOTED = r"'(?:[^'\\]|\\.)*'" + "|" + r'"(?:[^"\\]|\\.)*"'
+_RULE_MATCHED = re.compile(rf"rule (?P<name>{_QUOTED}) matched (?P<what>.*)", re.S)
+_MATCH_PART = re.compile(
+    rf"(?P<label>tool|side effect|agent|transport|destination) (?P<value>{_QUOTED})"
+)
+_MATCH_LABELS = {
+    "tool": pgettext_lazy("rule match", "tool %(value)s"),
+    "side effect": pgettext_lazy("rule match", "side effect %(value)s"),
+    "agent": pgettext_lazy("rule match", "agent %(value)s"),
+    "transport": pgettext_lazy("rule match", "transport %(value)s"),
+    "destination": pgettext_lazy("rule match", "destination %(value)s"),
+}
+
+
+def _match_parts(what: str) -> list[str] | None:
+    """Each `label 'value'` of a stored match, in the reader's words; None if it does not read."""
+    parts: list[str] = []
+    position = 0
+    while position < len(what):
+        found = _MATCH_PART.match(what, position)
+        if found is None:
+            return None
+        value = found["value"]
+        if found["label"] == "side effect":
+            value = f"'{label_for(ast.literal_eval(value))}'"
+        parts.append(str(_MATCH_LABELS[found["label"]]) % {"value": value})
+        position = found.end()
+        if what.startswith(", ", position):
+            position += 2
+        elif position != len(what):
+            return None
+    return parts
+
+
+def approval_reason_text(stored: str) -> str:
+    """Why an approval waits, in the reader's language: the stored rule match rebuilt from its
+    parts, the agent's own ask as its label; anything else (an older wording) as it was stored."""
+    text = str(stored or "")
+    if text in LABELS:
+        return label_for(text)
+    matched = _RULE_MATCHED.fullmatch(text)
+    if matched is None:
+        return text
+    what = matched["what"]
+    parts = [] if what == "everything" else _match_parts(what)
+    if parts is None:
+        return text
+    return gettext("rule %(name)s matched %(what)s") % {
+        "name": matched["name"],
+        "what": pgettext("list separator", ", ").join(parts)
+        if parts
+        else pgettext("rule match", "everything"),
+    }

@@ -35,11 +35,17 @@ def validate_time_zone(value: str) -> None:
 
 
 class Team(models.Model):
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=64, unique=True, verbose_name=_("slug"))
+    name = models.CharField(max_length=120, verbose_name=_("name"))
     # The console shows this team's times in it (the middleware activates it per reader).
-    time_zone = models.CharField(max_length=64, default="UTC", validators=[validate_time_zone])
-    created_at = models.DateTimeField(auto_now_add=True)
+    time_zone = models.CharField(
+        max_length=64, default="UTC", validators=[validate_time_zone], verbose_name=_("time zone")
+    )
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+
+    class Meta:
+        verbose_name = _("team")
+        verbose_name_plural = _("teams")
 
     def __str__(self) -> str:
         return self.slug
@@ -53,12 +59,21 @@ class Role(models.TextChoices):
 
 class Membership(models.Model):
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memberships",
+        verbose_name=_("user"),
     )
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="memberships", verbose_name=_("team")
+    )
+    role = models.CharField(
+        max_length=16, choices=Role.choices, default=Role.VIEWER, verbose_name=_("role")
+    )
 
     class Meta:
+        verbose_name = _("membership")
+        verbose_name_plural = _("memberships")
         constraints = [
             models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team")
         ]
@@ -75,16 +90,22 @@ class TokenRole(models.TextChoices):
 class ApiToken(models.Model):
     """A bearer token for an agent runtime or a reviewer script. Only its SHA-256 is stored."""
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="tokens")
-    name = models.CharField(max_length=120)
-    role = models.CharField(max_length=16, choices=TokenRole.choices, default=TokenRole.AGENT)
-    prefix = models.CharField(max_length=16, db_index=True)
-    token_hash = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="tokens", verbose_name=_("team")
+    )
+    name = models.CharField(max_length=120, verbose_name=_("name"))
+    role = models.CharField(
+        max_length=16, choices=TokenRole.choices, default=TokenRole.AGENT, verbose_name=_("role")
+    )
+    prefix = models.CharField(max_length=16, db_index=True, verbose_name=_("prefix"))
+    token_hash = models.CharField(max_length=64, unique=True, verbose_name=_("token hash"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    last_used_at = models.DateTimeField(null=True, blank=True, verbose_name=_("last used at"))
+    revoked_at = models.DateTimeField(null=True, blank=True, verbose_name=_("revoked at"))
 
     class Meta:
+        verbose_name = _("API token")
+        verbose_name_plural = _("API tokens")
         constraints = [
             models.UniqueConstraint(fields=["team", "name"], name="apitoken_unique_team_name")
         ]
@@ -142,48 +163,75 @@ AGENT_STOP_REASONS = frozenset(
 
 
 class Run(models.Model):
-    id = models.CharField(primary_key=True, max_length=32, default=new_run_id, editable=False)
-    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="runs")
-    title = models.CharField(max_length=300)
-    agent = models.CharField(max_length=120)
-    status = models.CharField(max_length=24, choices=RunStatus.choices, default=RunStatus.PENDING)
-    stop_epoch = models.PositiveIntegerField(default=1)
+    id = models.CharField(
+        primary_key=True, max_length=32, default=new_run_id, editable=False, verbose_name=_("ID")
+    )
+    team = models.ForeignKey(
+        Team, on_delete=models.PROTECT, related_name="runs", verbose_name=_("team")
+    )
+    title = models.CharField(max_length=300, verbose_name=_("title"))
+    agent = models.CharField(max_length=120, verbose_name=_("agent"))
+    status = models.CharField(
+        max_length=24,
+        choices=RunStatus.choices,
+        default=RunStatus.PENDING,
+        verbose_name=_("status"),
+    )
+    stop_epoch = models.PositiveIntegerField(default=1, verbose_name=_("stop epoch"))
     # Bumped on every committed change of the run or its children; websocket frames carry it
     # so a viewer can detect a gap and refetch.
-    change_seq = models.PositiveBigIntegerField(default=0)
-    stop_reason = models.CharField(max_length=24, choices=StopReason.choices, blank=True)
-    stop_requested_by = models.CharField(max_length=150, blank=True)
-    stop_requested_at = models.DateTimeField(null=True, blank=True)
-    stopped_at = models.DateTimeField(null=True, blank=True)
-    max_seconds = models.PositiveIntegerField(null=True, blank=True)
-    max_tool_calls = models.PositiveIntegerField(null=True, blank=True)
-    tool_calls_count = models.PositiveIntegerField(default=0)
-    resume_from = models.CharField(max_length=120, blank=True)
-    interruption = models.JSONField(default=dict, blank=True)
-    result = models.JSONField(null=True, blank=True)
-    failure = models.JSONField(null=True, blank=True)
+    change_seq = models.PositiveBigIntegerField(default=0, verbose_name=_("change sequence"))
+    stop_reason = models.CharField(
+        max_length=24, choices=StopReason.choices, blank=True, verbose_name=_("stop reason")
+    )
+    stop_requested_by = models.CharField(
+        max_length=150, blank=True, verbose_name=_("stop requested by")
+    )
+    stop_requested_at = models.DateTimeField(
+        null=True, blank=True, verbose_name=_("stop requested at")
+    )
+    stopped_at = models.DateTimeField(null=True, blank=True, verbose_name=_("stopped at"))
+    max_seconds = models.PositiveIntegerField(null=True, blank=True, verbose_name=_("max seconds"))
+    max_tool_calls = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name=_("max tool calls")
+    )
+    tool_calls_count = models.PositiveIntegerField(default=0, verbose_name=_("tool calls count"))
+    resume_from = models.CharField(max_length=120, blank=True, verbose_name=_("resume from"))
+    interruption = models.JSONField(default=dict, blank=True, verbose_name=_("interruption"))
+    result = models.JSONField(null=True, blank=True, verbose_name=_("result"))
+    failure = models.JSONField(null=True, blank=True, verbose_name=_("failure"))
     # Facts that arrived after the stop (e.g. a completion at a stale epoch): kept, never applied.
-    late_reports = models.JSONField(default=list, blank=True)
-    late_writes_rejected = models.PositiveIntegerField(default=0)
-    created_by = models.CharField(max_length=150, blank=True)
+    late_reports = models.JSONField(default=list, blank=True, verbose_name=_("late reports"))
+    late_writes_rejected = models.PositiveIntegerField(
+        default=0, verbose_name=_("late writes rejected")
+    )
+    created_by = models.CharField(max_length=150, blank=True, verbose_name=_("created by"))
     # The client's id for this create, so a retried POST returns the first run (blank: none).
-    idempotency_key = models.CharField(max_length=200, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    idempotency_key = models.CharField(
+        max_length=200, blank=True, verbose_name=_("idempotency key")
+    )
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    started_at = models.DateTimeField(null=True, blank=True, verbose_name=_("started at"))
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name=_("finished at"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
     # Cost (DESIGN §13). The budgets, then the totals the events batch keeps incrementally, under
     # the run lock and in the usage rows' own transaction, so they always equal the rows' sums.
     # Kept after every other column: the events batch reads a prefix of them (`Model.from_db`).
-    max_cost_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
-    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
-    input_tokens = models.PositiveBigIntegerField(default=0)
-    output_tokens = models.PositiveBigIntegerField(default=0)
+    max_cost_usd = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True, verbose_name=_("max cost (USD)")
+    )
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True, verbose_name=_("max tokens"))
+    cost_usd = models.DecimalField(
+        max_digits=20, decimal_places=10, default=0, verbose_name=_("cost (USD)")
+    )
+    input_tokens = models.PositiveBigIntegerField(default=0, verbose_name=_("input tokens"))
+    output_tokens = models.PositiveBigIntegerField(default=0, verbose_name=_("output tokens"))
     # Tokens (input + output) of calls no price was found for: their cost is unknown, never $0.
-    unpriced_tokens = models.PositiveBigIntegerField(default=0)
+    unpriced_tokens = models.PositiveBigIntegerField(default=0, verbose_name=_("unpriced tokens"))
 
     class Meta:
+        verbose_name = _("run")
+        verbose_name_plural = _("runs")
         indexes = [
             # runs page: newest first, keyset on (created_at, id), optionally per status
             models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
@@ -236,20 +284,31 @@ class Step(models.Model):
     # (run_id and a varchar_pattern_ops twin, run ids being strings), each one more write per
     # row. A (run, ...) unique index or an explicit Index(fields=["run"]) serves run_id lookups
     # (docs/BENCHMARKS.md, outbox freeze: each extra index is one more write per frozen row).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
-    seq = models.PositiveIntegerField()
-    key = models.CharField(max_length=120)
-    name = models.CharField(max_length=300, blank=True)
-    kind = models.CharField(max_length=24, choices=StepKind.choices, default=StepKind.MODEL_CALL)
-    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PLANNED)
-    epoch = models.PositiveIntegerField(default=0)
-    detail = models.JSONField(default=dict, blank=True)
-    reported_after_stop = models.BooleanField(default=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="steps", db_index=False, verbose_name=_("run")
+    )
+    seq = models.PositiveIntegerField(verbose_name=_("sequence"))
+    key = models.CharField(max_length=120, verbose_name=_("key"))
+    name = models.CharField(max_length=300, blank=True, verbose_name=_("name"))
+    kind = models.CharField(
+        max_length=24, choices=StepKind.choices, default=StepKind.MODEL_CALL, verbose_name=_("kind")
+    )
+    status = models.CharField(
+        max_length=16,
+        choices=StepStatus.choices,
+        default=StepStatus.PLANNED,
+        verbose_name=_("status"),
+    )
+    epoch = models.PositiveIntegerField(default=0, verbose_name=_("epoch"))
+    detail = models.JSONField(default=dict, blank=True, verbose_name=_("detail"))
+    reported_after_stop = models.BooleanField(default=False, verbose_name=_("reported after stop"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    started_at = models.DateTimeField(null=True, blank=True, verbose_name=_("started at"))
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name=_("finished at"))
 
     class Meta:
+        verbose_name = _("step")
+        verbose_name_plural = _("steps")
         ordering = ["seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="step_unique_run_seq"),
@@ -326,46 +385,76 @@ class ExecutionRecord(models.Model):
     """One tool call: intent written before it runs (the permit), result after."""
 
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="execution_records", db_index=False
+        Run,
+        on_delete=models.CASCADE,
+        related_name="execution_records",
+        db_index=False,
+        verbose_name=_("run"),
     )
     step = models.ForeignKey(
-        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="execution_records"
+        Step,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="execution_records",
+        verbose_name=_("step"),
     )
-    tool_call_id = models.CharField(max_length=120)
-    tool = models.CharField(max_length=120)
-    arguments = models.JSONField(default=dict, blank=True)
-    operation_id = models.CharField(max_length=200, blank=True)
-    idempotency_key = models.CharField(max_length=200, blank=True)
+    tool_call_id = models.CharField(max_length=120, verbose_name=_("tool call ID"))
+    tool = models.CharField(max_length=120, verbose_name=_("tool"))
+    arguments = models.JSONField(default=dict, blank=True, verbose_name=_("arguments"))
+    operation_id = models.CharField(max_length=200, blank=True, verbose_name=_("operation ID"))
+    idempotency_key = models.CharField(
+        max_length=200, blank=True, verbose_name=_("idempotency key")
+    )
     side_effect = models.CharField(
-        max_length=8, choices=SideEffect.choices, default=SideEffect.NONE
+        max_length=8,
+        choices=SideEffect.choices,
+        default=SideEffect.NONE,
+        verbose_name=_("side effect"),
     )
-    permit_epoch = models.PositiveIntegerField()
+    permit_epoch = models.PositiveIntegerField(verbose_name=_("permit epoch"))
     execution_state = models.CharField(
-        max_length=20, choices=ExecutionState.choices, default=ExecutionState.PERMITTED
+        max_length=20,
+        choices=ExecutionState.choices,
+        default=ExecutionState.PERMITTED,
+        verbose_name=_("execution state"),
     )
-    cancel_requested = models.BooleanField(default=False)
+    cancel_requested = models.BooleanField(default=False, verbose_name=_("cancel requested"))
     remote_cancel_state = models.CharField(
-        max_length=16, choices=RemoteCancelState.choices, default=RemoteCancelState.NOT_REQUESTED
+        max_length=16,
+        choices=RemoteCancelState.choices,
+        default=RemoteCancelState.NOT_REQUESTED,
+        verbose_name=_("remote cancel state"),
     )
     side_effect_state = models.CharField(
-        max_length=24, choices=SideEffectState.choices, default=SideEffectState.NONE
+        max_length=24,
+        choices=SideEffectState.choices,
+        default=SideEffectState.NONE,
+        verbose_name=_("side effect state"),
     )
-    last_observation = models.TextField(blank=True)
-    observed_at = models.DateTimeField(null=True, blank=True)
-    observation_source = models.CharField(max_length=60, blank=True)
-    output_truncated = models.BooleanField(default=False)
+    last_observation = models.TextField(blank=True, verbose_name=_("last observation"))
+    observed_at = models.DateTimeField(null=True, blank=True, verbose_name=_("observed at"))
+    observation_source = models.CharField(
+        max_length=60, blank=True, verbose_name=_("observation source")
+    )
+    output_truncated = models.BooleanField(default=False, verbose_name=_("output truncated"))
     recovery_policy = models.CharField(
-        max_length=24, choices=RecoveryPolicy.choices, default=RecoveryPolicy.MANUAL_CONFIRMATION
+        max_length=24,
+        choices=RecoveryPolicy.choices,
+        default=RecoveryPolicy.MANUAL_CONFIRMATION,
+        verbose_name=_("recovery policy"),
     )
-    recovery_action = models.TextField(blank=True)
-    reported_after_stop = models.BooleanField(default=False)
-    resolved = models.BooleanField(default=False)
-    permitted_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    recovery_action = models.TextField(blank=True, verbose_name=_("recovery action"))
+    reported_after_stop = models.BooleanField(default=False, verbose_name=_("reported after stop"))
+    resolved = models.BooleanField(default=False, verbose_name=_("resolved"))
+    permitted_at = models.DateTimeField(auto_now_add=True, verbose_name=_("permitted at"))
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name=_("finished at"))
 
     objects = ExecutionRecordQuerySet.as_manager()
 
     class Meta:
+        verbose_name = _("execution record")
+        verbose_name_plural = _("execution records")
         ordering = ["permitted_at", "id"]
         constraints = [
             models.UniqueConstraint(
@@ -420,7 +509,11 @@ class OutboxItemQuerySet(models.QuerySet["OutboxItem"]):
 
 class OutboxItem(models.Model):
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="outbox_items", db_index=False
+        Run,
+        on_delete=models.CASCADE,
+        related_name="outbox_items",
+        db_index=False,
+        verbose_name=_("run"),
     )
     execution_record = models.ForeignKey(
         ExecutionRecord,
@@ -429,31 +522,41 @@ class OutboxItem(models.Model):
         blank=True,
         related_name="outbox_items",
         db_index=False,
+        verbose_name=_("execution record"),
     )
-    transport = models.CharField(max_length=16)
-    destination = models.CharField(max_length=500)
-    payload = models.JSONField(default=dict, blank=True)
-    idempotency_key = models.CharField(max_length=200)
+    transport = models.CharField(max_length=16, verbose_name=_("transport"))
+    destination = models.CharField(max_length=500, verbose_name=_("destination"))
+    payload = models.JSONField(default=dict, blank=True, verbose_name=_("payload"))
+    idempotency_key = models.CharField(max_length=200, verbose_name=_("idempotency key"))
     status = models.CharField(
-        max_length=20, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
+        max_length=20,
+        choices=OutboxStatus.choices,
+        default=OutboxStatus.PENDING,
+        verbose_name=_("status"),
     )
-    enqueue_epoch = models.PositiveIntegerField()
-    claim_epoch = models.PositiveIntegerField(null=True, blank=True)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    claimed_by = models.CharField(max_length=120, blank=True)
-    attempts = models.PositiveSmallIntegerField(default=0)
-    frozen_at = models.DateTimeField(null=True, blank=True)
-    frozen_by_epoch = models.PositiveIntegerField(null=True, blank=True)
-    sent_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    resolved = models.BooleanField(default=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    enqueue_epoch = models.PositiveIntegerField(verbose_name=_("enqueue epoch"))
+    claim_epoch = models.PositiveIntegerField(null=True, blank=True, verbose_name=_("claim epoch"))
+    claimed_at = models.DateTimeField(null=True, blank=True, verbose_name=_("claimed at"))
+    claimed_by = models.CharField(max_length=120, blank=True, verbose_name=_("claimed by"))
+    attempts = models.PositiveSmallIntegerField(default=0, verbose_name=_("attempts"))
+    frozen_at = models.DateTimeField(null=True, blank=True, verbose_name=_("frozen at"))
+    frozen_by_epoch = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name=_("frozen by epoch")
+    )
+    sent_at = models.DateTimeField(null=True, blank=True, verbose_name=_("sent at"))
+    last_error = models.TextField(blank=True, verbose_name=_("last error"))
+    response_status = models.PositiveSmallIntegerField(
+        null=True, blank=True, verbose_name=_("response status")
+    )
+    resolved = models.BooleanField(default=False, verbose_name=_("resolved"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
 
     objects = OutboxItemQuerySet.as_manager()
 
     class Meta:
+        verbose_name = _("outbox item")
+        verbose_name_plural = _("outbox items")
         ordering = ["id"]
         constraints = [
             models.UniqueConstraint(
@@ -513,21 +616,30 @@ class LeaseReleaseReason(models.TextChoices):
 
 
 class Lease(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="leases")
-    worker_id = models.CharField(max_length=120)
-    epoch = models.PositiveIntegerField()
-    token = models.CharField(max_length=64, unique=True)
-    acquired_at = models.DateTimeField()
-    heartbeat_at = models.DateTimeField()
-    expires_at = models.DateTimeField()
-    ttl_seconds = models.FloatField(default=30)
-    released_at = models.DateTimeField(null=True, blank=True)
-    release_reason = models.CharField(max_length=16, choices=LeaseReleaseReason.choices, blank=True)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="leases", verbose_name=_("run")
+    )
+    worker_id = models.CharField(max_length=120, verbose_name=_("worker ID"))
+    epoch = models.PositiveIntegerField(verbose_name=_("epoch"))
+    token = models.CharField(max_length=64, unique=True, verbose_name=_("token"))
+    acquired_at = models.DateTimeField(verbose_name=_("acquired at"))
+    heartbeat_at = models.DateTimeField(verbose_name=_("heartbeat at"))
+    expires_at = models.DateTimeField(verbose_name=_("expires at"))
+    ttl_seconds = models.FloatField(default=30, verbose_name=_("TTL seconds"))
+    released_at = models.DateTimeField(null=True, blank=True, verbose_name=_("released at"))
+    release_reason = models.CharField(
+        max_length=16,
+        choices=LeaseReleaseReason.choices,
+        blank=True,
+        verbose_name=_("release reason"),
+    )
     # A worker fenced off without confirming it stopped (drain deadline, or its lease expired
     # mid-stop) is itself an unknown until a reviewer confirms it did nothing further.
-    fenced_unconfirmed = models.BooleanField(default=False)
+    fenced_unconfirmed = models.BooleanField(default=False, verbose_name=_("fenced unconfirmed"))
 
     class Meta:
+        verbose_name = _("lease")
+        verbose_name_plural = _("leases")
         constraints = [
             # one live lease per run
             models.UniqueConstraint(
@@ -554,25 +666,33 @@ class Lease(models.Model):
 
 
 class StopRequest(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stop_requests")
-    signal = models.CharField(max_length=24, default="cancel_requested")
-    requested_by = models.CharField(max_length=150)
-    actor_kind = models.CharField(max_length=16)
-    reason = models.CharField(max_length=24, choices=StopReason.choices)
-    note = models.TextField(blank=True)
-    takeover = models.BooleanField(default=False)
-    requested_at = models.DateTimeField()
-    epoch_before = models.PositiveIntegerField()
-    epoch_after = models.PositiveIntegerField()
-    acknowledged_at = models.DateTimeField(null=True, blank=True)
-    signal_delivered_at = models.DateTimeField(null=True, blank=True)
-    drained_at = models.DateTimeField(null=True, blank=True)
-    stopped_at = models.DateTimeField(null=True, blank=True)
-    outcome_state = models.CharField(max_length=24, blank=True)
-    dirty_reasons = models.JSONField(default=list, blank=True)
-    drain_observations = models.JSONField(default=list, blank=True)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="stop_requests", verbose_name=_("run")
+    )
+    signal = models.CharField(max_length=24, default="cancel_requested", verbose_name=_("signal"))
+    requested_by = models.CharField(max_length=150, verbose_name=_("requested by"))
+    actor_kind = models.CharField(max_length=16, verbose_name=_("actor kind"))
+    reason = models.CharField(max_length=24, choices=StopReason.choices, verbose_name=_("reason"))
+    note = models.TextField(blank=True, verbose_name=_("note"))
+    takeover = models.BooleanField(default=False, verbose_name=_("takeover"))
+    requested_at = models.DateTimeField(verbose_name=_("requested at"))
+    epoch_before = models.PositiveIntegerField(verbose_name=_("epoch before"))
+    epoch_after = models.PositiveIntegerField(verbose_name=_("epoch after"))
+    acknowledged_at = models.DateTimeField(null=True, blank=True, verbose_name=_("acknowledged at"))
+    signal_delivered_at = models.DateTimeField(
+        null=True, blank=True, verbose_name=_("signal delivered at")
+    )
+    drained_at = models.DateTimeField(null=True, blank=True, verbose_name=_("drained at"))
+    stopped_at = models.DateTimeField(null=True, blank=True, verbose_name=_("stopped at"))
+    outcome_state = models.CharField(max_length=24, blank=True, verbose_name=_("outcome state"))
+    dirty_reasons = models.JSONField(default=list, blank=True, verbose_name=_("dirty reasons"))
+    drain_observations = models.JSONField(
+        default=list, blank=True, verbose_name=_("drain observations")
+    )
 
     class Meta:
+        verbose_name = _("stop request")
+        verbose_name_plural = _("stop requests")
         ordering = ["-requested_at"]
         constraints = [
             models.UniqueConstraint(
@@ -585,21 +705,34 @@ class StopRequest(models.Model):
 
 
 class Artifact(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts", db_index=False)
-    step = models.ForeignKey(
-        Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts"
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.CASCADE,
+        related_name="artifacts",
+        db_index=False,
+        verbose_name=_("run"),
     )
-    name = models.CharField(max_length=300)
-    kind = models.CharField(max_length=60, blank=True)
-    uri = models.CharField(max_length=1000, blank=True)
-    content = models.TextField(blank=True)
-    checksum = models.CharField(max_length=128, blank=True)
-    reusable = models.BooleanField(default=False)
-    evidence = models.BooleanField(default=False)
-    epoch = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
+    step = models.ForeignKey(
+        Step,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="artifacts",
+        verbose_name=_("step"),
+    )
+    name = models.CharField(max_length=300, verbose_name=_("name"))
+    kind = models.CharField(max_length=60, blank=True, verbose_name=_("kind"))
+    uri = models.CharField(max_length=1000, blank=True, verbose_name=_("URI"))
+    content = models.TextField(blank=True, verbose_name=_("content"))
+    checksum = models.CharField(max_length=128, blank=True, verbose_name=_("checksum"))
+    reusable = models.BooleanField(default=False, verbose_name=_("reusable"))
+    evidence = models.BooleanField(default=False, verbose_name=_("evidence"))
+    epoch = models.PositiveIntegerField(default=0, verbose_name=_("epoch"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("artifact")
+        verbose_name_plural = _("artifacts")
         ordering = ["id"]
         indexes = [models.Index(fields=["run"], name="artifact_run_idx")]
 
@@ -609,15 +742,21 @@ class Artifact(models.Model):
 
 class Checkpoint(models.Model):
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
+        Run,
+        on_delete=models.CASCADE,
+        related_name="checkpoints",
+        db_index=False,
+        verbose_name=_("run"),
     )
-    step_seq = models.PositiveIntegerField(null=True, blank=True)
-    label = models.CharField(max_length=120)
-    state = models.JSONField(default=dict, blank=True)
-    epoch = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
+    step_seq = models.PositiveIntegerField(null=True, blank=True, verbose_name=_("step sequence"))
+    label = models.CharField(max_length=120, verbose_name=_("label"))
+    state = models.JSONField(default=dict, blank=True, verbose_name=_("state"))
+    epoch = models.PositiveIntegerField(default=0, verbose_name=_("epoch"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("checkpoint")
+        verbose_name_plural = _("checkpoints")
         ordering = ["id"]
         indexes = [models.Index(fields=["run"], name="checkpoint_run_idx")]
 
@@ -634,16 +773,23 @@ class SteeringStatus(models.TextChoices):
 
 
 class SteeringMessage(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steering_messages")
-    author = models.CharField(max_length=150)
-    text = models.TextField()
-    status = models.CharField(
-        max_length=20, choices=SteeringStatus.choices, default=SteeringStatus.QUEUED
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="steering_messages", verbose_name=_("run")
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    applied_at = models.DateTimeField(null=True, blank=True)
+    author = models.CharField(max_length=150, verbose_name=_("author"))
+    text = models.TextField(verbose_name=_("text"))
+    status = models.CharField(
+        max_length=20,
+        choices=SteeringStatus.choices,
+        default=SteeringStatus.QUEUED,
+        verbose_name=_("status"),
+    )
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    applied_at = models.DateTimeField(null=True, blank=True, verbose_name=_("applied at"))
 
     class Meta:
+        verbose_name = _("steering message")
+        verbose_name_plural = _("steering messages")
         ordering = ["id"]
 
     def __str__(self) -> str:
@@ -654,16 +800,22 @@ class EventReceipt(models.Model):
     """Dedup for batched events: a retried event_id answers `duplicate` with the first outcome."""
 
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="event_receipts", db_index=False
+        Run,
+        on_delete=models.CASCADE,
+        related_name="event_receipts",
+        db_index=False,
+        verbose_name=_("run"),
     )
-    event_id = models.CharField(max_length=120)
-    type = models.CharField(max_length=40)
-    epoch = models.PositiveIntegerField()
-    outcome = models.CharField(max_length=16)
-    code = models.CharField(max_length=40, blank=True)
-    received_at = models.DateTimeField(auto_now_add=True)
+    event_id = models.CharField(max_length=120, verbose_name=_("event ID"))
+    type = models.CharField(max_length=40, verbose_name=_("type"))
+    epoch = models.PositiveIntegerField(verbose_name=_("epoch"))
+    outcome = models.CharField(max_length=16, verbose_name=_("outcome"))
+    code = models.CharField(max_length=40, blank=True, verbose_name=_("code"))
+    received_at = models.DateTimeField(auto_now_add=True, verbose_name=_("received at"))
 
     class Meta:
+        verbose_name = _("event receipt")
+        verbose_name_plural = _("event receipts")
         constraints = [
             models.UniqueConstraint(fields=["run", "event_id"], name="event_unique_run_event")
         ]
@@ -687,22 +839,34 @@ class Usage(models.Model):
     model is `unpriced` with `cost_usd` null, never $0.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="usages", db_index=False)
-    event_id = models.CharField(max_length=120)
-    epoch = models.PositiveIntegerField()
-    step_key = models.CharField(max_length=120, blank=True)
-    model = models.CharField(max_length=200)
-    provider = models.CharField(max_length=100, blank=True)
-    input_tokens = models.PositiveBigIntegerField(default=0)
-    output_tokens = models.PositiveBigIntegerField(default=0)
-    cache_read_tokens = models.PositiveBigIntegerField(default=0)
-    cache_write_tokens = models.PositiveBigIntegerField(default=0)
-    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, null=True, blank=True)
-    price_source = models.CharField(max_length=16, choices=PriceSource.choices)
-    price_version = models.CharField(max_length=60, blank=True)
-    at = models.DateTimeField()
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="usages", db_index=False, verbose_name=_("run")
+    )
+    event_id = models.CharField(max_length=120, verbose_name=_("event ID"))
+    epoch = models.PositiveIntegerField(verbose_name=_("epoch"))
+    step_key = models.CharField(max_length=120, blank=True, verbose_name=_("step key"))
+    model = models.CharField(max_length=200, verbose_name=_("model"))
+    provider = models.CharField(max_length=100, blank=True, verbose_name=_("provider"))
+    input_tokens = models.PositiveBigIntegerField(default=0, verbose_name=_("input tokens"))
+    output_tokens = models.PositiveBigIntegerField(default=0, verbose_name=_("output tokens"))
+    cache_read_tokens = models.PositiveBigIntegerField(
+        default=0, verbose_name=_("cache read tokens")
+    )
+    cache_write_tokens = models.PositiveBigIntegerField(
+        default=0, verbose_name=_("cache write tokens")
+    )
+    cost_usd = models.DecimalField(
+        max_digits=20, decimal_places=10, null=True, blank=True, verbose_name=_("cost (USD)")
+    )
+    price_source = models.CharField(
+        max_length=16, choices=PriceSource.choices, verbose_name=_("price source")
+    )
+    price_version = models.CharField(max_length=60, blank=True, verbose_name=_("price version"))
+    at = models.DateTimeField(verbose_name=_("time"))
 
     class Meta:
+        verbose_name = _("usage")
+        verbose_name_plural = _("usages")
         constraints = [
             # also the (run, ...) index every per-run read uses
             models.UniqueConstraint(fields=["run", "event_id"], name="usage_unique_run_event")
@@ -723,19 +887,41 @@ class TeamBudget(models.Model):
     """
 
     team = models.OneToOneField(
-        Team, on_delete=models.CASCADE, primary_key=True, related_name="budget"
+        Team,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="budget",
+        verbose_name=_("team"),
     )
-    time_zone = models.CharField(max_length=64, default="UTC")
-    daily_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
-    monthly_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
-    day = models.DateField(null=True, blank=True)
-    day_spent_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
-    month = models.DateField(null=True, blank=True)  # the month's first day
-    month_spent_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
-    day_warned = models.DateField(null=True, blank=True)
-    month_warned = models.DateField(null=True, blank=True)
-    updated_by = models.CharField(max_length=150, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    time_zone = models.CharField(max_length=64, default="UTC", verbose_name=_("time zone"))
+    daily_usd = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True, verbose_name=_("daily budget (USD)")
+    )
+    monthly_usd = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        verbose_name=_("monthly budget (USD)"),
+    )
+    day = models.DateField(null=True, blank=True, verbose_name=_("day"))
+    day_spent_usd = models.DecimalField(
+        max_digits=20, decimal_places=10, default=0, verbose_name=_("day spent (USD)")
+    )
+    month = models.DateField(
+        null=True, blank=True, verbose_name=_("month")
+    )  # the month's first day
+    month_spent_usd = models.DecimalField(
+        max_digits=20, decimal_places=10, default=0, verbose_name=_("month spent (USD)")
+    )
+    day_warned = models.DateField(null=True, blank=True, verbose_name=_("day warned"))
+    month_warned = models.DateField(null=True, blank=True, verbose_name=_("month warned"))
+    updated_by = models.CharField(max_length=150, blank=True, verbose_name=_("updated by"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
+
+    class Meta:
+        verbose_name = _("team budget")
+        verbose_name_plural = _("team budgets")
 
     def __str__(self) -> str:
         return f"{self.team_id} daily={self.daily_usd} monthly={self.monthly_usd}"
@@ -748,24 +934,40 @@ class TeamPrice(models.Model):
     `version` grows with every change; a usage row priced by it keeps `team:<id>:v<version>`,
     so a later change never rewrites a stored cost."""
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="prices")
-    model = models.CharField(max_length=200)
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="prices", verbose_name=_("team")
+    )
+    model = models.CharField(max_length=200, verbose_name=_("model"))
     # Blank: any provider. A price naming the call's provider wins over a blank one.
-    provider = models.CharField(max_length=100, blank=True)
-    input_usd_per_mtok = models.DecimalField(max_digits=14, decimal_places=6)
-    output_usd_per_mtok = models.DecimalField(max_digits=14, decimal_places=6)
+    provider = models.CharField(max_length=100, blank=True, verbose_name=_("provider"))
+    input_usd_per_mtok = models.DecimalField(
+        max_digits=14, decimal_places=6, verbose_name=_("input USD per million tokens")
+    )
+    output_usd_per_mtok = models.DecimalField(
+        max_digits=14, decimal_places=6, verbose_name=_("output USD per million tokens")
+    )
     # Blank: cached tokens cost what other input tokens cost.
     cache_read_usd_per_mtok = models.DecimalField(
-        max_digits=14, decimal_places=6, null=True, blank=True
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        verbose_name=_("cache read USD per million tokens"),
     )
     cache_write_usd_per_mtok = models.DecimalField(
-        max_digits=14, decimal_places=6, null=True, blank=True
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        verbose_name=_("cache write USD per million tokens"),
     )
-    version = models.PositiveIntegerField(default=1)
-    updated_by = models.CharField(max_length=150, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    version = models.PositiveIntegerField(default=1, verbose_name=_("version"))
+    updated_by = models.CharField(max_length=150, blank=True, verbose_name=_("updated by"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("team price")
+        verbose_name_plural = _("team prices")
         constraints = [
             models.UniqueConstraint(
                 fields=["team", "model", "provider"], name="teamprice_unique_team_model"
@@ -779,14 +981,18 @@ class TeamPrice(models.Model):
 class RejectedWrite(models.Model):
     """A stale-epoch write that was refused: counted for the stop-quality figures."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rejected_writes")
-    kind = models.CharField(max_length=40)
-    epoch = models.PositiveIntegerField()
-    run_epoch = models.PositiveIntegerField()
-    code = models.CharField(max_length=40)
-    at = models.DateTimeField(auto_now_add=True)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="rejected_writes", verbose_name=_("run")
+    )
+    kind = models.CharField(max_length=40, verbose_name=_("kind"))
+    epoch = models.PositiveIntegerField(verbose_name=_("epoch"))
+    run_epoch = models.PositiveIntegerField(verbose_name=_("run epoch"))
+    code = models.CharField(max_length=40, verbose_name=_("code"))
+    at = models.DateTimeField(auto_now_add=True, verbose_name=_("time"))
 
     class Meta:
+        verbose_name = _("rejected write")
+        verbose_name_plural = _("rejected writes")
         indexes = [models.Index(fields=["at"], name="rejectedwrite_at_idx")]
 
     def __str__(self) -> str:
@@ -811,27 +1017,31 @@ class LedgerEntry(models.Model):
         blank=True,
         related_name="ledger_entries",
         db_constraint=True,
+        verbose_name=_("run"),
     )
-    run_seq = models.PositiveIntegerField()
-    at = models.DateTimeField()
-    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
-    actor_id = models.CharField(max_length=64, blank=True)
-    actor = models.CharField(max_length=150)
-    team_slug = models.CharField(max_length=64, blank=True)
-    action = models.CharField(max_length=60)
-    reason = models.CharField(max_length=60, blank=True)
-    payload = models.JSONField(default=dict, blank=True)
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64, unique=True)
+    run_seq = models.PositiveIntegerField(verbose_name=_("run sequence"))
+    at = models.DateTimeField(verbose_name=_("time"))
+    actor_kind = models.CharField(
+        max_length=16, choices=ActorKind.choices, verbose_name=_("actor kind")
+    )
+    actor_id = models.CharField(max_length=64, blank=True, verbose_name=_("actor ID"))
+    actor = models.CharField(max_length=150, verbose_name=_("actor"))
+    team_slug = models.CharField(max_length=64, blank=True, verbose_name=_("team slug"))
+    action = models.CharField(max_length=60, verbose_name=_("action"))
+    reason = models.CharField(max_length=60, blank=True, verbose_name=_("reason"))
+    payload = models.JSONField(default=dict, blank=True, verbose_name=_("payload"))
+    prev_hash = models.CharField(max_length=64, verbose_name=_("previous hash"))
+    hash = models.CharField(max_length=64, unique=True, verbose_name=_("hash"))
     # How `hash` was made (runs/ledger.py): 1, a plain SHA-256 that leaves out team_slug (entries
     # written before the chain was keyed; only anchored ones verify); 2, an HMAC-SHA256 over every
     # column but the database id, with the ledger key `key_id` names (runs/ledger_keys.py).
-    hash_version = models.PositiveSmallIntegerField()
-    key_id = models.CharField(max_length=32, blank=True, default="")
+    hash_version = models.PositiveSmallIntegerField(verbose_name=_("hash version"))
+    key_id = models.CharField(max_length=32, blank=True, default="", verbose_name=_("key ID"))
 
     class Meta:
+        verbose_name = _("ledger entry")
         ordering = ["id"]
-        verbose_name_plural = "ledger entries"
+        verbose_name_plural = _("ledger entries")
         constraints = [
             models.UniqueConstraint(fields=["run", "run_seq"], name="ledger_unique_run_seq"),
             models.UniqueConstraint(
@@ -858,24 +1068,30 @@ class LedgerVerification(models.Model):
     entries it checked and the first break it found. Walks run in a worker, never in a page
     request (runs/ledger_checks.py); the audit page shows the latest one."""
 
-    requested_by = models.CharField(max_length=150)
-    requested_at = models.DateTimeField()
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    checked = models.PositiveBigIntegerField(default=0)
-    broken_entry_id = models.BigIntegerField(null=True, blank=True)
-    broken_run_id = models.CharField(max_length=32, blank=True)
-    broken_run_seq = models.PositiveIntegerField(null=True, blank=True)
-    problem = models.TextField(blank=True)
+    requested_by = models.CharField(max_length=150, verbose_name=_("requested by"))
+    requested_at = models.DateTimeField(verbose_name=_("requested at"))
+    started_at = models.DateTimeField(null=True, blank=True, verbose_name=_("started at"))
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name=_("finished at"))
+    checked = models.PositiveBigIntegerField(default=0, verbose_name=_("entries checked"))
+    broken_entry_id = models.BigIntegerField(
+        null=True, blank=True, verbose_name=_("broken entry ID")
+    )
+    broken_run_id = models.CharField(max_length=32, blank=True, verbose_name=_("broken run ID"))
+    broken_run_seq = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name=_("broken run sequence")
+    )
+    problem = models.TextField(blank=True, verbose_name=_("problem"))
     # Why the walk could not finish (the database went away, ...): not a break, not a pass.
-    error = models.TextField(blank=True)
+    error = models.TextField(blank=True, verbose_name=_("error"))
     # Chain heads an earlier walk anchored outside the database and this one found again
     # (runs/ledger_anchors.py); the anchor this walk wrote, or why it could not write one.
-    anchored_heads = models.PositiveIntegerField(default=0)
-    anchor_written = models.CharField(max_length=200, blank=True)
-    anchor_error = models.TextField(blank=True)
+    anchored_heads = models.PositiveIntegerField(default=0, verbose_name=_("anchored heads"))
+    anchor_written = models.CharField(max_length=200, blank=True, verbose_name=_("anchor written"))
+    anchor_error = models.TextField(blank=True, verbose_name=_("anchor error"))
 
     class Meta:
+        verbose_name = _("ledger verification")
+        verbose_name_plural = _("ledger verifications")
         ordering = ["-requested_at", "-id"]
         indexes = [models.Index(fields=["-requested_at"], name="ledger_verification_idx")]
 
@@ -896,27 +1112,40 @@ class ApprovalRule(models.Model):
     order and the first match decides.
     """
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="approval_rules")
-    name = models.CharField(max_length=120)
-    enabled = models.BooleanField(default=True)
-    position = models.PositiveIntegerField(default=100)
-    applies_to = models.CharField(
-        max_length=16, choices=ApprovalAppliesTo.choices, default=ApprovalAppliesTo.ANY
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="approval_rules", verbose_name=_("team")
     )
-    tool_glob = models.CharField(max_length=200, blank=True)
+    name = models.CharField(max_length=120, verbose_name=_("name"))
+    enabled = models.BooleanField(default=True, verbose_name=_("enabled"))
+    position = models.PositiveIntegerField(default=100, verbose_name=_("position"))
+    applies_to = models.CharField(
+        max_length=16,
+        choices=ApprovalAppliesTo.choices,
+        default=ApprovalAppliesTo.ANY,
+        verbose_name=_("applies to"),
+    )
+    tool_glob = models.CharField(max_length=200, blank=True, verbose_name=_("tool glob"))
     # "write" matches only side-effecting calls; blank matches any call.
-    side_effect = models.CharField(max_length=8, choices=SideEffect.choices, blank=True)
-    agent_glob = models.CharField(max_length=200, blank=True)
-    transport = models.CharField(max_length=16, blank=True)
-    destination_glob = models.CharField(max_length=500, blank=True)
-    risk = models.CharField(max_length=8, default="medium")
-    timeout_seconds = models.PositiveIntegerField(default=900)
-    escalate_after_seconds = models.PositiveIntegerField(null=True, blank=True)
-    created_by = models.CharField(max_length=150, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    side_effect = models.CharField(
+        max_length=8, choices=SideEffect.choices, blank=True, verbose_name=_("side effect")
+    )
+    agent_glob = models.CharField(max_length=200, blank=True, verbose_name=_("agent glob"))
+    transport = models.CharField(max_length=16, blank=True, verbose_name=_("transport"))
+    destination_glob = models.CharField(
+        max_length=500, blank=True, verbose_name=_("destination glob")
+    )
+    risk = models.CharField(max_length=8, default="medium", verbose_name=_("risk"))
+    timeout_seconds = models.PositiveIntegerField(default=900, verbose_name=_("timeout seconds"))
+    escalate_after_seconds = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name=_("escalate after seconds")
+    )
+    created_by = models.CharField(max_length=150, blank=True, verbose_name=_("created by"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("approval rule")
+        verbose_name_plural = _("approval rules")
         ordering = ["team", "position", "id"]
         constraints = [
             models.UniqueConstraint(fields=["team", "name"], name="approvalrule_unique_team_name")
@@ -951,49 +1180,78 @@ class Approval(models.Model):
     `team` and `agent` copy the run's so the inbox filters and sorts on one table.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="approvals")
-    agent = models.CharField(max_length=120)
-    epoch = models.PositiveIntegerField()
-    target = models.CharField(max_length=12, choices=ApprovalTarget.choices)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="approvals", verbose_name=_("run")
+    )
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="approvals", verbose_name=_("team")
+    )
+    agent = models.CharField(max_length=120, verbose_name=_("agent"))
+    epoch = models.PositiveIntegerField(verbose_name=_("epoch"))
+    target = models.CharField(
+        max_length=12, choices=ApprovalTarget.choices, verbose_name=_("target")
+    )
     execution_record = models.OneToOneField(
         ExecutionRecord,
         on_delete=models.CASCADE,
         null=True,
         blank=True,
         related_name="approval",
+        verbose_name=_("execution record"),
     )
     outbox_item = models.OneToOneField(
-        OutboxItem, on_delete=models.CASCADE, null=True, blank=True, related_name="approval"
+        OutboxItem,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="approval",
+        verbose_name=_("outbox item"),
     )
     # What is held, for people: a tool name, or "webhook → https://…" for an outbox item.
-    subject = models.CharField(max_length=300)
+    subject = models.CharField(max_length=300, verbose_name=_("subject"))
     rule = models.ForeignKey(
-        ApprovalRule, on_delete=models.SET_NULL, null=True, blank=True, related_name="approvals"
+        ApprovalRule,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="approvals",
+        verbose_name=_("rule"),
     )
     # The rule's name at request time (a rule may be renamed or deleted later), or blank when
     # the agent asked for approval itself.
-    rule_name = models.CharField(max_length=120, blank=True)
-    match_reason = models.CharField(max_length=500, blank=True)
-    summary = models.TextField(blank=True)
-    risk = models.CharField(max_length=8, choices=ApprovalRisk.choices, default=ApprovalRisk.MEDIUM)
-    original_arguments = models.JSONField(default=dict, blank=True)
-    arguments_schema = models.JSONField(null=True, blank=True)
-    arguments = models.JSONField(default=dict, blank=True)
-    edited = models.BooleanField(default=False)
-    status = models.CharField(
-        max_length=12, choices=ApprovalStatus.choices, default=ApprovalStatus.WAITING
+    rule_name = models.CharField(max_length=120, blank=True, verbose_name=_("rule name"))
+    match_reason = models.CharField(max_length=500, blank=True, verbose_name=_("match reason"))
+    summary = models.TextField(blank=True, verbose_name=_("summary"))
+    risk = models.CharField(
+        max_length=8,
+        choices=ApprovalRisk.choices,
+        default=ApprovalRisk.MEDIUM,
+        verbose_name=_("risk"),
     )
-    message = models.TextField(blank=True)
-    decided_by = models.CharField(max_length=150, blank=True)
-    decided_by_kind = models.CharField(max_length=16, blank=True)
-    decided_at = models.DateTimeField(null=True, blank=True)
-    requested_at = models.DateTimeField()
-    deadline = models.DateTimeField()
-    escalate_at = models.DateTimeField(null=True, blank=True)
-    escalated_at = models.DateTimeField(null=True, blank=True)
+    original_arguments = models.JSONField(
+        default=dict, blank=True, verbose_name=_("original arguments")
+    )
+    arguments_schema = models.JSONField(null=True, blank=True, verbose_name=_("arguments schema"))
+    arguments = models.JSONField(default=dict, blank=True, verbose_name=_("arguments"))
+    edited = models.BooleanField(default=False, verbose_name=_("edited"))
+    status = models.CharField(
+        max_length=12,
+        choices=ApprovalStatus.choices,
+        default=ApprovalStatus.WAITING,
+        verbose_name=_("status"),
+    )
+    message = models.TextField(blank=True, verbose_name=_("message"))
+    decided_by = models.CharField(max_length=150, blank=True, verbose_name=_("decided by"))
+    decided_by_kind = models.CharField(max_length=16, blank=True, verbose_name=_("decided by kind"))
+    decided_at = models.DateTimeField(null=True, blank=True, verbose_name=_("decided at"))
+    requested_at = models.DateTimeField(verbose_name=_("requested at"))
+    deadline = models.DateTimeField(verbose_name=_("deadline"))
+    escalate_at = models.DateTimeField(null=True, blank=True, verbose_name=_("escalate at"))
+    escalated_at = models.DateTimeField(null=True, blank=True, verbose_name=_("escalated at"))
 
     class Meta:
+        verbose_name = _("approval")
+        verbose_name_plural = _("approvals")
         ordering = ["deadline", "id"]
         indexes = [
             # the inbox and the expiry sweep: waiting approvals by deadline
@@ -1053,14 +1311,24 @@ class BulkStopPreview(models.Model):
     """
 
     preview_id = models.CharField(
-        max_length=32, unique=True, default=new_preview_id, editable=False
+        max_length=32,
+        unique=True,
+        default=new_preview_id,
+        editable=False,
+        verbose_name=_("preview ID"),
     )
-    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
-    actor_id = models.CharField(max_length=64, blank=True)
-    filter = models.JSONField(default=dict, blank=True)
+    actor_kind = models.CharField(
+        max_length=16, choices=ActorKind.choices, verbose_name=_("actor kind")
+    )
+    actor_id = models.CharField(max_length=64, blank=True, verbose_name=_("actor ID"))
+    filter = models.JSONField(default=dict, blank=True, verbose_name=_("filter"))
     # The ids of the runs a stop would change when the preview was made (stoppable, allowed).
-    run_ids = models.JSONField(default=list, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    run_ids = models.JSONField(default=list, blank=True, verbose_name=_("run IDs"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+
+    class Meta:
+        verbose_name = _("bulk stop preview")
+        verbose_name_plural = _("bulk stop previews")
 
     def __str__(self) -> str:
         return f"{self.preview_id}: {len(self.run_ids)} runs"
@@ -1087,25 +1355,33 @@ class BulkStop(models.Model):
     ledger entry, whose payload names `bulk_id`); this record only ties them together.
     """
 
-    bulk_id = models.CharField(max_length=32, unique=True, default=new_bulk_id, editable=False)
-    requested_by = models.CharField(max_length=150)
-    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
-    actor_id = models.CharField(max_length=64, blank=True)
-    reason = models.CharField(max_length=24, choices=StopReason.choices)
-    note = models.TextField(blank=True)
-    filter = models.JSONField(default=dict, blank=True)
+    bulk_id = models.CharField(
+        max_length=32, unique=True, default=new_bulk_id, editable=False, verbose_name=_("bulk ID")
+    )
+    requested_by = models.CharField(max_length=150, verbose_name=_("requested by"))
+    actor_kind = models.CharField(
+        max_length=16, choices=ActorKind.choices, verbose_name=_("actor kind")
+    )
+    actor_id = models.CharField(max_length=64, blank=True, verbose_name=_("actor ID"))
+    reason = models.CharField(max_length=24, choices=StopReason.choices, verbose_name=_("reason"))
+    note = models.TextField(blank=True, verbose_name=_("note"))
+    filter = models.JSONField(default=dict, blank=True, verbose_name=_("filter"))
     # The client's id for this bulk stop, so a retried POST answers the first one (blank: none).
-    idempotency_key = models.CharField(max_length=200, blank=True)
-    requested = models.PositiveIntegerField(default=0)
-    counts = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(
+        max_length=200, blank=True, verbose_name=_("idempotency key")
+    )
+    requested = models.PositiveIntegerField(default=0, verbose_name=_("runs requested"))
+    counts = models.JSONField(default=dict, blank=True, verbose_name=_("counts"))
     # The preview the reviewer confirmed (blank: a script's confirm, which took the filter's set
     # at that moment), and how many runs began to match the filter since and were left alone.
-    preview_id = models.CharField(max_length=32, blank=True)
-    new_since_preview = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    preview_id = models.CharField(max_length=32, blank=True, verbose_name=_("preview ID"))
+    new_since_preview = models.PositiveIntegerField(default=0, verbose_name=_("new since preview"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name=_("finished at"))
 
     class Meta:
+        verbose_name = _("bulk stop")
+        verbose_name_plural = _("bulk stops")
         ordering = ["-created_at", "-id"]
         constraints = [
             models.UniqueConstraint(
@@ -1125,20 +1401,34 @@ class BulkStopResult(models.Model):
 
     # No index of its own: the unique (bulk, run_id) index serves every lookup by bulk.
     bulk = models.ForeignKey(
-        BulkStop, on_delete=models.CASCADE, related_name="results", db_index=False
+        BulkStop,
+        on_delete=models.CASCADE,
+        related_name="results",
+        db_index=False,
+        verbose_name=_("bulk stop"),
     )
-    run_id = models.CharField(max_length=64)
+    run_id = models.CharField(max_length=64, verbose_name=_("run ID"))
     outcome = models.CharField(
-        max_length=20, choices=BulkStopOutcome.choices, default=BulkStopOutcome.PENDING
+        max_length=20,
+        choices=BulkStopOutcome.choices,
+        default=BulkStopOutcome.PENDING,
+        verbose_name=_("outcome"),
     )
-    status = models.CharField(max_length=24, blank=True)
-    stop_epoch = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=24, blank=True, verbose_name=_("status"))
+    stop_epoch = models.PositiveIntegerField(null=True, blank=True, verbose_name=_("stop epoch"))
     stop_request = models.ForeignKey(
-        StopRequest, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        StopRequest,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("stop request"),
     )
-    detail = models.CharField(max_length=300, blank=True)
+    detail = models.CharField(max_length=300, blank=True, verbose_name=_("detail"))
 
     class Meta:
+        verbose_name = _("bulk stop result")
+        verbose_name_plural = _("bulk stop results")
         ordering = ["id"]
         constraints = [
             models.UniqueConstraint(fields=["bulk", "run_id"], name="bulkresult_unique_bulk_run"),

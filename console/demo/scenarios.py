@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from console.demo.words import words
 from safestop_agent import (
     AgentRun,
     ApprovalRejected,
@@ -105,6 +106,10 @@ class Context:
     def pace(self) -> float:
         return self.sim.config.pace
 
+    def t(self, template: str, **values: Any) -> str:
+        """What the agent writes (a title, a step name, a summary) in the demo's language."""
+        return words(self.sim.config.language, template, **values)
+
     def hook(self, path: str) -> str:
         return self.sim.config.receiver_url.rstrip("/") + path
 
@@ -116,7 +121,7 @@ class Context:
             title,
             agent,
             steps=[
-                {"key": step.key, "name": step.name, "kind": step.kind}
+                {"key": step.key, "name": self.t(step.name), "kind": step.kind}
                 for step in steps
                 if isinstance(step, Step)
             ],
@@ -162,7 +167,7 @@ class Context:
                 if not isinstance(entry, Step):
                     entry(run)
                 elif entry.when is None or entry.when():
-                    with run.step(entry.key, entry.name, kind=entry.kind):
+                    with run.step(entry.key, self.t(entry.name), kind=entry.kind):
                         if entry.body is not None:
                             entry.body(run)
             run.complete(result())
@@ -366,7 +371,7 @@ def research(ctx: Context) -> str:
         )
 
     run = ctx.perform(
-        f"Answer support ticket #{ticket}",
+        ctx.t("Answer support ticket #{ticket}", ticket=ticket),
         "support-bot",
         [
             Step("plan", "Plan the answer", "model_call", plan),
@@ -405,7 +410,7 @@ def notify(ctx: Context) -> str:
             ctx.pause(run, 0.3, 0.8)
 
     run = ctx.perform(
-        f"Send invoice reminders (batch {batch})",
+        ctx.t("Send invoice reminders (batch {batch})", batch=batch),
         "notifier-bot",
         [
             Step("select", "Select overdue customers", "tool_read", select),
@@ -441,7 +446,7 @@ def slow_report(ctx: Context) -> str:
         )
 
     run = ctx.perform(
-        f"Revenue report {quarter}",
+        ctx.t("Revenue report {quarter}", quarter=quarter),
         "report-bot",
         [
             Step(
@@ -510,7 +515,7 @@ def deploy(ctx: Context) -> str:
         )
 
     run = ctx.perform(
-        f"Deploy billing-api {version}",
+        ctx.t("Deploy billing-api {version}", version=version),
         "deploy-bot",
         [
             Step("build", "Build the release", "tool_read", build),
@@ -530,7 +535,7 @@ def crash(ctx: Context) -> str:
     """
     export = ctx.rng.randint(10, 99)
     ctx.plan(
-        f"Export ledger batch {export}",
+        ctx.t("Export ledger batch {export}", export=export),
         "export-bot",
         [Step("export", "Export rows to the finance system", "tool_write")],
     )
@@ -547,7 +552,7 @@ def crash(ctx: Context) -> str:
                 "event_id": f"evt_{uuid.uuid4().hex}",
                 "type": "step.started",
                 "key": "export",
-                "name": "Export rows to the finance system",
+                "name": ctx.t("Export rows to the finance system"),
                 "kind": "tool_write",
             }
         ],
@@ -587,7 +592,7 @@ def budget(ctx: Context) -> str:
                 call.result = f"page {page}: 40 products"
 
     run = ctx.perform(
-        "Crawl the partner catalog",
+        ctx.t("Crawl the partner catalog"),
         "crawler-bot",
         [Step("crawl", "Crawl pages", "tool_read", crawl)],
         budget=limits,
@@ -608,7 +613,7 @@ def spend(ctx: Context) -> str:
             ctx.pause(run, 0.3, 0.6)
 
     run = ctx.perform(
-        "Summarise the quarter's supplier contracts",
+        ctx.t("Summarise the quarter's supplier contracts"),
         "summary-bot",
         [Step("summarise", "Summarise each contract", "model_call", summarise)],
         budget={"max_cost_usd": 0.12},
@@ -629,7 +634,7 @@ def looping(ctx: Context) -> str:
                 call.result = "no new results"
 
     run = ctx.perform(
-        f"Research {topic}",
+        ctx.t("Research {topic}", topic=topic),
         "looping-researcher",
         [Step("search", "Search until satisfied", "tool_read", search)],
         result=lambda: {"topic": topic},
@@ -656,7 +661,7 @@ def flaky(ctx: Context) -> str:
                 log.info("flaky %s: %s", ctx.run_id, error)
 
     run = ctx.perform(
-        f"Sync ledger batch {batch}",
+        ctx.t("Sync ledger batch {batch}", batch=batch),
         "ledger-sync-bot",
         [Step("sync", "Sync the batch", "tool_write", sync)],
         result=lambda: {"batch": batch},
@@ -671,7 +676,9 @@ def steering(ctx: Context) -> str:
 
     def reviewer_steers(_run: AgentRun) -> None:
         message.update(
-            ctx.reviewer.steer(ctx.run_id, "Focus on customer impact in the EU region first.")
+            ctx.reviewer.steer(
+                ctx.run_id, ctx.t("Focus on customer impact in the EU region first.")
+            )
         )
 
     def gather(run: AgentRun) -> None:
@@ -693,7 +700,7 @@ def steering(ctx: Context) -> str:
         )
 
     run = ctx.perform(
-        f"Summarise incident INC-{incident}",
+        ctx.t("Summarise incident INC-{incident}", incident=incident),
         "incident-bot",
         [
             reviewer_steers,
@@ -712,19 +719,27 @@ def watch(ctx: Context) -> str:
     Its steps are not known in advance (a poll each, a page now and then), so it plans one and
     reports the rest as it goes."""
     ctx.plan(
-        "Watch the on-call queue", "oncall-bot", [Step("watch", "Watch the queue", "tool_read")]
+        ctx.t("Watch the on-call queue"),
+        "oncall-bot",
+        [Step("watch", "Watch the queue", "tool_read")],
     )
     deadline = time.monotonic() + ctx.rng.uniform(45, 90) * ctx.pace
     polls = 0
     with ctx.working() as run:
         while time.monotonic() < deadline and not ctx.sim.stopping.is_set():
             polls += 1
-            with run.step(f"poll_{polls:03d}", f"Poll the queue ({polls})", kind="tool_read"):
+            with run.step(
+                f"poll_{polls:03d}",
+                ctx.t("Poll the queue ({polls})", polls=polls),
+                kind="tool_read",
+            ):
                 with run.tool_call("queue_poll", {"queue": "oncall"}) as call:
                     ctx.pause(run, 0.8, 1.8)
                     call.result = {"open_alerts": ctx.rng.randint(0, 3)}
             if polls % 4 == 0:
-                with run.step(f"page_{polls:03d}", "Page the on-call engineer", kind="tool_write"):
+                with run.step(
+                    f"page_{polls:03d}", ctx.t("Page the on-call engineer"), kind="tool_write"
+                ):
                     ctx.outbox_write(
                         run,
                         "page_oncall",
@@ -787,7 +802,12 @@ def payout(ctx: Context) -> str:
                 recovery_policy="reuse_idempotency_key",
                 # the agent's own policy: big refunds always wait, rule or not
                 needs_approval=amount >= 50_000,
-                summary=f"Refund €{amount / 100:,.2f} to {customer} for returned order #{order}",
+                summary=ctx.t(
+                    "Refund €{amount} to {customer} for returned order #{order}",
+                    amount=f"{amount / 100:,.2f}",
+                    customer=customer,
+                    order=order,
+                ),
                 risk="high",
                 arguments_schema=schema,
             ) as call:
@@ -802,7 +822,7 @@ def payout(ctx: Context) -> str:
             outcome = ctx.told_model(run, "refund", rejection)
 
     run = ctx.perform(
-        f"Refund order #{order}",
+        ctx.t("Refund order #{order}", order=order),
         "payout-bot",
         [
             Step("check", "Check the order", "tool_read", check),
@@ -839,7 +859,11 @@ def release(ctx: Context) -> str:
                 side_effect="write",
                 operation_id=f"deploy-{service}-{version}-{ctx.run_id}",
                 recovery_policy="query_original",
-                summary=f"Roll {service} {version} out to production (10% canary first)",
+                summary=ctx.t(
+                    "Roll {service} {version} out to production (10% canary first)",
+                    service=service,
+                    version=version,
+                ),
                 risk="high",
                 arguments_schema={
                     "type": "object",
@@ -873,7 +897,7 @@ def release(ctx: Context) -> str:
             call.result = {"error_rate": 0.001}
 
     run = ctx.perform(
-        f"Release {service} {version} to production",
+        ctx.t("Release {service} {version} to production", service=service, version=version),
         "release-bot",
         [
             Step("checks", "Run the release checks", "tool_read", checks),
@@ -901,7 +925,7 @@ def customer_email(ctx: Context) -> str:
 
     def send(run: AgentRun) -> None:
         nonlocal outcome
-        subject = f"Your invoice {invoice} is overdue"
+        subject = ctx.t("Your invoice {invoice} is overdue", invoice=invoice)
         item = ctx.outbox_write(
             run,
             "email.send",
@@ -909,8 +933,15 @@ def customer_email(ctx: Context) -> str:
             key=f"{ctx.run_id}-email",
             transport="email",
             destination=address,
-            payload={"subject": subject, "body": f"Hello,\n\ninvoice {invoice} is 14 days late."},
-            summary=f"Remind {address} that invoice {invoice} is overdue",
+            payload={
+                "subject": subject,
+                "body": ctx.t("Hello,\n\ninvoice {invoice} is 14 days late.", invoice=invoice),
+            },
+            summary=ctx.t(
+                "Remind {address} that invoice {invoice} is overdue",
+                address=address,
+                invoice=invoice,
+            ),
             risk="medium",
         )
         approval = item.get("approval")
@@ -926,7 +957,7 @@ def customer_email(ctx: Context) -> str:
             outcome = "email queued"
 
     run = ctx.perform(
-        f"Email {address} about invoice {invoice}",
+        ctx.t("Email {address} about invoice {invoice}", address=address, invoice=invoice),
         "mail-bot",
         [
             Step(

@@ -73,6 +73,9 @@ class SimulatorConfig:
     approval_grace: float = 45.0
     # Waiting approvals the bot leaves to a person (or their deadline) past the grace, at most.
     approvals_left_for_humans: int = 1
+    # The language the agents write their titles, step names and summaries in
+    # (`console.demo.words`): `en` or `zh-hans`.
+    language: str = "en"
 
 
 @dataclass

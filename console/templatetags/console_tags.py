@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext, pgettext_lazy
 
-from runs.labels import label_for
+from runs.labels import approval_reason_text, label_for
 
 register = template.Library()
 
@@ -147,6 +147,12 @@ def usd(value: Any) -> str:
 def human(value: Any) -> str:
     """A code (`stopped_dirty`, `lease_expired`) as words in the reader's language."""
     return label_for(value)
+
+
+@register.filter
+def approval_why(value: Any) -> str:
+    """Why an approval waits (the rule match it stored, in English) in the reader's words."""
+    return approval_reason_text(value)
 
 
 @register.filter

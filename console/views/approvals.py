@@ -36,6 +36,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.access import Access, request_access, visible_teams
 from console.forms import APPROVAL_TABS, ApprovalDecisionForm, ApprovalFilterForm, ApprovalRuleForm
+from console.refusals import refusal_sentence
 from console.selectors.run import run_detail
 from console.views.common import (
     DecidableTeams,
@@ -330,9 +331,9 @@ def approval_decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         except DomainError as exc:
             error, status = error_text(exc), exc.http_status
             if isinstance(exc, InvalidInput) and exc.extra.get("field") in form.fields:
-                form.add_error(exc.extra["field"], exc.detail)
+                form.add_error(exc.extra["field"], refusal_sentence(exc))
             elif isinstance(exc, InvalidInput):
-                form.add_error(None, exc.detail)
+                form.add_error(None, refusal_sentence(exc))
     if not error:
         if not request.htmx:
             return redirect_with(request, url, ok=_decided_message(approval))
@@ -445,7 +446,7 @@ def _not_saved(form: ApprovalRuleForm) -> str:
 def _service_error(form: ApprovalRuleForm, error: DomainError) -> None:
     """A service's refusal, on the field it names (a bad glob, an unknown transport…)."""
     field = error.extra.get("field")
-    form.add_error(field if field in form.fields else None, error.detail)
+    form.add_error(field if field in form.fields else None, refusal_sentence(error))
 
 
 def _rules_context(request: HtmxHttpRequest, form: ApprovalRuleForm | None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from console.access import Access, request_access
 from console.forms import BulkSelectionForm, BulkStopForm
+from console.refusals import refusal_sentence
 from console.views.common import (
     HtmxHttpRequest,
     actor_of,
@@ -168,7 +169,7 @@ def bulk_stop_confirm(request: HtmxHttpRequest) -> HttpResponse:
             access,
             selection,
             stop_form=form,
-            error=refused.detail,
+            error=refusal_sentence(refused),
             error_code=refused.code,
         )
     except DomainError as refused:

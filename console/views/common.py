@@ -27,9 +27,11 @@ from django.utils.translation import gettext
 from django_htmx.middleware import HtmxDetails
 
 from console.access import Access, request_access
+from console.refusals import refusal_sentence
 from runs.access import Capability
 from runs.actors import Actor
 from runs.errors import DomainError
+from runs.labels import label_for
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -90,8 +92,13 @@ def actor_of(request: HttpRequest) -> Actor:
 
 
 def error_text(error: DomainError) -> str:
-    status = gettext(" (run is %(status)s)") % {"status": error.status} if error.status else ""
-    return f"{error.detail}{status}"
+    """A refusal as the console shows it: in the reader's words, with the run's state now."""
+    status = (
+        gettext(" (run is %(status)s)") % {"status": label_for(error.status)}
+        if error.status
+        else ""
+    )
+    return f"{refusal_sentence(error)}{status}"
 
 
 def redirect_with(

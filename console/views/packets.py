@@ -38,6 +38,7 @@ from console.views.decisions import OfferedOn
 from handoff import services as handoff_services
 from handoff.models import ResolutionDecision, StopPacket
 from runs import services
+from runs.labels import label_for
 from runs.models import Role, Run, RunStatus
 from runs.selectors import run_dirty_reasons
 
@@ -71,7 +72,7 @@ def _no_packet_reason(run: Run, epoch: int | None) -> str:
         return gettext("This run has %(which)s: it did not stop at that epoch.") % {"which": which}
     return gettext("This run has %(which)s: it has not been stopped (it is %(replace)s).") % {
         "which": which,
-        "replace": run.status.replace("_", " "),
+        "replace": label_for(run.status),
     }
 
 
@@ -209,7 +210,7 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             evidence=data["evidence"],
             actor=actor_of(request),
         )
-        ok = gettext("Recorded as %(replace)s.") % {"replace": result.decision.replace("_", " ")}
+        ok = gettext("Recorded as %(replace)s.") % {"replace": label_for(result.decision)}
         if result.run_status == "stopped_cleanly":
             ok += gettext(" That was the last unknown: the run is now stopped cleanly.")
         elif result.run_status == "handed_off":

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, visible_teams
 from console.forms import PolicyForm, PolicyTestForm
+from console.refusals import refusal_sentence
 from console.views.common import HtmxHttpRequest, act, actor_of, page, redirect_with
 from policies.language import CONTEXT
 from policies.models import Policy, PolicyHit, PolicyTest
@@ -42,7 +43,7 @@ def _admin_choices(request: HtmxHttpRequest) -> list[tuple[str, str]]:
 
 def _service_error(form: PolicyForm, error: DomainError) -> None:
     field = error.extra.get("field")
-    form.add_error(field if field in form.fields else None, error.detail)
+    form.add_error(field if field in form.fields else None, refusal_sentence(error))
 
 
 def _not_saved() -> str:
@@ -192,7 +193,7 @@ def policy_history_test(request: HtmxHttpRequest, policy_id: int) -> HttpRespons
             tool_glob=policy.tool_glob,
         )
     except DomainError as exc:
-        form.add_error(None, exc.detail)
+        form.add_error(None, refusal_sentence(exc))
         return page(request, EDIT_TEMPLATE, context, status=400)
     key = "test_queued" if isinstance(answer, PolicyTest) else "test_result"
     return page(request, EDIT_TEMPLATE, {**context, key: answer})

@@ -38,6 +38,7 @@ from console.views.decisions import OfferedOn
 from gateway.models import McpSession
 from policies.models import PolicyHit
 from runs import services
+from runs.labels import label_for
 from runs.models import (
     STOPPABLE_STATUSES,
     STOPPED_STATUSES,
@@ -174,14 +175,18 @@ def _run_action(
 def _stop_message(outcome: services.StopOutcome, *, takeover: bool) -> str:
     if outcome.already_finished:
         return gettext("Nothing to stop: the run had already finished (%(status)s).") % {
-            "status": outcome.status
+            "status": label_for(outcome.status)
         }
     request = outcome.stop_request
     what = gettext("Take-over") if takeover else gettext("Stop")
     if outcome.created and request is not None:
         return gettext(
             "%(what)s recorded (%(reason)s): the entrance is closed and the epoch is now %(epoch_after)s."
-        ) % {"what": what, "reason": request.reason, "epoch_after": request.epoch_after}
+        ) % {
+            "what": what,
+            "reason": label_for(request.reason),
+            "epoch_after": request.epoch_after,
+        }
     if request is not None:
         return gettext(
             "%(what)s was already recorded — stop request #%(pk)s, nothing new was done."

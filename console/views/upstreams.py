@@ -18,6 +18,7 @@ from django.utils.translation import gettext, gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, visible_teams
+from console.refusals import refusal_sentence
 from console.views.common import HtmxHttpRequest, act, actor_of, page, redirect_with
 from gateway.models import McpUpstream, Transport
 from gateway.services import upstream_create, upstream_delete, upstream_update
@@ -88,7 +89,7 @@ class UpstreamCreateForm(UpstreamForm):
 
 def _service_error(form: forms.Form, error: DomainError) -> None:
     field = error.extra.get("field")
-    form.add_error(field if field in form.fields else None, error.detail)
+    form.add_error(field if field in form.fields else None, refusal_sentence(error))
 
 
 def _context(request: HttpRequest, form: UpstreamCreateForm | None) -> dict[str, Any]:

@@ -123,5 +123,8 @@ def test_the_schema_is_generated_once_per_language_and_is_the_generators_own(cli
     assert generated[-1] == "zh-hans"
     assert len(generated) == 3  # the cached one, zh-hans, and the comparison above
     client.get("/api/schema/?format=json&lang=zh-hans")
+    # a language nobody speaks, or a version the API does not have, is the same document
+    for query in ("lang=" + "x" * 500, "lang=%00", "version=" + "9" * 40):
+        assert client.get(f"/api/schema/?format=json&{query}").json() == first.json()
     assert len(generated) == 3
     api_schema._schema.cache_clear()

@@ -84,7 +84,7 @@ def test_stop_without_htmx_redirects_and_records_one_stop(as_reviewer, team, bob
     assert run.status == RunStatus.CANCEL_REQUESTED  # a live lease: waiting for the worker
     assert run.stop_reason == "user_stop" and run.stop_requested_by == "bob" and run.stop_epoch == 2
     page = as_reviewer.get(response["Location"]).content.decode()
-    assert "Stop recorded (user_stop)" in page
+    assert "Stop recorded (user stop)" in page
     assert "Cancel requested" in page and "wrong data" in page
 
 

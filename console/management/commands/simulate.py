@@ -30,6 +30,7 @@ from django.db import connections
 from console.demo.accounts import DEMO_TEAMS
 from console.demo.receiver import DEFAULT_PORT, WebhookReceiver
 from console.demo.simulator import Simulator, SimulatorConfig, TeamCredentials
+from console.demo.words import LANGUAGES
 from runs.tokens import api_token_create
 
 
@@ -66,6 +67,13 @@ class Command(BaseCommand):
             "0 = the bot never decides",
         )
         parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument(
+            "--language",
+            choices=LANGUAGES,
+            default=os.environ.get("SAFESTOP_DEMO_LANGUAGE", "en") or "en",
+            help="the language the agents write titles, steps and summaries in "
+            "(default: SAFESTOP_DEMO_LANGUAGE, else en)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("safestop.simulator").setLevel(logging.INFO)
@@ -106,6 +114,7 @@ class Command(BaseCommand):
                 seed=options["seed"],
                 approval_workers=max(0, options["approval_workers"]),
                 approval_grace=options["approval_grace"],
+                language=options["language"],
             )
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
