@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 
 from handoff.models import StopPacket
 from runs import frozen
@@ -37,6 +38,7 @@ from runs.services.budget import (
     budget_limit_from_note,
     exhausted_budget,
 )
+from runs.sql import OnceCompiled
 
 
 def _iso(value: Any) -> str | None:
@@ -49,9 +51,9 @@ def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
     Called inside the settling transaction with the run row locked, so the snapshot is exactly
     the state the stop ended in.
     """
-    existing = StopPacket.objects.filter(run=run, stop_epoch=run.stop_epoch).first()
-    if existing is not None:
-        return existing
+    existing = _PACKET.rows(run.pk, run.stop_epoch)
+    if existing:
+        return StopPacket.objects.get(pk=existing[0]["pk"])
     return StopPacket.objects.create(
         run=run, stop_epoch=run.stop_epoch, snapshot=stop_packet_snapshot(run, stop_request)
     )
@@ -99,11 +101,126 @@ _RECORD_FIELDS = (
 )
 
 
+_LEASE_FIELDS = (
+    "token",
+    "worker_id",
+    "epoch",
+    "release_reason",
+    "released_at",
+    "fenced_unconfirmed",
+)
+_APPROVAL_FIELDS = (
+    "pk",
+    "target",
+    "execution_record__tool_call_id",
+    "outbox_item_id",
+    "subject",
+    "summary",
+    "risk",
+    "rule_name",
+    "arguments",
+    "agent",
+    "requested_at",
+    "escalated_at",
+    "decided_at",
+    "decided_by",
+)
+
+# Each packet read is compiled once per process (`runs.sql.OnceCompiled`): compiling them again
+# on every stop was most of the CPU time of a worker's drained answer (docs/BENCHMARKS.md). The
+# samples stand for a run id, an epoch and a time while the statements compile.
+_SAMPLE_RUN = "run_sample_5afe"
+_SAMPLE_EPOCH = 2_000_000_017
+_SAMPLE_AT = datetime(1901, 2, 3, 4, 5, 6, 789_012, tzinfo=UTC)
+
+
+def _packet_query(run_id: str, epoch: int) -> QuerySet[Any]:
+    return StopPacket.objects.filter(run_id=run_id, stop_epoch=epoch).values("pk")[:1]
+
+
+def _steps_query(run_id: str) -> QuerySet[Any]:
+    return Step.objects.filter(run_id=run_id).order_by("seq").values(*_STEP_FIELDS)
+
+
+def _outbox_query(run_id: str) -> QuerySet[Any]:
+    return (
+        OutboxItem.objects.filter(run_id=run_id)
+        .order_by("id")
+        .values(*_OUTBOX_FIELDS, "frozen_by_epoch", "enqueue_epoch")
+    )
+
+
+def _calls_query(run_id: str) -> QuerySet[Any]:
+    return (
+        ExecutionRecord.objects.filter(run_id=run_id)
+        .order_by("permitted_at", "id")
+        .values(*_RECORD_FIELDS)
+    )
+
+
+def _leases_query(run_id: str, epoch: int) -> QuerySet[Any]:
+    return Lease.objects.filter(run_id=run_id, epoch=epoch).values(*_LEASE_FIELDS)
+
+
+def _artifacts_query(run_id: str) -> QuerySet[Any]:
+    return Artifact.objects.filter(run_id=run_id).order_by("id").values(*_ARTIFACT_FIELDS)
+
+
+def _steering_query(run_id: str) -> QuerySet[Any]:
+    return SteeringMessage.objects.filter(
+        run_id=run_id, status=SteeringStatus.UNAPPLIED_AT_STOP
+    ).values("pk", "text", "author")
+
+
+def _approvals_query(run_id: str, epoch: int) -> QuerySet[Any]:
+    return (
+        Approval.objects.filter(run_id=run_id, epoch=epoch, status=ApprovalStatus.VOID)
+        .order_by("requested_at", "id")
+        .values(*_APPROVAL_FIELDS)
+    )
+
+
+def _usage_query(run_id: str, stopped_at: datetime) -> QuerySet[Any]:
+    """Per model, what it spent in all and before and after `stopped_at` (the stop request)."""
+    tokens = F("input_tokens") + F("output_tokens")
+    late = Q(at__gt=stopped_at)
+    unpriced = Q(cost_usd__isnull=True)
+    return (
+        Usage.objects.filter(run_id=run_id)
+        .values("model")
+        .annotate(
+            calls=Count("pk"),
+            cost=Sum("cost_usd"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            unpriced=Sum(tokens, filter=unpriced),
+            early_cost=Sum("cost_usd", filter=~late),
+            early_tokens=Sum(tokens, filter=~late),
+            early_unpriced=Sum(tokens, filter=~late & unpriced),
+            late_cost=Sum("cost_usd", filter=late),
+            late_tokens=Sum(tokens, filter=late),
+            late_unpriced=Sum(tokens, filter=late & unpriced),
+        )
+        .order_by("model")
+    )
+
+
+_PACKET = OnceCompiled(_packet_query, _SAMPLE_RUN, _SAMPLE_EPOCH)
+_STEPS = OnceCompiled(_steps_query, _SAMPLE_RUN)
+_OUTBOX = OnceCompiled(_outbox_query, _SAMPLE_RUN)
+_CALLS = OnceCompiled(_calls_query, _SAMPLE_RUN)
+_LEASES = OnceCompiled(_leases_query, _SAMPLE_RUN, _SAMPLE_EPOCH)
+_ARTIFACTS = OnceCompiled(_artifacts_query, _SAMPLE_RUN)
+_STEERING = OnceCompiled(_steering_query, _SAMPLE_RUN)
+_APPROVALS = OnceCompiled(_approvals_query, _SAMPLE_RUN, _SAMPLE_EPOCH)
+_USAGE = OnceCompiled(_usage_query, _SAMPLE_RUN, _SAMPLE_AT)
+
+
 def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
     steps = _steps_part(run)
     outbox = _outbox_part(run)
     calls = _calls_part(run)
-    leases = list(Lease.objects.filter(run=run, epoch=stop_request.epoch_before))
+    leases = _LEASES.rows(run.pk, stop_request.epoch_before)
     return {
         "run_id": run.pk,
         "title": run.title,
@@ -127,10 +244,8 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "artifacts": _artifacts_part(run),
         **calls,
         "unapplied_steering": [
-            {"id": message.pk, "text": message.text, "author": message.author}
-            for message in SteeringMessage.objects.filter(
-                run=run, status=SteeringStatus.UNAPPLIED_AT_STOP
-            )
+            {"id": message["pk"], "text": message["text"], "author": message["author"]}
+            for message in _STEERING.rows(run.pk)
         ],
         # DESIGN §10: held at the stop, voided by it, never executed.
         "approvals_void_at_stop": _approvals_void_at_stop(run, stop_request),
@@ -148,18 +263,19 @@ def _cost_part(run: Run, stop_request: StopRequest) -> dict[str, Any]:
     """What the run spent up to the stop request, and what was reported after it (late spend:
     calls already under way, or a worker that kept going). Unpriced tokens are counted apart:
     their cost is unknown, not 0. `budget` names the budget that stopped the run, if one did."""
-    tokens = F("input_tokens") + F("output_tokens")
-    late = Q(at__gt=stop_request.requested_at)
-    unpriced = Q(cost_usd__isnull=True)
-    usages = Usage.objects.filter(run=run)
-    totals = usages.aggregate(
-        cost=Sum("cost_usd", filter=~late),
-        tokens=Sum(tokens, filter=~late),
-        unpriced=Sum(tokens, filter=~late & unpriced),
-        late_cost=Sum("cost_usd", filter=late),
-        late_tokens=Sum(tokens, filter=late),
-        late_unpriced=Sum(tokens, filter=late & unpriced),
-    )
+    rows = _USAGE.rows(run.pk, stop_request.requested_at)
+    # The totals add the per-model sums: exact (numeric and integers), None when no row has one.
+    totals = {
+        name: _sum(row[name] for row in rows)
+        for name in (
+            "early_cost",
+            "early_tokens",
+            "early_unpriced",
+            "late_cost",
+            "late_tokens",
+            "late_unpriced",
+        )
+    }
     by_model = [
         {
             "model": row["model"],
@@ -169,29 +285,26 @@ def _cost_part(run: Run, stop_request: StopRequest) -> dict[str, Any]:
             "output_tokens": row["output"],
             "unpriced_tokens": row["unpriced"] or 0,
         }
-        for row in usages.values("model")
-        .annotate(
-            calls=Count("pk"),
-            cost=Sum("cost_usd"),
-            input=Sum("input_tokens"),
-            output=Sum("output_tokens"),
-            unpriced=Sum(tokens, filter=unpriced),
-        )
-        .order_by("model")
+        for row in rows
     ]
     budget = ""
     if run.stop_reason == StopReason.BUDGET_EXHAUSTED:
         budget = budget_from_note(stop_request.note) or exhausted_budget(run)
     return {
-        "cost_usd_until_stop": _usd(totals["cost"]),
-        "tokens_until_stop": totals["tokens"] or 0,
-        "unpriced_tokens_until_stop": totals["unpriced"] or 0,
+        "cost_usd_until_stop": _usd(totals["early_cost"]),
+        "tokens_until_stop": totals["early_tokens"] or 0,
+        "unpriced_tokens_until_stop": totals["early_unpriced"] or 0,
         "late_cost_usd": _usd(totals["late_cost"]),
         "late_tokens": totals["late_tokens"] or 0,
         "late_unpriced_tokens": totals["late_unpriced"] or 0,
         "by_model": by_model,
         "budget": _budget_part(run, budget, stop_request.note) if budget else None,
     }
+
+
+def _sum(values: Any) -> Any:
+    present = [value for value in values if value is not None]
+    return sum(present) if present else None
 
 
 def _budget_part(run: Run, budget: str, note: str) -> dict[str, Any]:
@@ -219,7 +332,7 @@ def interruption_packet(run: Run) -> dict[str, Any]:
     in_flight = list(
         dict.fromkeys([*point.get("outbox_in_flight", []), *outbox["in_flight_outbox_ids"]])
     )
-    leases = list(Lease.objects.filter(run=run, epoch=run.stop_epoch))
+    leases = _LEASES.rows(run.pk, run.stop_epoch)
     return {
         "kind": "interruption",
         "run_id": run.pk,
@@ -248,9 +361,8 @@ def interruption_packet(run: Run) -> dict[str, Any]:
 def _steps_part(run: Run) -> dict[str, list[dict[str, Any]]]:
     completed_steps: list[dict[str, Any]] = []
     pending_steps: list[dict[str, Any]] = []
-    for seq, key, name, status, finished_at, late in (
-        Step.objects.filter(run=run).order_by("seq").values_list(*_STEP_FIELDS)
-    ):
+    for row in _STEPS.rows(run.pk):
+        seq, key, name, status, finished_at, late = (row[field] for field in _STEP_FIELDS)
         if status == StepStatus.COMPLETED:
             completed_steps.append(
                 {
@@ -274,11 +386,7 @@ def _outbox_part(run: Run, *, frozen_by_epoch: int | None = None) -> dict[str, A
     frozen_ids: list[str] = []
     in_flight_ids: list[str] = []
     outbox: list[dict[str, Any]] = []
-    rows = list(
-        OutboxItem.objects.filter(run=run)
-        .order_by("id")
-        .values_list(*_OUTBOX_FIELDS, "frozen_by_epoch", "enqueue_epoch")
-    )
+    rows = [tuple(row.values()) for row in _OUTBOX.rows(run.pk)]
     stale = [row[-1] for row in rows if row[3] == OutboxStatus.PENDING and row[-1] < run.stop_epoch]
     stops = frozen.freezing_stops(run, above_epoch=min(stale)) if stale else []
     for row in rows:
@@ -316,11 +424,7 @@ def _calls_part(run: Run, *, also: set[str] | None = None) -> dict[str, list[dic
     even once resolved or settled by a late fact (an interruption's: the calls it marked unknown)."""
     tool_calls: list[dict[str, Any]] = []
     unconfirmed: list[dict[str, Any]] = []
-    for record in (
-        ExecutionRecord.objects.filter(run=run)
-        .order_by("permitted_at", "id")
-        .values(*_RECORD_FIELDS)
-    ):
+    for record in _CALLS.rows(run.pk):
         summary = _record_summary(record)
         tool_calls.append(summary)
         if is_unconfirmed_side_effect(
@@ -340,19 +444,20 @@ def _calls_part(run: Run, *, also: set[str] | None = None) -> dict[str, list[dic
     return {"tool_calls": tool_calls, "unconfirmed_side_effects": unconfirmed}
 
 
-def _leases_part(leases: list[Lease]) -> dict[str, Any]:
+def _leases_part(leases: list[dict[str, Any]]) -> dict[str, Any]:
+    """`leases`: the _LEASE_FIELDS of each Lease."""
     return {
         "lease_released": all(
-            lease.released_at is not None and not lease.fenced_unconfirmed for lease in leases
+            lease["released_at"] is not None and not lease["fenced_unconfirmed"] for lease in leases
         ),
         "leases": [
             {
-                "lease_id": lease.token,
-                "worker_id": lease.worker_id,
-                "epoch": lease.epoch,
-                "release_reason": lease.release_reason,
-                "released_at": _iso(lease.released_at),
-                "fenced_unconfirmed": lease.fenced_unconfirmed,
+                "lease_id": lease["token"],
+                "worker_id": lease["worker_id"],
+                "epoch": lease["epoch"],
+                "release_reason": lease["release_reason"],
+                "released_at": _iso(lease["released_at"]),
+                "fenced_unconfirmed": lease["fenced_unconfirmed"],
             }
             for lease in leases
         ],
@@ -371,7 +476,7 @@ def _artifacts_part(run: Run) -> list[dict[str, Any]]:
             "evidence": evidence,
         }
         for pk, name, kind, uri, checksum, reusable, evidence in (
-            Artifact.objects.filter(run=run).order_by("id").values_list(*_ARTIFACT_FIELDS)
+            tuple(row.values()) for row in _ARTIFACTS.rows(run.pk)
         )
     ]
 
@@ -384,30 +489,29 @@ def _approvals_void(run: Run, *, epoch: int) -> list[dict[str, Any]]:
     """The approvals a stop or an interruption voided at `epoch`: calls and items that were
     waiting for a reviewer and will never run. A reviewer reading the packet must see them,
     or a held payment silently disappears from the story of the run."""
-    approvals = Approval.objects.filter(
-        run=run, epoch=epoch, status=ApprovalStatus.VOID
-    ).select_related("execution_record", "outbox_item")
     return [
         {
-            "id": approval.public_id,
-            "target": approval.target,
-            "tool_call_id": (
-                approval.execution_record.tool_call_id if approval.execution_record else None
+            "id": f"appr_{approval['pk']}",  # Approval.public_id
+            "target": approval["target"],
+            "tool_call_id": approval["execution_record__tool_call_id"],
+            "outbox_id": (
+                f"outbox_{approval['outbox_item_id']}"  # OutboxItem.public_id
+                if approval["outbox_item_id"]
+                else None
             ),
-            "outbox_id": approval.outbox_item.public_id if approval.outbox_item else None,
-            "tool": approval.subject,
-            "summary": approval.summary,
-            "risk": approval.risk,
-            "rule": approval.rule_name or None,
-            "arguments": approval.arguments,
-            "agent": approval.agent,
-            "requested_at": _iso(approval.requested_at),
-            "escalated_at": _iso(approval.escalated_at),
-            "voided_at": _iso(approval.decided_at),
-            "voided_by": approval.decided_by or None,
+            "tool": approval["subject"],
+            "summary": approval["summary"],
+            "risk": approval["risk"],
+            "rule": approval["rule_name"] or None,
+            "arguments": approval["arguments"],
+            "agent": approval["agent"],
+            "requested_at": _iso(approval["requested_at"]),
+            "escalated_at": _iso(approval["escalated_at"]),
+            "voided_at": _iso(approval["decided_at"]),
+            "voided_by": approval["decided_by"] or None,
             "executed": False,
         }
-        for approval in approvals.order_by("requested_at", "id")
+        for approval in _APPROVALS.rows(run.pk, epoch)
     ]
 
 

@@ -109,3 +109,82 @@ def from_row(model: type[models.Model], values: Sequence[Any]) -> Any:
         converted.append(value)
     names = [field.attname for field in model._meta.concrete_fields]
     return model.from_db(connection.alias, names, converted)
+
+
+class OnceCompiled:
+    """An ORM read compiled once per process; each call binds its own arguments.
+
+    `build(*args)` makes a `.values(...)` queryset. It is built and compiled once, with
+    `samples`: distinctive values of the arguments' types, which are then looked for among the
+    compiled parameters, so each call puts its own arguments in their places and sends the
+    very SQL the ORM would. Rows come back as the ORM's `.values()` dicts, converted by the
+    ORM's own converters (a JSON column's text into a dict, …). Compiling was most of the CPU
+    time of a drained answer's stop packet (docs/BENCHMARKS.md). On a database other than
+    PostgreSQL (`prepared_statements`) each call runs `build(*args)` through the ORM.
+    """
+
+    def __init__(self, build: Callable[..., Any], *samples: Any) -> None:
+        self._build = build
+        self._samples = samples
+        self._compiled: tuple[str, list[Any], list[str], dict[int, Any]] | None = None
+
+    def _compile(self) -> tuple[str, list[Any], list[str], dict[int, Any]]:
+        queryset = self._build(*self._samples)
+        query = queryset.query
+        compiler = query.get_compiler(connection=connection)
+        statement, params = compiler.as_sql()
+        bound: list[Any] = []
+        found: set[int] = set()
+        for param in params:
+            slot = next(
+                (
+                    index
+                    for index, sample in enumerate(self._samples)
+                    # The backend may wrap a value (an int as psycopg's Int4): kept per call.
+                    if isinstance(param, type(sample)) and param == sample
+                ),
+                None,
+            )
+            if slot is not None:
+                found.add(slot)
+            bound.append(_Slot(slot, type(param)) if slot is not None else param)
+        if len(found) != len(self._samples):
+            raise AssertionError(f"an argument of {statement!r} is not a parameter of its SQL")
+        names = [*query.extra_select, *query.values_select, *query.annotation_select]
+        fields = [column[0] for column in compiler.select[: compiler.col_count]]
+        return statement, bound, names, compiler.get_converters(fields)
+
+    def rows(self, *args: Any) -> list[dict[str, Any]]:
+        if not prepared_statements():
+            return list(self._build(*args))
+        if self._compiled is None:
+            self._compiled = self._compile()
+        statement, bound, names, converters = self._compiled
+        params = [item.bind(args) if isinstance(item, _Slot) else item for item in bound]
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            fetched = cursor.fetchall()
+        rows = []
+        for values in fetched:
+            row = list(values)
+            for position, (field_converters, expression) in converters.items():
+                value = row[position]
+                for convert in field_converters:
+                    value = convert(value, expression, connection)
+                row[position] = value
+            rows.append(dict(zip(names, row, strict=True)))
+        return rows
+
+
+class _Slot:
+    """Where a call's argument goes among a once-compiled statement's parameters."""
+
+    __slots__ = ("index", "wrap")
+
+    def __init__(self, index: int, wrap: type) -> None:
+        self.index = index
+        self.wrap = wrap
+
+    def bind(self, args: tuple[Any, ...]) -> Any:
+        value = args[self.index]
+        return value if type(value) is self.wrap else self.wrap(value)

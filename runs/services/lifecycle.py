@@ -325,7 +325,7 @@ def drained_locked(
         release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
     if run.status == RunStatus.CANCEL_REQUESTED:
         acknowledge_stop_locked(run, stop_request, actor=actor, now=now, via="drained")
-    settle_locked(run, actor=actor, now=now)
+    settle_locked(run, actor=actor, now=now, stop_request=stop_request)
 
 
 def _apply_drain_observation(
@@ -372,7 +372,14 @@ def run_fence_overdue(*, run_id: str, actor: Actor | None = None) -> bool:
     return True
 
 
-def settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason: str = "") -> None:
+def settle_locked(
+    run: Run,
+    *,
+    actor: Actor,
+    now: datetime,
+    forced_dirty_reason: str = "",
+    stop_request: StopRequest | None = None,
+) -> None:
     """The clean/dirty decision, then the stop packet (and the handoff for a takeover).
 
     1. calls still permitted/running never reported: `unknown` (never assumed failed);
@@ -380,8 +387,11 @@ def settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason:
     3. dirty if anything is unknown: a write whose outcome is unconfirmed, an outbox item in
        flight or unknown, a worker fenced without confirming, or a forced reason;
     4. the packet is built once for this epoch; a clean takeover ends in handed_off.
+
+    `stop_request`: the run's current one, when the caller has just read it under the same lock.
     """
-    stop_request = current_stop_request(run)
+    if stop_request is None:
+        stop_request = current_stop_request(run)
     open_calls = list(
         ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES)
     )
