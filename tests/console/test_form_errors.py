@@ -106,3 +106,44 @@ def test_a_refused_stop_names_the_field_in_the_readers_language(as_reviewer, tea
     assert refused.status_code == 200 and "原因：" in body and "reason:" not in body
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING
+
+
+# --------------------------------------------------------------------------------------------
+# words the Chinese walk of the demo console found still English
+
+
+def test_what_was_reported_after_a_stop_reads_in_chinese() -> None:
+    from console.selectors.packets import PacketView
+
+    snap = {
+        "reported_after_stop": [{"type": "run.completed", "epoch": 2, "at": None}],
+        "completed_steps": [
+            {"seq": 3, "name": "起草回复", "key": "draft", "reported_after_stop": True}
+        ],
+        "tool_calls": [
+            {
+                "tool_call_id": "call_1",
+                "tool": "shell",
+                "execution_state": "unknown",
+                "reported_after_stop": True,
+            }
+        ],
+    }
+    view = PacketView(
+        packet=None, snap=snap, is_current=True, unknowns=[], frozen=[], resolutions=[]
+    )
+    with translation.override("zh-hans"):
+        facts = [fact["what"] for fact in view.reported_after_stop]
+    assert facts == [
+        "run.completed（纪元 2）",
+        "步骤 3「起草回复」已完成",
+        "工具调用 call_1（shell）：未知",
+    ]
+
+
+def test_a_policy_stop_reason_has_its_words() -> None:
+    from runs.labels import label_for
+    from runs.models import StopReason
+
+    with translation.override("zh-hans"):
+        assert label_for(StopReason.POLICY_VIOLATION) == "违反策略"
