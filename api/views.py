@@ -451,9 +451,13 @@ class PermitsView(ApiView):
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.PermitIn)
+        epoch = data.pop("epoch")
         try:
             record, created = services.permit_request(
-                run_id=run_id, actor=self.caller.actor, **data
+                run_id=run_id,
+                epoch=epoch,
+                actor=self.caller.actor,
+                request=services.PermitRequest(**data),
             )
         except ApprovalClosed as error:
             raise _with_approval_json(error) from None
@@ -1063,8 +1067,8 @@ def _budget_team(caller: Caller, slug: str, capability: Capability) -> Team:
 
 def _budget_answer(team: Team) -> Response:
     now = timezone.now()
-    budget = services.team_budget_spent(team.pk, now=now)
-    exhausted, _note = services.team_budget_refusal(team.pk, now=now)
+    budget = run_selectors.team_budget_spent(team.pk, now=now)
+    exhausted, _note = run_selectors.team_budget_refusal(team.pk, now=now)
     return Response(
         s.TeamBudgetOut(
             {

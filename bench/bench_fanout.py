@@ -47,7 +47,9 @@ def _sessions(stack: Stack, users: int) -> list[str]:
             Membership.objects.create(user=user, team=team, role=Role.VIEWER)
         session = SessionStore()
         session[SESSION_KEY] = str(user.pk)
-        session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+        # Viewers sign in through the organisation's IdP: the backend such a sign-in records
+        # (a session naming a backend that is not configured logs nobody in).
+        session[BACKEND_SESSION_KEY] = "accounts.oidc.OIDCBackend"
         session[HASH_SESSION_KEY] = user.get_session_auth_hash()
         session.create()
         cookies.append(f"{settings.SESSION_COOKIE_NAME}={session.session_key}")

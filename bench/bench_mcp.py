@@ -11,7 +11,13 @@ tool, sequential calls, one client, the `mcp` SDK's client everywhere:
    which asks a permit, forwards over stdio to its own server-everything and records the result.
    Added latency = p50(3) − p50(2) (same client transport), and p50(3) − p50(1) (what an
    agent switching from a local stdio server pays).
-4. stop → the client's pending call answers — a reviewer's `POST .../cancel/` while
+   Run 3 also reads daphne's own CPU time (`/proc`), divided by the calls (and run 2 the
+   node server's): on a shared machine the wall-clock figures measure the queue for its cores,
+   the CPU time does not.
+4. 2 and 3 again with a pause between calls (`PAUSE_SECONDS`, standing for the model's turn):
+   back to back, a call's permit waits for the previous call's result to be recorded (the
+   session's lane keeps them in order, `gateway/lane.py`); paced, it does not.
+5. stop → the client's pending call answers — a reviewer's `POST .../cancel/` while
    `trigger-long-running-operation` runs, until the call in flight returns its tool error
    (cancelled upstream, drained); one new session per stop.
 
@@ -25,6 +31,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,17 +40,40 @@ from bench.common import ROOT, Row, free_port, latency_row, wait_for_port
 
 EVERYTHING = ROOT / "tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 NODE = shutil.which("node") or "node"
+# The paced rows' pause between two calls: a model's turn is far longer, this is enough for the
+# gateway's bookkeeping of one call (the result's record) to finish before the next.
+PAUSE_SECONDS = 0.05
 
 
-async def _timed_calls(session: Any, count: int, warmup: int = 20) -> list[float]:
+def _p50(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process (not its children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _timed_calls(
+    session: Any, count: int, warmup: int = 20, cpu_pid: int | None = None, pause: float = 0.0
+) -> tuple[list[float], float | None]:
+    """The calls' wall times (ms), and the CPU time `cpu_pid` spent per call (ms) over them.
+
+    `pause` (seconds) between calls stands for the model's turn between two tool calls; without
+    it the calls are back to back, each one's bookkeeping competing with the next."""
     for _ in range(warmup):
         await session.call_tool("echo", {"message": "warm"})
+    cpu_before = _cpu_seconds(cpu_pid) if cpu_pid else 0.0
     samples = []
     for index in range(count):
+        if pause:
+            await asyncio.sleep(pause)
         started = time.perf_counter()
         await session.call_tool("echo", {"message": f"m{index}"})
         samples.append((time.perf_counter() - started) * 1000)
-    return samples
+    cpu = (_cpu_seconds(cpu_pid) - cpu_before) * 1000 / count if cpu_pid else None
+    return samples, cpu
 
 
 async def _direct_stdio(count: int) -> list[float]:
@@ -55,7 +85,8 @@ async def _direct_stdio(count: int) -> list[float]:
         async with stdio_client(params, errlog=quiet) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
-                return await _timed_calls(session, count)
+                samples, _ = await _timed_calls(session, count)
+                return samples
 
 
 def _http_session(url: str, token: str = "") -> Any:
@@ -77,9 +108,11 @@ def _http_session(url: str, token: str = "") -> Any:
     return opened()
 
 
-async def _over_http(url: str, count: int, token: str = "") -> list[float]:
+async def _over_http(
+    url: str, count: int, token: str = "", cpu_pid: int | None = None, pause: float = 0.0
+) -> tuple[list[float], float | None]:
     async with _http_session(url, token) as session:
-        return await _timed_calls(session, count)
+        return await _timed_calls(session, count, cpu_pid=cpu_pid, pause=pause)
 
 
 async def _stop_latency(base_url: str, token: str, reviewer_token: str, count: int) -> list[float]:
@@ -138,9 +171,28 @@ def run(stack: Any) -> list[Row]:
     try:
         wait_for_port(port, timeout=30, process=node)
         direct_stdio = asyncio.run(_direct_stdio(count))
-        direct_http = asyncio.run(_over_http(f"http://127.0.0.1:{port}/mcp", count))
-        gateway = asyncio.run(
-            _over_http(f"{stack.base_url}/mcp/everything/", count, stack.agent_token)
+        direct_http, node_cpu = asyncio.run(
+            _over_http(f"http://127.0.0.1:{port}/mcp", count, cpu_pid=node.pid)
+        )
+        load = os.getloadavg()[0]
+        gateway, daphne_cpu = asyncio.run(
+            _over_http(
+                f"{stack.base_url}/mcp/everything/",
+                count,
+                stack.agent_token,
+                cpu_pid=stack.daphne.pid,
+            )
+        )
+        paced_direct, _ = asyncio.run(
+            _over_http(f"http://127.0.0.1:{port}/mcp", count, pause=PAUSE_SECONDS)
+        )
+        paced, _ = asyncio.run(
+            _over_http(
+                f"{stack.base_url}/mcp/everything/",
+                count,
+                stack.agent_token,
+                pause=PAUSE_SECONDS,
+            )
         )
         stops = asyncio.run(
             _stop_latency(stack.base_url, stack.agent_token, stack.reviewer_token, stack.n(20, 5))
@@ -148,11 +200,15 @@ def run(stack: Any) -> list[Row]:
     finally:
         node.terminate()
         node.wait(10)
-    p50 = sorted(gateway)[len(gateway) // 2]
-    over_http = p50 - sorted(direct_http)[len(direct_http) // 2]
-    over_stdio = p50 - sorted(direct_stdio)[len(direct_stdio) // 2]
+    p50 = _p50(gateway)
+    over_http = p50 - _p50(direct_http)
+    over_stdio = p50 - _p50(direct_stdio)
+    over_paced = _p50(paced) - _p50(paced_direct)
     section = "mcp gateway"
-    note = f"added p50: {over_http:.2f} ms over direct HTTP, {over_stdio:.2f} ms over direct stdio"
+    note = (
+        f"added p50: {over_http:.2f} ms over direct HTTP, {over_stdio:.2f} ms over direct stdio; "
+        f"load {load:.1f}"
+    )
     return [
         latency_row(section, "echo, direct (SDK client, stdio)", direct_stdio),
         latency_row(section, "echo, direct (SDK client, streamable HTTP)", direct_http),
@@ -166,7 +222,30 @@ def run(stack: Any) -> list[Row]:
             over_http,
             over_http <= 2.0,
         ),
+        latency_row(
+            section, f"echo, direct HTTP, {PAUSE_SECONDS * 1000:g} ms between calls", paced_direct
+        ),
+        latency_row(
+            section,
+            f"echo through the gateway, {PAUSE_SECONDS * 1000:g} ms between calls",
+            paced,
+            note=f"added p50: {over_paced:.2f} ms over direct HTTP with the same pause",
+        ),
         latency_row(section, "stop → the pending call answers", stops),
+        Row(
+            section,
+            "CPU per tools/call: daphne, through the gateway",
+            {"value": round(daphne_cpu or 0.0, 2)},
+            "ms",
+            note="daphne's own user + system time over the timed calls, divided by their count "
+            "(its stdio upstream is another process)",
+        ),
+        Row(
+            section,
+            "CPU per tools/call: server-everything, direct HTTP",
+            {"value": round(node_cpu or 0.0, 2)},
+            "ms",
+        ),
     ]
 
 

@@ -15,7 +15,7 @@ batch, and a policy's stop latency.
    `call.repeats >= 5` and is refused; timed from its commit, and from its start, to the stop
    signal handed to the channel layer (one `runs.notify` listener before the Channels
    publisher, one after; the in-memory layer, no Redis hop). A reviewer's `run_stop` on a run
-   of the same team, alternately, is timed the same way: both go through `_stop_locked` and
+   of the same team, alternately, is timed the same way: both go through `stop_locked` and
    the same on-commit push. The process's first stop is reported on its own (see its row).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \\

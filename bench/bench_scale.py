@@ -61,7 +61,15 @@ PARTS = frozenset(os.environ.get("BENCH_SCALE_PARTS", "ingest,stop,fanout").spli
 VIEWER_PROCESSES = 4
 # (daphne processes, changes a second): 1,000 viewers at 10/s is 10,000 frames/s, at 2/s the
 # 2,000 frames/s of the single-process fan-out's 200 viewers at 10/s (bench/bench_fanout.py).
-FANOUTS = ((2, 10.0), (2, 2.0), (1, 2.0))
+# BENCH_SCALE_FANOUTS=2:2 measures only the target's shape (processes:changes a second, by commas).
+FANOUTS = tuple(
+    (int(processes), float(rate))
+    for processes, rate in (
+        part.split(":")
+        for part in os.environ.get("BENCH_SCALE_FANOUTS", "2:10,2:2,1:2").split(",")
+        if part
+    )
+)
 
 
 def raise_fd_limit() -> int:

@@ -209,11 +209,11 @@ def bench_run_stop_server_time(stack: Stack) -> list[Row]:
 def _relabel_everything() -> tuple[int, float]:
     """Relabel every frozen-by-epoch row the stops above left (what the Celery task does after
     a stop), here, so the queued relabels find nothing once the worker starts; (rows, s)."""
-    from runs import services
+    from runs import selectors, services
 
     started = time.perf_counter()
     done = 0
-    while run_ids := services.runs_with_frozen_by_epoch(limit=100):
+    while run_ids := selectors.runs_with_frozen_by_epoch(limit=100):
         for run_id in run_ids:
             while (batch := services.outbox_relabel_frozen(run_id=run_id)) > 0:
                 done += batch

@@ -1,7 +1,7 @@
 """`make bench`: every benchmark against a real stack, then one table.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,usage,pages,approvals,bulk,fanout,ledger,scale] \\
+        .venv/bin/python bench/run_all.py [--quick] [--only stop,ingest,usage,pages,approvals,bulk,idle,fanout,cost,ledger,mcp,scale] \\
         [--keep-db]
 
 1. (re)creates a dedicated database (`BENCH_DB_NAME`, default `safestop_bench`) next to the
@@ -59,6 +59,7 @@ SECTIONS = (
     "bulk",
     "idle",
     "fanout",
+    "cost",
     "ledger",
     "mcp",
     "scale",
@@ -292,6 +293,15 @@ def main() -> None:
                 lambda: bench_fanout.run(stack, rate=10.0, seconds=stack.n(15.0, 4.0)),
             )
             rows += [row for row in section_rows if row.section == "fanout"]
+        if "cost" in only:
+            # CPU per operation by process kind, on a Redis, daphne and Celery of its own
+            # (bench/bench_cost.py): the figures docs/OPERATIONS.md sizes a deployment with.
+            from bench import bench_cost
+
+            section_rows, sections["cost"] = _run_section(
+                "cost (CPU per operation, by process kind)", lambda: bench_cost.run(stack)
+            )
+            rows += section_rows
         if "ledger" in only:
             # After the live sections: its entries would lengthen the scheduled verification.
             from bench import bench_ledger

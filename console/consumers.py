@@ -2,7 +2,9 @@
 
 They are thin: authorise, join groups, forward `run.updated` messages as small JSON frames.
 The page decides what to refetch (see static/console/console.js); no HTML and no ORM work
-happens per message. Every route is wrapped by `console.routing.browser_only` (Origin check +
+happens per message. Run and team frames come through the process's one feed per group
+(console/consumers_fanout.py): the message is received, decoded and turned into a
+`websocket.send` once per process, and each socket only filters and writes it (`forward`). Every route is wrapped by `console.routing.browser_only` (Origin check +
 session), and each consumer refuses an anonymous user before accepting.
 
 Access is not only checked at connect. Every socket also joins its user's `user_<id>` group:
@@ -46,6 +48,7 @@ from django.core.exceptions import ValidationError
 from django.utils.crypto import constant_time_compare
 
 from console.access import user_may_view_run, user_team_ids
+from console.consumers_fanout import feed_join, feed_leave
 from console.realtime import (
     VIEWER_LAYER,
     browser_frame,
@@ -95,6 +98,10 @@ def _session_logs_in(session_key: str | None, user: Any) -> bool:
 _OWN_CONNECTION_HANDLING = frozenset({"websocket.connect", "websocket.disconnect"})
 
 
+# Frames a socket keeps while it may not send them yet (before accept, during an access
+# re-check): far more than a re-check's few milliseconds of a busy team's changes.
+_MAX_WAITING = 1000
+
 # What `_access_now` returns when the socket's session no longer logs its user in.
 _SESSION_ENDED: Any = object()
 
@@ -104,12 +111,25 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
     # most once; a lost frame shows as a `seq` gap and the page refetches). The agent consumer
     # stays on "default": the stop signal must not be lost. See console/realtime.py.
     channel_layer_alias = VIEWER_LAYER
+    # Groups this socket is in: through its own channel (the user's group: `access.changed`,
+    # which reads the database for this socket alone) ...
     joined: set[str]
+    # ... and through the process's one feed per group (run and team frames:
+    # console/consumers_fanout.py), which calls `forward`.
+    fed: set[str]
     user_id: int
     # The key of the session the socket connected with (the session cookie's).
     session_key: str | None = None
     # Set once access is revoked: nothing more is forwarded while the close goes out.
     revoked = False
+    accepted = False
+    # Access changes announced but not yet re-read: frames wait meanwhile.
+    _access_pending = 0
+    # Frames handed over before `accept()` went out or while an access change is re-read:
+    # sent (if the socket may still see them) once neither holds; see `forward`.
+    _waiting: list[tuple[dict[str, Any], dict[str, Any]]]
+    _releasing = False
+    _access_tasks: set[asyncio.Task[None]]
     _recheck_task: asyncio.Task[None] | None = None
     _access_lock: asyncio.Lock | None = None
 
@@ -121,15 +141,20 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         self.user_id = user.pk
         self.session_key = getattr(self.scope.get("session"), "session_key", None)
         self.joined = set()
+        self.fed = set()
+        self._waiting = []
+        self._access_tasks = set()
         self._access_lock = asyncio.Lock()
         # The user's group first: an access change committed after this point reaches us, so
         # none can slip in between the check below and the subscription.
-        await self._join([user_group(user.pk)])
+        await self._follow([user_group(user.pk)])
         if not await self._authorise(user):
-            await self._leave(list(self.joined))
+            await self._leave([*self.joined, *self.fed])
             await self.close(code=4403)
             return
         await self.accept()
+        self.accepted = True
+        await self._release()
         interval = float(getattr(settings, "SAFESTOP_WS_ACCESS_RECHECK_SECONDS", 60) or 0)
         if interval > 0:
             self._recheck_task = asyncio.get_running_loop().create_task(
@@ -162,16 +187,28 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
                 self.joined.add(group)
                 await self.channel_layer.group_add(group, self.channel_name)
 
+    async def _follow(self, groups: Iterable[str]) -> None:
+        """Run and team frames: through the process's feed of each group."""
+        for group in groups:
+            if group not in self.fed:
+                self.fed.add(group)
+                await feed_join(self.channel_layer, group, self)
+
     async def _leave(self, groups: Iterable[str]) -> None:
         for group in groups:
             if group in self.joined:
                 self.joined.discard(group)
                 await self.channel_layer.group_discard(group, self.channel_name)
+            if group in self.fed:
+                self.fed.discard(group)
+                await feed_leave(self.channel_layer, group, self)
 
     async def disconnect(self, code: int) -> None:
         if self._recheck_task is not None:
             self._recheck_task.cancel()
-        await self._leave(list(getattr(self, "joined", ())))
+        for task in getattr(self, "_access_tasks", ()):
+            task.cancel()
+        await self._leave([*getattr(self, "joined", ()), *getattr(self, "fed", ())])
 
     def _user(self) -> Any:
         user = self.scope.get("user")
@@ -195,11 +232,56 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
         await super().dispatch(message)
 
     async def run_updated(self, event: dict[str, Any]) -> None:
+        """A frame sent to this socket's own channel (not through a feed): forwarded the same."""
+        await self.forward(
+            event, {"type": "websocket.send", "text": event.get("frame") or browser_frame(event)}
+        )
+
+    async def forward(self, event: dict[str, Any], outgoing: dict[str, Any]) -> None:
+        """A change this socket's groups carry; `outgoing` is the one `websocket.send` message
+        its feed built for every socket of the process (console/consumers_fanout.py)."""
         if self.revoked:
             return
-        # The publisher encodes the frame once per change; a message without it (published by
-        # an older process during a rolling deploy) is encoded here.
-        await self.send(text_data=event.get("frame") or browser_frame(event))
+        if not self.accepted or self._access_pending or self._releasing:
+            # Judged later, against the access as it is then; a socket that falls this far
+            # behind loses the oldest, and the page refetches at the `seq` gap.
+            if len(self._waiting) >= _MAX_WAITING:
+                del self._waiting[0]
+            self._waiting.append((event, outgoing))
+            return
+        if self.may_see(event):
+            await self.base_send(outgoing)
+
+    async def _release(self) -> None:
+        """Send what waited, in order, once the socket is open and its access settled."""
+        self._releasing = True
+        try:
+            while self._waiting and self.accepted and not self._access_pending:
+                event, outgoing = self._waiting.pop(0)
+                if not self.revoked and self.may_see(event):
+                    await self.base_send(outgoing)
+        finally:
+            self._releasing = False
+        if self.revoked:
+            self._waiting.clear()
+
+    def may_see(self, event: dict[str, Any]) -> bool:
+        return True
+
+    def access_message(self, event: dict[str, Any]) -> None:
+        """`access.changed` from the user's feed: hold frames from now on, and re-read the
+        access through channels' ordinary dispatch (its connection handling included)."""
+        self._access_pending += 1
+        task = asyncio.get_running_loop().create_task(self._access_message(event))
+        self._access_tasks.add(task)
+        task.add_done_callback(self._access_tasks.discard)
+
+    async def _access_message(self, event: dict[str, Any]) -> None:
+        try:
+            await super().dispatch(event)
+        finally:
+            self._access_pending -= 1
+            await self._release()
 
     async def access_changed(self, event: dict[str, Any]) -> None:
         """The user's memberships, access flags, password or sessions changed
@@ -246,7 +328,7 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
 
     async def _revoke(self, *, code: int) -> None:
         self.revoked = True
-        await self._leave(list(self.joined))
+        await self._leave([*self.joined, *self.fed])
         if self._recheck_task is not None and self._recheck_task is not asyncio.current_task():
             self._recheck_task.cancel()
         await self.close(code=code)
@@ -261,7 +343,7 @@ class RunConsumer(_BrowserConsumer):
         self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
         if not await database_sync_to_async(user_may_view_run)(user, self.run_id):
             return False
-        await self._join([run_group(self.run_id)])
+        await self._follow([run_group(self.run_id)])
         return True
 
     def _access_of(self, user: Any) -> bool:
@@ -294,9 +376,9 @@ class TeamRunsConsumer(_BrowserConsumer):
         gained, lost = wanted - self.team_ids, self.team_ids - wanted
         self.team_ids = wanted  # before the unsubscribe: a lost team's frames stop here
         await self._leave(team_group(team_id) for team_id in sorted(lost))
-        await self._join(team_group(team_id) for team_id in sorted(gained))
+        await self._follow(team_group(team_id) for team_id in sorted(gained))
         return True
 
-    async def run_updated(self, event: dict[str, Any]) -> None:
-        if event.get("team") in self.team_ids:
-            await super().run_updated(event)
+    def may_see(self, event: dict[str, Any]) -> bool:
+        # A frame of a team left a moment ago (already in its feed's queue) is dropped here.
+        return event.get("team") in self.team_ids

@@ -20,10 +20,12 @@ running until its next heartbeat, so it stays on the core layer, which queues pe
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -136,14 +138,73 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
         for layer, group, frame in sends:
             await layer.group_send(group, frame)
 
-    if _has_loop_to_route_to() or any(
-        isinstance(layer, InMemoryChannelLayer) for layer, _, _ in sends
-    ):
-        # daphne's request threads (and the embedded background loop) run it on daphne's loop;
-        # the in-memory layer's queues must stay on the loop they were used from.
+    in_memory = any(isinstance(layer, InMemoryChannelLayer) for layer, _, _ in sends)
+    if _has_loop_to_route_to() and not in_memory and _routed_loop_runs():
+        # A daphne request thread with Redis layers: hand the sends to the loop and return.
+        # Django runs every sync view of the process in this one thread, so waiting here for
+        # the loop and the PUBLISHes' round trips held up every other request (the single-event
+        # ingestion figure, docs/BENCHMARKS.md). Order is kept: one queue per loop, drained by
+        # one task (`_LoopOutbox`).
+        _LoopOutbox.of(SyncToAsync.threadlocal.main_event_loop).post(sends)
+    elif _has_loop_to_route_to() or in_memory:
+        # The embedded process (in-memory layers) runs it on daphne's loop and waits: the
+        # in-memory layer's queues must stay on the loop they were used from.
         async_to_sync(send_all)()
     else:
         asyncio.run_coroutine_threadsafe(send_all(), _publisher_loop()).result(timeout=10)
+
+
+def _routed_loop_runs() -> bool:
+    """The loop this thread would route to is alive (a thread-local can outlive its loop: a
+    test's, a server's that stopped); else the send takes the waiting path, as before."""
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    return loop is not None and loop.is_running()
+
+
+class _LoopOutbox:
+    """The sends of one event loop's process, in the order they were committed: posted from
+    any thread, sent one after another by one task on the loop (a stop signal before the
+    browser frames of the same change, and one change's frames before the next's)."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopOutbox] = (
+        weakref.WeakKeyDictionary()
+    )
+    _lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: collections.deque[list[tuple[Any, str, dict[str, Any]]]] = collections.deque()
+        self.draining = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopOutbox:
+        with cls._lock:
+            outbox = cls._by_loop.get(loop)
+            if outbox is None:
+                outbox = cls._by_loop[loop] = cls(loop)
+            return outbox
+
+    def post(self, sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
+        # call_soon_threadsafe runs callbacks in the order they were posted.
+        self.loop.call_soon_threadsafe(self._accept, sends)
+
+    def _accept(self, sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
+        self.queue.append(sends)
+        if not self.draining:
+            self.draining = True
+            self.loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self.queue:
+                for layer, group, frame in self.queue.popleft():
+                    try:
+                        await layer.group_send(group, frame)
+                    except Exception:  # committed already; a browser refetches at the seq gap,
+                        # a worker hears of a stop at its next heartbeat
+                        logger.exception("publishing to %s failed", group)
+        finally:
+            self.draining = False
 
 
 # --- access changes -----------------------------------------------------------------------

@@ -527,10 +527,9 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
     finally:
         ticker.cancel()
         session.call_streams.remove(event)
-    await event(answer)
-    if open_stream:
+    if open_stream:  # the answer ends the stream: one message to the server, not two
         with contextlib.suppress(Exception):
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({**_sse(answer), "more_body": False})
 
 
 def _sse(data: dict[str, Any] | None, comment: str = "") -> dict[str, Any]:

@@ -15,28 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import DatabaseError, connection
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
 from gateway import records
+from gateway.lane import Lane, News
+from gateway.lane import db as _db
 from gateway.records import Caller, StopFacts, UpstreamConfig
 from gateway.services import session_ended
 from gateway.upstream import ClientRefused, UpstreamLink, UpstreamUnavailable
-from runs import notify, services
+from runs import services
 from runs.actors import Actor
 from runs.errors import ApprovalClosed, DomainError, LeaseRevoked, RunNotRunning, StaleEpoch
 from runs.groups import agent_group, token_group
@@ -49,59 +47,8 @@ OBSERVATION_CHARS = 2000
 Writer = Callable[[dict[str, Any]], Awaitable[bool]]
 
 
-# The gateway's database work runs on threads of its own, each keeping its connection between
-# calls: a tool call's permit is on the path of every call an agent makes, and handing the
-# connection back to the pool after each call (as `database_sync_to_async` does) cost a pool
-# round trip and a health check per call. Not the one thread Django's sync work shares by
-# default either: a session's result report, another session's permit and a heartbeat need
-# not queue behind each other.
-_DB_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcp-gateway-db")
-
-
-def _keeping_connection(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DatabaseError:
-            # A connection the server dropped is not kept: the next call takes a fresh one.
-            if not connection.in_atomic_block:
-                connection.close_if_unusable_or_obsolete()
-            raise
-
-    return call
-
-
-def _db(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    return sync_to_async(_keeping_connection(fn), thread_sensitive=False, executor=_DB_THREADS)
-
-
-def _db_held(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    """`_db`, with the run-change events kept back (`runs.notify.held`) and published after
-    the caller has its answer: the agent's call does not wait for the console's frames."""
-
-    def call(*args: Any, **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
-        with notify.held() as events:
-            try:
-                return fn(*args, **kwargs), events
-            except Exception:
-                notify.deliver(events)  # what committed before the refusal is still news
-                raise
-
-    run = _db(call)
-
-    async def answer(*args: Any, **kwargs: Any) -> Any:
-        result, events = await run(*args, **kwargs)
-        if events:
-            publish = asyncio.ensure_future(_db(notify.deliver)(events))
-            _PUBLISHING.add(publish)
-            publish.add_done_callback(_PUBLISHING.discard)
-        return result
-
-    return answer
-
-
-_PUBLISHING: set[asyncio.Task[Any]] = set()
+# A call's permit's frames wait this long for its result's, to be published with them.
+NEWS_DELAY_SECONDS = 0.02
 
 
 class ToolError(Exception):
@@ -188,6 +135,9 @@ class GatewaySession:
     asked: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     _asked_seq: int = 0
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    # The permits and results of this session's calls, in order (`gateway.lane`).
+    _lane: Lane = field(default_factory=Lane)
+    _news: News = field(default_factory=lambda: News(NEWS_DELAY_SECONDS))
     _reports: set[asyncio.Task[Any]] = field(default_factory=set)
     _channel: str = ""
 
@@ -422,15 +372,19 @@ class GatewaySession:
         self, call: InFlight, arguments: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         try:
-            record, _ = await _db_held(services.permit_request)(
+            (record, _), events = await self._lane.submit(
+                services.permit_request,
+                held=True,
                 run_id=self.run_id,
                 epoch=self.epoch,
-                tool_call_id=call.tool_call_id,
-                tool=call.tool,
                 actor=self.caller.actor,
-                side_effect=call.side_effect,
-                arguments=arguments or {},
-                summary=f"MCP {self.upstream_config.name}: {call.tool}",
+                request=services.PermitRequest(
+                    tool_call_id=call.tool_call_id,
+                    tool=call.tool,
+                    side_effect=call.side_effect,
+                    arguments=arguments or {},
+                    summary=f"MCP {self.upstream_config.name}: {call.tool}",
+                ),
             )
         except (RunNotRunning, StaleEpoch) as error:
             facts = await _db(records.stop_facts)(self.run_id)
@@ -442,6 +396,7 @@ class GatewaySession:
             raise ToolError(f"safestop refused the call: {error.detail}") from error
         except DomainError as error:
             raise RpcError(-32602, f"safestop refused the call: {error.detail}") from error
+        self._news.later(events)
         if record.execution_state != ExecutionState.AWAITING_APPROVAL:
             return arguments
         call.approval_id = record.approval.pk
@@ -518,9 +473,12 @@ class GatewaySession:
         state = ExecutionState.FAILED if result.get("isError") else ExecutionState.SUCCEEDED
         text, truncated = _observation(result)
         # The answer goes to the client now; the result is recorded beside it (one database
-        # hop less per call). A stop or the session's end waits for these reports first, so
-        # a drain never calls unknown a call whose answer the gateway already has.
-        report = asyncio.create_task(self._report(call, state, text, started, truncated=truncated))
+        # hop less per call), queued in the session's lane before the answer leaves, so the
+        # session's next permit comes after it. A stop or the session's end waits for these
+        # reports first, so a drain never calls unknown a call whose answer the gateway has.
+        report = asyncio.create_task(
+            self._recorded(call, self._record(call, state, text, started, truncated=truncated))
+        )
         self._reports.add(report)
         report.add_done_callback(self._reports.discard)
         return result
@@ -528,27 +486,41 @@ class GatewaySession:
     async def _reports_done(self) -> None:
         if self._reports:
             await asyncio.wait(set(self._reports))
+        await self._lane.idle()
 
     async def _report(
         self, call: InFlight, state: str, text: str, started: float, *, truncated: bool = False
     ) -> None:
+        await self._recorded(call, self._record(call, state, text, started, truncated=truncated))
+
+    def _record(
+        self, call: InFlight, state: str, text: str, started: float, *, truncated: bool = False
+    ) -> asyncio.Future[Any]:
+        """Queue the call's result in the session's lane (`tool_result_report`)."""
         took = time.monotonic() - started
+        return self._lane.submit(
+            services.tool_result_report,
+            held=True,
+            run_id=self.run_id,
+            tool_call_id=call.tool_call_id,
+            execution_state=state,
+            actor=self.caller.actor,
+            observation=f"{text}\n[{took * 1000:.1f} ms via the MCP gateway]"[
+                : OBSERVATION_CHARS + 40
+            ],
+            output_truncated=truncated,
+            source="mcp-gateway",
+        )
+
+    async def _recorded(self, call: InFlight, recording: asyncio.Future[Any]) -> None:
         try:
-            await _db_held(services.tool_result_report)(
-                run_id=self.run_id,
-                tool_call_id=call.tool_call_id,
-                execution_state=state,
-                actor=self.caller.actor,
-                observation=f"{text}\n[{took * 1000:.1f} ms via the MCP gateway]"[
-                    : OBSERVATION_CHARS + 40
-                ],
-                output_truncated=truncated,
-                source="mcp-gateway",
-            )
+            _, events = await recording
         except DomainError:
             logger.exception(
                 "MCP session %s: result of %s refused", self.id[:12], call.tool_call_id
             )
+            return
+        self._news.now(events)
 
     # --- the client's side of the session: what the gateway sends it unasked ---------------
 
@@ -639,6 +611,7 @@ class GatewaySession:
             with contextlib.suppress(Exception):
                 await layer.group_discard(agent_group(self.run_id), self._channel)
                 await layer.group_discard(token_group(self.caller.token.pk), self._channel)
+        self._news.now()
         await _db(session_ended)(public_id=self.id, reason=reason)
         await self.link.close()
 

@@ -5,7 +5,7 @@
 check runs under the run lock of the runs transition that asked, updates the run's aggregates
 (`RunFacts`), evaluates the team's enabled policies and acts only through runs services:
 
-- `stop` / `stop_and_take_over`: `_stop_locked` with reason `policy_violation` and actor
+- `stop` / `stop_and_take_over`: `stop_locked` with reason `policy_violation` and actor
   `policy:<name>` (one StopRequest, one ledger entry; the notification follows that entry); a
   run already stopping is left alone;
 - `require_approval`: the call or outbox item being asked is held as an approval naming the
@@ -19,6 +19,7 @@ An evaluation error is counted on the policy and, in enforce mode, applies its `
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.db.models import F
@@ -45,8 +46,8 @@ from runs.actors import Actor
 from runs.hooks import NO_VERDICT, PolicyChecks, PolicyVerdict
 from runs.ledger import ledger_append
 from runs.models import ActorKind, Run, RunStatus, Step, StopReason, Team
-from runs.services._base import TRANSITIONS
-from runs.services.lifecycle import _stop_locked
+from runs.services import TRANSITIONS
+from runs.services.lifecycle import stop_locked
 
 _STOPS = (PolicyAction.STOP, PolicyAction.STOP_AND_TAKE_OVER)
 
@@ -64,7 +65,7 @@ class LiveRun:
     transition holds it or, for the columns an events batch leaves deferred, from the check's
     own read (`CheckReads.run_values`)."""
 
-    def __init__(self, run: Run, reads: CheckReads, now: Any) -> None:
+    def __init__(self, run: Run, reads: CheckReads, now: datetime) -> None:
         self.run, self.reads, self.now = run, reads, now
         self._deferred = run.get_deferred_fields()
 
@@ -115,7 +116,7 @@ class LiveRun:
 class _Acting:
     """What one moment's results do to the run, in order: the first stop ends the moment."""
 
-    def __init__(self, run: Run, facts: RunFacts, moment: Moment, now: Any) -> None:
+    def __init__(self, run: Run, facts: RunFacts, moment: Moment, now: datetime) -> None:
         self.run, self.facts, self.moment, self.now = run, facts, moment, now
         self.stopped = ""
         self.hold = ("", "")
@@ -211,7 +212,7 @@ class _Acting:
             f"policy {policy.name} {why}: {policy.expression} — saw "
             f"{describe_values(result.values)}"
         )
-        stop_request = _stop_locked(
+        stop_request = stop_locked(
             self.run,
             reason=StopReason.POLICY_VIOLATION,
             note=note[:4000],
@@ -281,7 +282,7 @@ def _moment_at(
     run: Run,
     moment: Moment,
     *,
-    now: Any,
+    now: datetime,
     reads: CheckReads,
     policies: Iterable[Compiled],
     facts_changed: bool = False,
@@ -304,7 +305,7 @@ class Checks(PolicyChecks):
     statement writes the facts when they moved: 50 policies cost the statements 0 do."""
 
     def permit(
-        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: Any
+        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: datetime
     ) -> PolicyVerdict:
         reads = read_for_checks(run)
         facts = reads.facts
@@ -324,7 +325,7 @@ class Checks(PolicyChecks):
         return _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
     def outbox(
-        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: Any
+        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: datetime
     ) -> PolicyVerdict:
         reads = read_for_checks(run)
         aggregates.record_side_effect(reads.facts, at=now.timestamp())
@@ -339,7 +340,7 @@ class Checks(PolicyChecks):
         policies = team_policies(run.team_id, reads.version).all
         return _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
-    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: Any) -> None:
+    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: datetime) -> None:
         reads = read_for_checks(run)
         aggregates.record_result(reads.facts, execution_state=execution_state)
         if run.status != RunStatus.RUNNING:
@@ -349,7 +350,7 @@ class Checks(PolicyChecks):
         moment = Moment("tool.result", tool=tool)
         _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
-    def events(self, run: Run, event_types: list[str], *, now: Any) -> None:
+    def events(self, run: Run, event_types: list[str], *, now: datetime) -> None:
         """Each accepted type once, in batch order. A policy that does not read `event.type`
         sees the same values at every type of one batch, so it is evaluated at the first only."""
         types = list(dict.fromkeys(event_types))
@@ -371,7 +372,7 @@ def time_policies(team_id: int) -> tuple[Compiled, ...]:
     return team_policies(team_id, policy_set_version(team_id)).time
 
 
-def tick_run(run: Run, policies: Iterable[Compiled], *, now: Any) -> None:
+def tick_run(run: Run, policies: Iterable[Compiled], *, now: datetime) -> None:
     """A periodic look at a running run, for rules of time (`run.elapsed_seconds`)."""
     if run.status == RunStatus.RUNNING and policies:
         _moment_at(run, Moment("tick"), now=now, reads=read_for_checks(run), policies=policies)

@@ -29,7 +29,7 @@ from runs.actors import Actor
 from runs.errors import InvalidInput, NotFound
 from runs.ledger import ledger_append
 from runs.models import Team
-from runs.services.approvals import approval_rule_validate_glob
+from runs.services.approval_gate import approval_rule_validate_glob
 
 POLICY_FIELDS = (
     "name",

@@ -190,7 +190,7 @@ def enforce_budgets() -> int:
     """Running runs past `max_seconds` / `max_tool_calls` are stopped (`timeout` /
     `budget_exhausted`) through the same stop service a human uses."""
     return _each(
-        services.runs_over_budget_ids(),
+        selectors.runs_over_budget_ids(),
         lambda pk: services.run_enforce_budget(run_id=pk) is not None,
         what="budget enforcer",
     )
@@ -218,7 +218,7 @@ def relabel_frozen(*, run_id: str | None = None, max_batches: int = 10) -> int:
     """Relabel rows a stop's epoch froze (`services.outbox_relabel_frozen`), at most
     `max_batches` batches: one run's, or (without `run_id`) those of every run found with
     some. Returns how many rows; the caller comes back while a run has more."""
-    run_ids = [run_id] if run_id else services.runs_with_frozen_by_epoch(limit=max_batches)
+    run_ids = [run_id] if run_id else selectors.runs_with_frozen_by_epoch(limit=max_batches)
     done = 0
     batches = 0
     for pk in run_ids:
@@ -232,7 +232,7 @@ def relabel_frozen(*, run_id: str | None = None, max_batches: int = 10) -> int:
 
 
 def has_frozen_by_epoch(run_id: str) -> bool:
-    return bool(services.runs_with_frozen_by_epoch(limit=1, run_id=run_id))
+    return bool(selectors.runs_with_frozen_by_epoch(limit=1, run_id=run_id))
 
 
 # --------------------------------------------------------------------------------------------

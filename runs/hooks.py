@@ -167,19 +167,19 @@ class PolicyChecks:
     acts only through runs services (the stop, the approval gate, the ledger)."""
 
     def permit(
-        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: Any
+        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: datetime
     ) -> PolicyVerdict:
         return NO_VERDICT
 
     def outbox(
-        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: Any
+        self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: datetime
     ) -> PolicyVerdict:
         return NO_VERDICT
 
-    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: Any) -> None:
+    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: datetime) -> None:
         return None
 
-    def events(self, run: Run, event_types: list[str], *, now: Any) -> None:
+    def events(self, run: Run, event_types: list[str], *, now: datetime) -> None:
         return None
 
 

@@ -26,6 +26,13 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from runs import frozen
+from runs.budgets import (
+    budget_exceeded,
+    period_at,
+    team_budget_note,
+    team_budget_roll,
+    team_budget_states,
+)
 from runs.labels import label_for
 from runs.models import (
     Approval,
@@ -37,6 +44,7 @@ from runs.models import (
     OutboxItem,
     Run,
     RunStatus,
+    TeamBudget,
     Usage,
 )
 
@@ -413,3 +421,61 @@ def approvals_due_ids(
         .values_list("pk", flat=True)[:limit]
     )
     return expired, escalate
+
+
+def runs_over_budget_ids() -> list[str]:
+    """Candidates for the budget enforcer (the enforcer re-checks each under its lock)."""
+    running = Run.objects.filter(status=RunStatus.RUNNING).filter(
+        Q(max_seconds__isnull=False)
+        | Q(max_tool_calls__isnull=False)
+        | Q(max_cost_usd__isnull=False)
+        | Q(max_tokens__isnull=False)
+    )
+    now = timezone.now()
+    ids = []
+    for run in running.only(
+        "id",
+        "max_seconds",
+        "max_tool_calls",
+        "tool_calls_count",
+        "started_at",
+        "max_cost_usd",
+        "max_tokens",
+        "cost_usd",
+        "input_tokens",
+        "output_tokens",
+    ):
+        if budget_exceeded(run, now=now):
+            ids.append(run.pk)
+    return ids
+
+
+def runs_with_frozen_by_epoch(*, limit: int = 100, run_id: str | None = None) -> list[str]:
+    """Runs with rows still to relabel (the safety net's scan: pending rows are few, and walked
+    through `outbox_pending_idx`)."""
+    rows = OutboxItem.objects.filter(frozen.frozen_by_epoch_q())
+    if run_id is not None:
+        rows = rows.filter(run_id=run_id)
+    return list(rows.order_by().values_list("run_id", flat=True).distinct()[:limit])
+
+
+def team_budget_spent(team_id: int, *, now: datetime) -> TeamBudget | None:
+    """The team's budget with its counters as of `now` (a period that ended reads zero)."""
+    budget = TeamBudget.objects.filter(pk=team_id).first()
+    if budget is not None:
+        team_budget_roll(budget, period_at(budget.time_zone, now))
+    return budget
+
+
+def team_budget_refusal(team_id: int, *, now: datetime) -> tuple[str, str]:
+    """The permit's hook: (budget name, note) when the team's spend in the current period has reached a budget,
+    else ("", ""). Read without a lock: the batch that reached it already stopped its run, and
+    a permit that reads a moment too early is one call in flight, which the bound counts."""
+    budget = TeamBudget.objects.filter(pk=team_id).first()
+    if budget is None or (budget.daily_usd is None and budget.monthly_usd is None):
+        return "", ""
+    team_budget_roll(budget, period_at(budget.time_zone, now))
+    for name, limit, spent, _period, _warned in team_budget_states(budget):
+        if limit is not None and spent >= limit:
+            return name, team_budget_note(budget, name)
+    return "", ""

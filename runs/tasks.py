@@ -192,7 +192,7 @@ NO_WAKE_KINDS = frozenset(
     {
         "event",
         "events",
-        "permit",
+        "tool.permitted",  # a held call ("tool.held") has an approval deadline: it wakes
         "tool.result",
         "outbox.enqueued",
         "outbox.released",

@@ -14,6 +14,7 @@ This module knows nothing of workers: `worker.py` builds on it, and
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, Self, TypedDict
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
@@ -156,6 +157,47 @@ class EventAnswer(TypedDict, total=False):
 JSON = dict[str, Any]
 
 
+@dataclass
+class PermitAsk:
+    """One tool call's permit request as the wire sends it (the run and the epoch aside):
+    `WireClient.request_permit`'s keywords. A worker's `ToolCall` is one, with what it learns
+    as the call goes (its `arguments` become the approved ones)."""
+
+    tool: str
+    arguments: Any
+    side_effect: SideEffect
+    tool_call_id: str
+    idempotency_key: str | None = None
+    operation_id: str | None = None
+    recovery_policy: RecoveryPolicy | None = None
+    step_key: str | None = None
+    needs_approval: bool = False
+    summary: str | None = None
+    risk: Risk | None = None
+    arguments_schema: Mapping[str, Any] | None = None
+
+    def body(self, epoch: int) -> JSON:
+        body: JSON = {
+            "epoch": epoch,
+            "tool_call_id": self.tool_call_id,
+            "tool": self.tool,
+            "side_effect": self.side_effect,
+            "arguments": self.arguments,
+        }
+        body.update(
+            _present(
+                idempotency_key=self.idempotency_key,
+                operation_id=self.operation_id,
+                recovery_policy=self.recovery_policy,
+                step_key=self.step_key,
+                **_approval_fields(
+                    self.needs_approval, self.summary, self.risk, self.arguments_schema
+                ),
+            )
+        )
+        return body
+
+
 class WireClient:
     """Talks to one safestop server with one bearer token (use `SafestopClient`).
 
@@ -285,23 +327,25 @@ class WireClient:
         arguments_schema: Mapping[str, Any] | None = None,
     ) -> PermitInfo:
         """Ask to start one tool call. The answer may wait for an approval: see `PermitInfo`."""
-        body: JSON = {
-            "epoch": epoch,
-            "tool_call_id": tool_call_id,
-            "tool": tool,
-            "side_effect": side_effect,
-            "arguments": arguments,
-        }
-        body.update(
-            _present(
-                idempotency_key=idempotency_key,
-                operation_id=operation_id,
-                recovery_policy=recovery_policy,
-                step_key=step_key,
-                **_approval_fields(needs_approval, summary, risk, arguments_schema),
-            )
+        ask = PermitAsk(
+            tool_call_id=tool_call_id,
+            tool=tool,
+            side_effect=side_effect,
+            arguments=arguments,
+            idempotency_key=idempotency_key,
+            operation_id=operation_id,
+            recovery_policy=recovery_policy,
+            step_key=step_key,
+            needs_approval=needs_approval,
+            summary=summary,
+            risk=risk,
+            arguments_schema=arguments_schema,
         )
-        return self._request("POST", _run_path(run_id, "permits/"), json=body)
+        return self.send_permit_request(run_id, ask, epoch=epoch)
+
+    def send_permit_request(self, run_id: str, ask: PermitAsk, *, epoch: int) -> PermitInfo:
+        """`request_permit` with its fields as one `PermitAsk`."""
+        return self._request("POST", _run_path(run_id, "permits/"), json=ask.body(epoch))
 
     def report_tool_result(
         self,

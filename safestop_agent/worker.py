@@ -59,6 +59,7 @@ from .wire import (
     EventAnswer,
     ExecutionState,
     OutboxItemInfo,
+    PermitAsk,
     PermitInfo,
     RecoveryPolicy,
     RemoteCancelState,
@@ -98,21 +99,11 @@ def _is_network_error(error: Exception) -> bool:
 
 
 @dataclass
-class ToolCall:
-    """What the worker knows about one permitted tool call; filled in by the tool body."""
+class ToolCall(PermitAsk):
+    """What the worker knows about one permitted tool call; filled in by the tool body.
 
-    tool: str
-    arguments: Any
-    side_effect: SideEffect
-    tool_call_id: str
-    idempotency_key: str | None = None
-    operation_id: str | None = None
-    recovery_policy: RecoveryPolicy | None = None
-    step_key: str | None = None
-    needs_approval: bool = False
-    summary: str | None = None
-    risk: Risk | None = None
-    arguments_schema: Mapping[str, Any] | None = None
+    The permit request's fields (`PermitAsk`) first, in the order `new_tool_call` gives them."""
+
     permit: Mapping[str, Any] = field(default_factory=dict)
     # Approval (DESIGN §10): the approval the call waited for, and its decision.
     # `arguments` become the approved ones; `original_arguments` keeps the model's.
@@ -558,22 +549,7 @@ class AgentRun:
         self.token.raise_if_cancelled()
         try:
             answer: Mapping[str, Any] = retry(
-                lambda: self.client.request_permit(
-                    self.run_id,
-                    epoch=epoch,
-                    tool_call_id=call.tool_call_id,
-                    tool=call.tool,
-                    side_effect=call.side_effect,
-                    arguments=call.arguments,
-                    idempotency_key=call.idempotency_key,
-                    operation_id=call.operation_id,
-                    recovery_policy=call.recovery_policy,
-                    step_key=call.step_key,
-                    needs_approval=call.needs_approval,
-                    summary=call.summary,
-                    risk=call.risk,
-                    arguments_schema=call.arguments_schema,
-                ),
+                lambda: self.client.send_permit_request(self.run_id, call, epoch=epoch),
                 token=self.token,
                 attempts=3,
                 base_delay=FACT_BASE_DELAY,

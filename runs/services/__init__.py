@@ -13,19 +13,17 @@ Each public function:
 Lock order everywhere: run, then its children (lease, execution records, outbox items).
 
 One module per record family; callers import from here (`from runs import services`). The
-`*_locked` names and `run_move` / `run_touch` are for code that already holds the run lock
+`*_locked` names and `run_move` / `run_mark_changed` are for code that already holds the run lock
 inside `locked_run` (handoff's own transitions).
 """
 
 from __future__ import annotations
 
 from runs.services._base import (
-    IN_FLIGHT_OUTBOX,
-    OPEN_EXECUTION_STATES,
     TRANSITIONS,
     locked_run,
+    run_mark_changed,
     run_move,
-    run_touch,
 )
 from runs.services.approval_rules import (
     APPROVAL_RULE_FIELDS,
@@ -35,33 +33,25 @@ from runs.services.approval_rules import (
     approval_rule_validate,
 )
 from runs.services.approvals import (
-    DECISIONS,
-    GateAnswer,
     approval_decide,
     approval_escalate,
     approval_expire,
-    approval_rule_validate_glob,
     parse_approval_id,
-    validate_arguments_schema,
 )
-from runs.services.budget import (
-    run_enforce_budget,
-    runs_over_budget_ids,
-)
+from runs.services.budget import run_enforce_budget
 from runs.services.bulk import (
     BULK_STOP_REASONS,
+    bulk_result_state,
+    bulk_stop,
+    bulk_stop_workers,
+)
+from runs.services.bulk_preview import (
     MAX_BULK_IDS,
     RUN_ID_PATTERN,
     BulkFilter,
-    BulkPreview,
-    BulkStopAnswer,
-    bulk_filter_from_dict,
     bulk_preview_get,
-    bulk_result_state,
-    bulk_stop,
     bulk_stop_limit,
     bulk_stop_preview,
-    bulk_stop_workers,
 )
 from runs.services.create import (
     PlannedStep,
@@ -69,27 +59,20 @@ from runs.services.create import (
     run_create_or_get,
 )
 from runs.services.events import (
-    EVENT_TYPES,
     EventAnswer,
     events_ingest,
 )
 from runs.services.leases import (
-    HeartbeatAnswer,
     lease_acquire,
     lease_expire,
     lease_heartbeat,
     lease_release,
 )
 from runs.services.lifecycle import (
-    RESUMABLE_STATUSES,
     StopOutcome,
     run_acknowledge_stop,
-    run_close,
-    run_close_locked,
     run_drained,
     run_fence_overdue,
-    run_resume,
-    run_resume_locked,
     run_stop,
     run_takeover,
     stop_signal_delivered,
@@ -110,11 +93,17 @@ from runs.services.outbox import (
 from runs.services.relabel import (
     RELABEL_BATCH,
     outbox_relabel_frozen,
-    runs_with_frozen_by_epoch,
 )
 from runs.services.resolutions import (
     RESOLVABLE_STATUSES,
     resolution_apply,
+)
+from runs.services.resume import (
+    RESUMABLE_STATUSES,
+    run_close,
+    run_close_locked,
+    run_resume,
+    run_resume_locked,
 )
 from runs.services.steering import (
     steering_decide,
@@ -122,31 +111,25 @@ from runs.services.steering import (
 )
 from runs.services.team_budgets import (
     team_budget_charge,
-    team_budget_refusal,
     team_budget_set,
-    team_budget_spent,
     team_price_delete,
     team_price_set,
 )
 from runs.services.tool_calls import (
+    PermitRequest,
     permit_request,
     tool_result_report,
 )
 
 __all__ = [
     "team_budget_charge",
-    "team_budget_refusal",
     "team_budget_set",
-    "team_budget_spent",
     "team_price_delete",
     "team_price_set",
     "BULK_STOP_REASONS",
     "MAX_BULK_IDS",
     "RUN_ID_PATTERN",
     "BulkFilter",
-    "BulkPreview",
-    "BulkStopAnswer",
-    "bulk_filter_from_dict",
     "bulk_preview_get",
     "bulk_result_state",
     "bulk_stop",
@@ -158,19 +141,11 @@ __all__ = [
     "approval_rule_delete",
     "approval_rule_update",
     "approval_rule_validate",
-    "DECISIONS",
-    "GateAnswer",
     "approval_decide",
     "approval_escalate",
     "approval_expire",
-    "approval_rule_validate_glob",
     "parse_approval_id",
-    "validate_arguments_schema",
-    "EVENT_TYPES",
     "EventAnswer",
-    "HeartbeatAnswer",
-    "IN_FLIGHT_OUTBOX",
-    "OPEN_EXECUTION_STATES",
     "OUTBOX_OUTCOMES",
     "PlannedStep",
     "RESOLVABLE_STATUSES",
@@ -192,9 +167,9 @@ __all__ = [
     "outbox_record_outcome",
     "outbox_release",
     "outbox_relabel_frozen",
-    "runs_with_frozen_by_epoch",
     "RELABEL_BATCH",
     "parse_outbox_id",
+    "PermitRequest",
     "permit_request",
     "resolution_apply",
     "run_acknowledge_stop",
@@ -205,16 +180,19 @@ __all__ = [
     "run_drained",
     "run_enforce_budget",
     "run_fence_overdue",
+    "run_mark_changed",
     "run_move",
+    "run_touch",
     "run_resume",
     "run_resume_locked",
     "run_stop",
     "run_takeover",
-    "run_touch",
-    "runs_over_budget_ids",
     "steering_decide",
     "steering_queue",
     "stop_signal_delivered",
     "tool_result_report",
     "validate_outbox_destination",
 ]
+
+# handoff's name for `run_mark_changed`, until handoff/services.py moves to the new name.
+run_touch = run_mark_changed

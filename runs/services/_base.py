@@ -1,9 +1,28 @@
 """The mechanics every transition shares: the transition table, the run lock, the status move
 with its ledger entry and notification, the entrance check, and the lease and tool-result
-helpers several record families use. Private to `runs.services`; code outside runs that writes
-under the run lock (handoff) uses the public names at the end of this module.
+helpers several record families use. The names here are public to `runs.services` and to code
+outside runs that writes under the run lock (handoff's own transitions: `locked_run`,
+`run_move`, `run_mark_changed`).
 
 Lock order everywhere: run, then its children (lease, execution records, outbox items).
+
+Opening a locked run. Every transition runs in a durable transaction whose first statement
+locks the run row (`FOR NO KEY UPDATE`), so two transitions on one run are serialised. There are
+four ways in, one per path whose statement count matters; each takes the same lock, on the same
+row, as the first statement of its own durable transaction:
+
+1. `locked_run(run_id)`: the ORM's `lock_run_row` (the run and its team). Every transition but
+   the three below, and handoff's own.
+2. the stop: `_stop_sql.locked_run_for_stop` → `_stop_sql.lock_run`, the same query as
+   `lock_run_row` built once per process (compiling it was most of a bulk stop's CPU).
+3. the events batch: `_events_sql.open_batch` sends the lock (the run's columns a batch reads,
+   with the caller's token re-checked in the same statement) in one pipeline with the batch's
+   receipts and steps, then builds the run from the row.
+4. the permit: `locked_run`, then `_permit_sql.read_for_permit` reads the lease, the retry, the
+   step, the rules and the ledger head in one statement after the lock.
+
+On a database other than PostgreSQL (`runs.sql.prepared_statements()` is false: the embedded
+SQLite), 2 and 3 fall back to `lock_run_row` and the ORM.
 """
 
 from __future__ import annotations
@@ -71,7 +90,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
-def _lock_run(run_id: str) -> Run:
+def lock_run_row(run_id: str) -> Run:
     """The first query of every transition: the run row, locked, so transitions serialise."""
     try:
         return (
@@ -91,16 +110,16 @@ def locked_run(run_id: str) -> Iterator[Run]:
     delay the commit that publishes the change) past the transition itself.
     """
     with transaction.atomic(durable=True):
-        yield _lock_run(run_id)
+        yield lock_run_row(run_id)
 
 
-def _touch(run: Run, *fields: str) -> None:
+def _bump_change_seq(run: Run, *fields: str) -> None:
     # Safe as a Python increment: every caller holds the run row lock.
     run.change_seq += 1
     run.save(update_fields=[*fields, "change_seq", "updated_at"])
 
 
-def _move(
+def run_move(
     run: Run,
     to: str,
     *,
@@ -115,7 +134,7 @@ def _move(
     if to not in TRANSITIONS[before]:
         raise IllegalTransition.for_run(run, f"a {before} run cannot move to {to}")
     run.status = to
-    _touch(run, "status", *fields)
+    _bump_change_seq(run, "status", *fields)
     ledger_append(
         run=run,
         actor=actor,
@@ -126,9 +145,9 @@ def _move(
     notify.run_changed(run, kind=action)
 
 
-def _changed(run: Run, *, kind: str, fields: tuple[str, ...] = ()) -> None:
+def run_mark_changed(run: Run, *, kind: str, fields: tuple[str, ...] = ()) -> None:
     """A change to the run's children (no status change): bump the sequence and notify."""
-    _touch(run, *fields)
+    _bump_change_seq(run, *fields)
     notify.run_changed(run, kind=kind)
 
 
@@ -140,7 +159,7 @@ def _record_rejected_write(run: Run, *, kind: str, epoch: int, code: str) -> Non
     Run.objects.filter(pk=run.pk).update(late_writes_rejected=F("late_writes_rejected") + 1)
 
 
-def _reject_late_write(
+def reject_late_write(
     run_id: str, *, kind: str, epoch: int, error: StaleEpoch | RunNotRunning
 ) -> None:
     """Count a refused write in its own short transaction, then raise the refusal."""
@@ -151,7 +170,7 @@ def _reject_late_write(
     raise error
 
 
-def _live_lease(run: Run) -> Lease | None:
+def live_lease(run: Run) -> Lease | None:
     return Lease.objects.filter(run=run, released_at__isnull=True).first()
 
 
@@ -162,7 +181,7 @@ def _lease_is_current(lease: Lease | None, run: Run, now: datetime) -> bool:
 _UNREAD: Any = object()
 
 
-def _check_work_may_start(
+def check_work_may_start(
     run: Run, epoch: int, *, now: datetime, lease: Lease | None = _UNREAD
 ) -> StaleEpoch | RunNotRunning | None:
     """The entrance: only a running run, at its current epoch, with a live current lease.
@@ -175,34 +194,34 @@ def _check_work_may_start(
     if run.status != RunStatus.RUNNING:
         return RunNotRunning.for_run(run, f"the run is {run.status}; no new work may start")
     if lease is _UNREAD:
-        lease = _live_lease(run)
+        lease = live_lease(run)
     if not _lease_is_current(lease, run, now):
         return RunNotRunning.for_run(run, "the run has no live lease at this epoch")
     return None
 
 
-def _release_lease(lease: Lease, *, reason: str, now: datetime, fenced: bool = False) -> None:
+def release_lease(lease: Lease, *, reason: str, now: datetime, fenced: bool = False) -> None:
     lease.released_at = now
     lease.release_reason = reason
     lease.fenced_unconfirmed = fenced
     lease.save(update_fields=["released_at", "release_reason", "fenced_unconfirmed"])
 
 
-def _find_lease(run: Run, lease_token: str) -> Lease:
+def find_lease(run: Run, lease_token: str) -> Lease:
     lease = Lease.objects.filter(run=run, token=lease_token).first()
     if lease is None:
         raise NotFound(f"lease {lease_token} does not belong to run {run.pk}")
     return lease
 
 
-def _current_stop_request(run: Run) -> StopRequest:
+def current_stop_request(run: Run) -> StopRequest:
     stop_request = StopRequest.objects.filter(run=run).order_by("-epoch_after").first()
     if stop_request is None:
         raise IllegalTransition.for_run(run, "the run has no stop request")
     return stop_request
 
 
-_RESULT_STATES = {
+RESULT_STATES = {
     ExecutionState.RUNNING,
     ExecutionState.SUCCEEDED,
     ExecutionState.FAILED,
@@ -220,7 +239,7 @@ _SIDE_EFFECT_AFTER: dict[str, str] = {
 }
 
 
-def _apply_tool_result(
+def apply_tool_result(
     run: Run,
     record: ExecutionRecord,
     *,
@@ -253,7 +272,7 @@ def _apply_tool_result(
                 "ignored_observation": observation[:500],
             },
         )
-        _changed(run, kind="tool.result")
+        run_mark_changed(run, kind="tool.result")
         return
     record.last_observation = observation or record.last_observation
     record.observed_at = now
@@ -282,10 +301,4 @@ def _apply_tool_result(
             "side_effect_state": record.side_effect_state,
         },
     )
-    _changed(run, kind="tool.result")
-
-
-# For code outside runs that changes a run inside `locked_run` (handoff's own transitions): the
-# same checked, ledgered, notified move, and the same "children changed" bump.
-run_move = _move
-run_touch = _changed
+    run_mark_changed(run, kind="tool.result")

@@ -33,7 +33,7 @@ from runs.models import (
     Step,
     StepStatus,
 )
-from runs.services._base import _live_lease
+from runs.services._base import live_lease
 
 # What a permit changes on the run row.
 RUN_FIELDS = ("tool_calls_count", "change_seq", "updated_at")
@@ -121,7 +121,7 @@ def _read_with_the_orm(run: Run, *, tool_call_id: str, step_key: str) -> PermitR
         else steps.filter(status=StepStatus.RUNNING).order_by("-seq")
     )
     return PermitReads(
-        lease=_live_lease(run),
+        lease=live_lease(run),
         asked_before=ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).exists(),
         step_id=step.values_list("pk", flat=True).first(),
         rules_exist=ApprovalRule.objects.filter(team_id=run.team_id, enabled=True).exists(),

@@ -44,9 +44,9 @@ from runs.models import (
     StopRequest,
     Team,
 )
-from runs.services._base import OPEN_EXECUTION_STATES, _live_lease, _lock_run
+from runs.services._base import OPEN_EXECUTION_STATES, live_lease, lock_run_row
 
-# What a stop changes on the run row, beside what `_touch` always bumps.
+# What a stop changes on the run row, beside what `_bump_change_seq` always bumps.
 RUN_FIELDS = (
     "status",
     "stop_epoch",
@@ -81,7 +81,7 @@ class StopWritten:
 
 @functools.cache
 def _lock_statement() -> str:
-    """`_base._lock_run`'s query (the run and its team, the run row locked FOR NO KEY UPDATE),
+    """`_base.lock_run_row`'s query (the run and its team, the run row locked FOR NO KEY UPDATE),
     built once."""
     return (
         f"SELECT {sql.select_columns(Run)}, {sql.select_columns(Team)} "
@@ -95,7 +95,7 @@ def _lock_statement() -> str:
 def lock_run(run_id: str) -> Run:
     """The first query of the stop's transaction: the run row, locked, with its team."""
     if not sql.prepared_statements():
-        return _lock_run(run_id)
+        return lock_run_row(run_id)
     with connection.cursor() as cursor:
         cursor.execute(_lock_statement(), [run_id])
         row = cursor.fetchone()
@@ -225,7 +225,7 @@ def _write_stop_with_the_orm(run: Run, stop_request: StopRequest, *, now: dateti
         status=SteeringStatus.UNAPPLIED_AT_STOP
     )
     run.save(update_fields=list(RUN_FIELDS))
-    lease = _live_lease(run)
+    lease = live_lease(run)
     return StopWritten(
         stop_request_id=stop_request.pk,
         frozen=frozen,

@@ -17,7 +17,7 @@ from runs.actors import Actor
 from runs.errors import InvalidInput, NotFound
 from runs.ledger import ledger_append
 from runs.models import ApprovalAppliesTo, ApprovalRisk, ApprovalRule, SideEffect, Team
-from runs.services.approvals import approval_rule_validate_glob
+from runs.services.approval_gate import approval_rule_validate_glob
 from runs.services.outbox import TRANSPORTS
 
 # What a caller may set. Anything else is refused by name: a typo ("tool_name") must not

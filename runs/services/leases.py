@@ -34,20 +34,20 @@ from runs.models import (
 )
 from runs.services._base import (
     OPEN_EXECUTION_STATES,
-    _changed,
-    _current_stop_request,
-    _find_lease,
-    _live_lease,
-    _move,
-    _release_lease,
+    current_stop_request,
+    find_lease,
+    live_lease,
     locked_run,
+    release_lease,
+    run_mark_changed,
+    run_move,
 )
 from runs.services.approvals import keeps_approvals
 from runs.services.lifecycle import (
-    _acknowledge_locked,
-    _drained_locked,
-    _interrupt_locked,
-    _settle_locked,
+    acknowledge_stop_locked,
+    drained_locked,
+    interrupt_locked,
+    settle_locked,
 )
 
 
@@ -57,7 +57,7 @@ def lease_acquire(*, run_id: str, worker_id: str, ttl_seconds: float, actor: Act
     the approvals decided meanwhile belong. The lease carries the run's current epoch."""
     with locked_run(run_id) as run:
         now = timezone.now()
-        lease = _live_lease(run)
+        lease = live_lease(run)
         if lease is not None and lease.expires_at > now:
             raise LeaseHeld.for_run(
                 run, f"the run is leased by {lease.worker_id} until {lease.expires_at.isoformat()}"
@@ -68,7 +68,7 @@ def lease_acquire(*, run_id: str, worker_id: str, ttl_seconds: float, actor: Act
         if resuming_suspended:
             run.interruption = {}
         if lease is not None:  # an expired leftover on a pending run: close it before the new one
-            _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
+            release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
         lease = Lease.objects.create(
             run=run,
             worker_id=worker_id,
@@ -81,7 +81,7 @@ def lease_acquire(*, run_id: str, worker_id: str, ttl_seconds: float, actor: Act
         )
         if run.started_at is None:
             run.started_at = now
-        _move(
+        run_move(
             run,
             RunStatus.RUNNING,
             actor=actor,
@@ -102,7 +102,7 @@ def lease_heartbeat(*, run_id: str, lease_token: str, epoch: int, actor: Actor) 
     """Renew the lease. After a stop, the answer carries the signal and counts as the ack."""
     expired_run = False
     with locked_run(run_id) as run:
-        lease = _find_lease(run, lease_token)
+        lease = find_lease(run, lease_token)
         now = timezone.now()
         if epoch != lease.epoch:
             raise StaleEpoch.for_run(
@@ -113,7 +113,7 @@ def lease_heartbeat(*, run_id: str, lease_token: str, epoch: int, actor: Actor) 
         if lease.expires_at <= now and run.status == RunStatus.RUNNING:
             # Too late: another worker may be about to take over. Interrupt now rather than
             # let a worker that missed its deadline carry on as if nothing happened.
-            _interrupt_locked(
+            interrupt_locked(
                 run, reason=StopReason.LEASE_EXPIRED, actor=Actor.system("lease-reaper"), now=now
             )
             expired_run = True
@@ -123,10 +123,12 @@ def lease_heartbeat(*, run_id: str, lease_token: str, epoch: int, actor: Actor) 
             lease.save(update_fields=["heartbeat_at", "expires_at"])
             signal = None
             if run.status in STOPPING_STATUSES:
-                stop_request = _current_stop_request(run)
+                stop_request = current_stop_request(run)
                 signal = notify.signal_payload(stop_request)
                 if run.status == RunStatus.CANCEL_REQUESTED:
-                    _acknowledge_locked(run, stop_request, actor=actor, now=now, via="heartbeat")
+                    acknowledge_stop_locked(
+                        run, stop_request, actor=actor, now=now, via="heartbeat"
+                    )
             return HeartbeatAnswer(lease=lease, signal=signal)
     if expired_run:
         raise LeaseRevoked(
@@ -152,7 +154,7 @@ def lease_release(
     purpose to wait for reviewers without holding a process (see `_suspend_locked`).
     """
     with locked_run(run_id) as run:
-        lease = _find_lease(run, lease_token)
+        lease = find_lease(run, lease_token)
         if epoch != lease.epoch:
             raise StaleEpoch.for_run(
                 run, f"the lease was acquired at epoch {lease.epoch}, not {epoch}"
@@ -161,23 +163,23 @@ def lease_release(
             return lease  # releasing twice is a retry, not an error
         now = timezone.now()
         if run.status in STOPPING_STATUSES:
-            _drained_locked(run, lease, observations=[], actor=actor, now=now)
+            drained_locked(run, lease, observations=[], actor=actor, now=now)
             return lease
         if suspend:
             _suspend_locked(run, lease, reason=reason, actor=actor, now=now)
             return lease
-        _release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
+        release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
         if run.status == RunStatus.RUNNING and lease.epoch == run.stop_epoch:
             # A running run left without a worker is interrupted, and only a resume (new epoch)
             # lets a worker start again, so the releasing worker is fenced off for good.
-            _interrupt_locked(
+            interrupt_locked(
                 run, reason="worker_released", actor=actor, now=now, lease_already_closed=True
             )
         else:
             ledger_append(
                 run=run, actor=actor, action="lease.released", payload={"lease_id": lease.token}
             )
-            _changed(run, kind="lease.released")
+            run_mark_changed(run, kind="lease.released")
     return lease
 
 
@@ -203,7 +205,7 @@ def _suspend_locked(run: Run, lease: Lease, *, reason: str, actor: Actor, now: d
             "report the outcome of the tool calls in flight before suspending: "
             + ", ".join(in_flight[:20]),
         )
-    _release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
+    release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
     waiting = [
         approval.public_id
         for approval in Approval.objects.filter(run=run, status=ApprovalStatus.WAITING).order_by(
@@ -217,7 +219,7 @@ def _suspend_locked(run: Run, lease: Lease, *, reason: str, actor: Actor, now: d
         "worker_id": lease.worker_id,
         "approvals_waiting": waiting,
     }
-    _move(
+    run_move(
         run,
         RunStatus.SUSPENDED,
         actor=actor,
@@ -241,17 +243,17 @@ def lease_expire(*, lease_id: int, actor: Actor | None = None) -> str | None:
         if lease.released_at is not None or lease.expires_at > now:
             return None  # renewed or released while we waited for the lock
         if run.status == RunStatus.RUNNING and lease.epoch == run.stop_epoch:
-            _interrupt_locked(run, reason=StopReason.LEASE_EXPIRED, actor=actor, now=now)
+            interrupt_locked(run, reason=StopReason.LEASE_EXPIRED, actor=actor, now=now)
             return RunStatus.INTERRUPTED
         if run.status in STOPPING_STATUSES:
-            _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now, fenced=True)
-            _settle_locked(
+            release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now, fenced=True)
+            settle_locked(
                 run, actor=actor, now=now, forced_dirty_reason="lease_expired_during_drain"
             )
             return run.status
-        _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
+        release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
         ledger_append(
             run=run, actor=actor, action="lease.expired", payload={"lease_id": lease.token}
         )
-        _changed(run, kind="lease.expired")
+        run_mark_changed(run, kind="lease.expired")
         return run.status

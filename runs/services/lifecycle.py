@@ -1,5 +1,6 @@
-"""The stop and everything after it: stop, takeover, acknowledge, drain, settle, fence,
-interrupt, resume, close, hand off (DESIGN §2; docs/ARCHITECTURE.md, "The flow of a stop").
+"""The stop and what follows it: stop, takeover, acknowledge, drain, settle, fence, hand off, and
+the interruption (DESIGN §2; docs/ARCHITECTURE.md, "The flow of a stop"). Resume and close, the
+ways out, are `resume.py`.
 
 These call each other under one run lock, so they live together. The handoff app's part that
 belongs in the same transaction (the stop packet, opening and ending handoffs) runs through
@@ -15,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from runs import frozen, hooks, notify
+from runs import hooks, notify
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -29,7 +30,6 @@ from runs.models import (
     STOPPED_STATUSES,
     STOPPING_STATUSES,
     TERMINAL_STATUSES,
-    Checkpoint,
     ExecutionRecord,
     ExecutionState,
     Lease,
@@ -40,26 +40,24 @@ from runs.models import (
     RunStatus,
     SideEffect,
     SideEffectState,
-    SteeringMessage,
-    SteeringStatus,
     Step,
     StepStatus,
     StopReason,
     StopRequest,
 )
-from runs.selectors import resume_blocked_reason, run_dirty_reasons
+from runs.selectors import run_dirty_reasons
 from runs.services._base import (
-    _RESULT_STATES,
     OPEN_EXECUTION_STATES,
+    RESULT_STATES,
     TRANSITIONS,
-    _apply_tool_result,
-    _changed,
-    _current_stop_request,
-    _find_lease,
-    _live_lease,
-    _move,
-    _release_lease,
+    apply_tool_result,
+    current_stop_request,
+    find_lease,
+    live_lease,
     locked_run,
+    release_lease,
+    run_mark_changed,
+    run_move,
 )
 from runs.services._stop_sql import FROZEN_COUNT_CAP, locked_run_for_stop, write_stop
 from runs.services.approvals import (
@@ -114,11 +112,11 @@ def run_stop(
                 None, False, already_finished=True, status=run.status, stop_epoch=run.stop_epoch
             )
         if run.status not in STOPPABLE_STATUSES:
-            stop_request = _current_stop_request(run)
+            stop_request = current_stop_request(run)
             if takeover and not stop_request.takeover:
                 _upgrade_to_takeover(run, stop_request, actor=actor, now=now)
             return StopOutcome(stop_request, False, status=run.status, stop_epoch=run.stop_epoch)
-        stop_request = _stop_locked(
+        stop_request = stop_locked(
             run, reason=reason, note=note, actor=actor, now=now, takeover=takeover, bulk_id=bulk_id
         )
         return StopOutcome(stop_request, True, status=run.status, stop_epoch=run.stop_epoch)
@@ -129,7 +127,7 @@ def run_takeover(*, run_id: str, actor: Actor, note: str = "") -> StopOutcome:
     with locked_run(run_id) as run:
         if run.status == RunStatus.STOPPED_CLEANLY:
             now = timezone.now()
-            stop_request = _current_stop_request(run)
+            stop_request = current_stop_request(run)
             _hand_off_locked(run, stop_request, actor=actor, now=now, note=note)
             return StopOutcome(stop_request, False, status=run.status, stop_epoch=run.stop_epoch)
     return run_stop(
@@ -152,10 +150,10 @@ def _upgrade_to_takeover(
     if run.status == RunStatus.STOPPED_CLEANLY:
         _hand_off_locked(run, stop_request, actor=actor, now=now)
     else:
-        _changed(run, kind="stop.takeover_requested")
+        run_mark_changed(run, kind="stop.takeover_requested")
 
 
-def _stop_locked(
+def stop_locked(
     run: Run,
     *,
     reason: str,
@@ -183,7 +181,7 @@ def _stop_locked(
     run.stop_requested_by = actor.name
     run.stop_requested_at = now
     run.status = RunStatus.CANCEL_REQUESTED
-    run.change_seq += 1  # safe as a Python increment: the run row is locked (`_touch`)
+    run.change_seq += 1  # safe as a Python increment: the run row is locked (`_bump_change_seq`)
     run.updated_at = now
     stop_request = StopRequest(
         run=run,
@@ -237,10 +235,10 @@ def _stop_locked(
 
 def _drain_without_live_lease(run: Run, stop_request: StopRequest, *, now: datetime) -> None:
     """No worker holds a live lease, so none can drain: settle in the stop's transaction."""
-    lease = _live_lease(run)
+    lease = live_lease(run)
     if lease is not None:
-        _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
-    _move(
+        release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
+    run_move(
         run,
         RunStatus.DRAINING,
         actor=Actor.system(),
@@ -249,26 +247,26 @@ def _drain_without_live_lease(run: Run, stop_request: StopRequest, *, now: datet
     )
     stop_request.drained_at = now
     stop_request.save(update_fields=["drained_at"])
-    _settle_locked(run, actor=Actor.system(), now=now)
+    settle_locked(run, actor=Actor.system(), now=now)
 
 
 def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -> Run:
     """The worker noticed the signal: cancel_requested → draining."""
     with locked_run(run_id) as run:
         if run.status == RunStatus.CANCEL_REQUESTED:
-            _acknowledge_locked(
-                run, _current_stop_request(run), actor=actor, now=timezone.now(), via=via
+            acknowledge_stop_locked(
+                run, current_stop_request(run), actor=actor, now=timezone.now(), via=via
             )
     return run
 
 
-def _acknowledge_locked(
+def acknowledge_stop_locked(
     run: Run, stop_request: StopRequest, *, actor: Actor, now: datetime, via: str
 ) -> None:
     stop_request.acknowledged_at = now
     stop_request.signal_delivered_at = stop_request.signal_delivered_at or now
     stop_request.save(update_fields=["acknowledged_at", "signal_delivered_at"])
-    _move(
+    run_move(
         run,
         RunStatus.DRAINING,
         actor=actor,
@@ -295,7 +293,7 @@ def run_drained(
 ) -> Run:
     """The worker says it has stopped; its observations are recorded as facts, then settle."""
     with locked_run(run_id) as run:
-        lease = _find_lease(run, lease_token)
+        lease = find_lease(run, lease_token)
         if epoch != lease.epoch:
             raise StaleEpoch.for_run(
                 run, f"the lease was acquired at epoch {lease.epoch}, not {epoch}"
@@ -310,26 +308,24 @@ def run_drained(
             raise IllegalTransition.for_run(run, f"a {run.status} run has no stop to drain")
         if lease.released_at is not None and lease.fenced_unconfirmed:
             raise LeaseRevoked.for_run(run, "the lease was fenced off")
-        _drained_locked(
-            run, lease, observations=observations or [], actor=actor, now=timezone.now()
-        )
+        drained_locked(run, lease, observations=observations or [], actor=actor, now=timezone.now())
     return run
 
 
-def _drained_locked(
+def drained_locked(
     run: Run, lease: Lease, *, observations: list[dict[str, Any]], actor: Actor, now: datetime
 ) -> None:
-    stop_request = _current_stop_request(run)
+    stop_request = current_stop_request(run)
     for observation in observations:
         _apply_drain_observation(run, observation, actor=actor, now=now)
     stop_request.drained_at = now
     stop_request.drain_observations = observations[:200]
     stop_request.save(update_fields=["drained_at", "drain_observations"])
     if lease.released_at is None:
-        _release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
+        release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
     if run.status == RunStatus.CANCEL_REQUESTED:
-        _acknowledge_locked(run, stop_request, actor=actor, now=now, via="drained")
-    _settle_locked(run, actor=actor, now=now)
+        acknowledge_stop_locked(run, stop_request, actor=actor, now=now, via="drained")
+    settle_locked(run, actor=actor, now=now)
 
 
 def _apply_drain_observation(
@@ -337,12 +333,12 @@ def _apply_drain_observation(
 ) -> None:
     tool_call_id = str(observation.get("tool_call_id", ""))
     state = str(observation.get("execution_state", ""))
-    if not tool_call_id or state not in _RESULT_STATES:
+    if not tool_call_id or state not in RESULT_STATES:
         return
     record = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
     if record is None:
         return
-    _apply_tool_result(
+    apply_tool_result(
         run,
         record,
         execution_state=state,
@@ -369,14 +365,14 @@ def run_fence_overdue(*, run_id: str, actor: Actor | None = None) -> bool:
         )
         if now < deadline:
             return False
-        lease = _live_lease(run)
+        lease = live_lease(run)
         if lease is not None:
-            _release_lease(lease, reason=LeaseReleaseReason.REVOKED_BY_STOP, now=now, fenced=True)
-        _settle_locked(run, actor=actor, now=now, forced_dirty_reason=StopReason.DRAIN_DEADLINE)
+            release_lease(lease, reason=LeaseReleaseReason.REVOKED_BY_STOP, now=now, fenced=True)
+        settle_locked(run, actor=actor, now=now, forced_dirty_reason=StopReason.DRAIN_DEADLINE)
     return True
 
 
-def _settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason: str = "") -> None:
+def settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason: str = "") -> None:
     """The clean/dirty decision, then the stop packet (and the handoff for a takeover).
 
     1. calls still permitted/running never reported: `unknown` (never assumed failed);
@@ -385,21 +381,21 @@ def _settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason
        flight or unknown, a worker fenced without confirming, or a forced reason;
     4. the packet is built once for this epoch; a clean takeover ends in handed_off.
     """
-    stop_request = _current_stop_request(run)
+    stop_request = current_stop_request(run)
     open_calls = list(
         ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES)
     )
     _mark_outcomes_unknown(open_calls, now=now, source="stop")
-    lease = _live_lease(run)
+    lease = live_lease(run)
     if lease is not None:
-        _release_lease(
+        release_lease(
             lease,
             reason=LeaseReleaseReason.REVOKED_BY_STOP,
             now=now,
             fenced=bool(forced_dirty_reason),
         )
     if run.status == RunStatus.CANCEL_REQUESTED and not forced_dirty_reason:
-        _move(run, RunStatus.DRAINING, actor=actor, action="run.draining", reason="settling")
+        run_move(run, RunStatus.DRAINING, actor=actor, action="run.draining", reason="settling")
     reasons = run_dirty_reasons(run)
     if forced_dirty_reason and forced_dirty_reason not in reasons:
         reasons.insert(0, forced_dirty_reason)
@@ -409,7 +405,7 @@ def _settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason
     stop_request.outcome_state = to
     stop_request.dirty_reasons = reasons
     stop_request.save(update_fields=["stopped_at", "outcome_state", "dirty_reasons"])
-    _move(
+    run_move(
         run,
         to,
         actor=actor,
@@ -423,18 +419,18 @@ def _settle_locked(run: Run, *, actor: Actor, now: datetime, forced_dirty_reason
         _hand_off_locked(run, stop_request, actor=Actor.system(), now=now, packet=packet)
 
 
-def _settle_dirty_if_resolved(run: Run, *, actor: Actor, now: datetime) -> None:
+def settle_dirty_if_resolved(run: Run, *, actor: Actor, now: datetime) -> None:
     """stopped_dirty → stopped_cleanly once the last unknown is resolved (by a fact or a human)."""
     if run.status != RunStatus.STOPPED_DIRTY or run_dirty_reasons(run):
         return
-    _move(
+    run_move(
         run,
         RunStatus.STOPPED_CLEANLY,
         actor=actor,
         action="run.stopped_cleanly",
         reason="all_unknowns_resolved",
     )
-    stop_request = _current_stop_request(run)
+    stop_request = current_stop_request(run)
     stop_request.outcome_state = RunStatus.STOPPED_CLEANLY
     stop_request.save(update_fields=["outcome_state"])
     if stop_request.takeover:
@@ -451,7 +447,7 @@ def _hand_off_locked(
     packet: Any = None,
 ) -> None:
     opened = hooks.hand_off(run, stop_request, actor=actor, note=note, packet=packet)
-    _move(
+    run_move(
         run,
         RunStatus.HANDED_OFF,
         actor=actor,
@@ -465,7 +461,7 @@ def _hand_off_locked(
     )
 
 
-def _interrupt_locked(
+def interrupt_locked(
     run: Run,
     *,
     reason: str,
@@ -474,9 +470,9 @@ def _interrupt_locked(
     detail: str = "",
     lease_already_closed: bool = False,
 ) -> None:
-    lease = _live_lease(run)
+    lease = live_lease(run)
     if lease is not None and not lease_already_closed:
-        _release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
+        release_lease(lease, reason=LeaseReleaseReason.EXPIRED, now=now)
     in_flight = list(
         ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES)
     )
@@ -508,7 +504,7 @@ def _interrupt_locked(
         "outbox_in_flight": outbox_in_flight,
         "worker_id": lease.worker_id if lease else None,
     }
-    _move(
+    run_move(
         run,
         RunStatus.INTERRUPTED,
         actor=actor,
@@ -557,140 +553,3 @@ def _freeze_outbox(run: Run, *, now: datetime) -> int:
     ).update(
         status=OutboxStatus.FROZEN, frozen_at=now, frozen_by_epoch=run.stop_epoch, updated_at=now
     )
-
-
-RESUMABLE_STATUSES = (
-    RunStatus.STOPPED_CLEANLY,
-    RunStatus.SUSPENDED,
-    RunStatus.INTERRUPTED,
-    RunStatus.HANDED_OFF,
-)
-
-
-def run_resume(
-    *,
-    run_id: str,
-    actor: Actor,
-    checkpoint: str = "",
-    carry_over_steering: bool = False,
-    note: str = "",
-    via: str = "resume",
-) -> Run:
-    """Back to pending at a new epoch, so no callback of an older round can touch the new one."""
-    with locked_run(run_id) as run:
-        if run.status not in RESUMABLE_STATUSES:
-            raise IllegalTransition.for_run(run, f"a {run.status} run cannot be resumed")
-        if run.status == RunStatus.SUSPENDED:
-            # A new epoch is a new round: what waited for a reviewer, or was approved and never
-            # ran, belongs to the old one (the worker asks again at the new epoch).
-            now = timezone.now()
-            why = "the run was resumed at a new epoch"
-            settle_approved_while_suspended_locked(run, now=now, why=why)
-            void_waiting_approvals_locked(run, now=now, why=why, actor=actor)
-        reasons = run_dirty_reasons(run)
-        if reasons:
-            raise IllegalTransition.for_run(run, resume_blocked_reason(run.status, reasons))
-        _resume_locked(
-            run,
-            actor=actor,
-            checkpoint=checkpoint,
-            carry_over_steering=carry_over_steering,
-            note=note,
-            via=via,
-        )
-    return run
-
-
-def _resume_locked(
-    run: Run, *, actor: Actor, checkpoint: str, carry_over_steering: bool, note: str, via: str
-) -> None:
-    if run.status == RunStatus.HANDED_OFF:
-        hooks.handoffs_end(run, "returned")
-    if run.status == RunStatus.SUSPENDED:
-        # Suspension is waiting, not failure: items queued before it go out once the run runs
-        # again, so they move to the new epoch with it (interruptions and stops froze theirs:
-        # an item below the current epoch is frozen by it, and must stay below).
-        OutboxItem.objects.filter(
-            run=run, status=OutboxStatus.PENDING, enqueue_epoch__gte=run.stop_epoch
-        ).update(enqueue_epoch=run.stop_epoch + 1)
-    if checkpoint:
-        if not Checkpoint.objects.filter(run=run, label=checkpoint).exists():
-            raise InvalidInput(f"no checkpoint {checkpoint!r} on this run", field="checkpoint")
-        run.resume_from = checkpoint
-    unapplied = SteeringMessage.objects.filter(run=run, status=SteeringStatus.UNAPPLIED_AT_STOP)
-    steering = unapplied.update(
-        status=SteeringStatus.CARRIED_OVER if carry_over_steering else SteeringStatus.DISCARDED
-    )
-    run.stop_epoch += 1
-    run.stop_reason = ""
-    run.stop_requested_by = ""
-    run.stop_requested_at = None
-    run.stopped_at = None
-    run.interruption = {}
-    _move(
-        run,
-        RunStatus.PENDING,
-        actor=actor,
-        action=f"run.{via}",
-        reason=via,
-        payload={
-            "resume_from": run.resume_from,
-            "steering_carried_over" if carry_over_steering else "steering_discarded": steering,
-            "note": note,
-        },
-        fields=(
-            "stop_epoch",
-            "resume_from",
-            "stop_reason",
-            "stop_requested_by",
-            "stop_requested_at",
-            "stopped_at",
-            "interruption",
-        ),
-    )
-
-
-def run_close(*, run_id: str, actor: Actor, note: str = "") -> Run:
-    """stopped_cleanly | handed_off → cancelled: stopped and closed without resuming."""
-    with locked_run(run_id) as run:
-        if run.status not in (RunStatus.STOPPED_CLEANLY, RunStatus.HANDED_OFF):
-            raise IllegalTransition.for_run(
-                run,
-                f"a {run.status} run cannot be closed"
-                + (
-                    " until its unknowns are resolved"
-                    if run.status == RunStatus.STOPPED_DIRTY
-                    else ""
-                ),
-            )
-        _close_locked(run, actor=actor, note=note)
-    return run
-
-
-def _close_locked(run: Run, *, actor: Actor, note: str) -> None:
-    if run.status == RunStatus.HANDED_OFF:
-        hooks.handoffs_end(run, "closed")
-    now = timezone.now()
-    run.finished_at = now
-    SteeringMessage.objects.filter(run=run, status=SteeringStatus.UNAPPLIED_AT_STOP).update(
-        status=SteeringStatus.DISCARDED
-    )
-    # Frozen ones, relabelled or still frozen by the run's epoch alone.
-    OutboxItem.objects.filter(frozen.frozen_of_run_q(run), run=run).update(
-        status=OutboxStatus.DISCARDED, updated_at=now
-    )
-    _move(
-        run,
-        RunStatus.CANCELLED,
-        actor=actor,
-        action="run.closed",
-        reason=note[:60],
-        payload={"note": note},
-        fields=("finished_at",),
-    )
-
-
-# For handoff's own transitions, which end in a runs transition inside their `locked_run`: the
-# handoff is returned to automation (resume) or closed (close) in the same transaction.
-run_resume_locked = _resume_locked
-run_close_locked = _close_locked

@@ -34,19 +34,20 @@ from runs.models import (
 )
 from runs.services._base import (
     IN_FLIGHT_OUTBOX,
-    _changed,
-    _check_work_may_start,
-    _reject_late_write,
+    check_work_may_start,
     locked_run,
+    reject_late_write,
+    run_mark_changed,
 )
-from runs.services.approvals import (
-    GateAnswer,
-    approval_request_locked,
+from runs.services.approval_gate import (
+    ApprovalAsk,
+    approval_gate,
     gate_for_item,
+    hold_for_approval,
     validate_arguments_schema,
     validate_risk,
 )
-from runs.services.lifecycle import _settle_dirty_if_resolved
+from runs.services.lifecycle import settle_dirty_if_resolved
 
 TRANSPORTS = ("webhook", "email")
 
@@ -115,8 +116,9 @@ def outbox_enqueue(
     dispatcher claims, with a waiting `Approval` (`item.approval`) over its payload (DESIGN §10).
     """
     validate_outbox_destination(transport, destination)
-    schema = validate_arguments_schema(arguments_schema)
-    validate_risk(risk)
+    ask = ApprovalAsk(
+        needs_approval, summary, validate_risk(risk), validate_arguments_schema(arguments_schema)
+    )
     if not idempotency_key:
         raise InvalidInput("idempotency_key is required", field="idempotency_key")
     refusal: StaleEpoch | RunNotRunning | None
@@ -125,7 +127,7 @@ def outbox_enqueue(
         if existing is not None:
             return frozen.present(run, [existing])[0], False
         now = timezone.now()
-        refusal = _check_work_may_start(run, epoch, now=now)
+        refusal = check_work_may_start(run, epoch, now=now)
         verdict = hooks.NO_VERDICT
         if (
             refusal is None
@@ -137,12 +139,11 @@ def outbox_enqueue(
         ):
             refusal = RunNotRunning.for_run(run, verdict.stopped)
         if refusal is None:
-            gate = (
-                GateAnswer(None, verdict.hold, verdict.hold_name)
-                if verdict.hold
-                else gate_for_item(
+            gate = approval_gate(
+                verdict,
+                lambda: gate_for_item(
                     run, transport=transport, destination=destination, needs_approval=needs_approval
-                )
+                ),
             )
             record = (
                 ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
@@ -172,20 +173,10 @@ def outbox_enqueue(
                     "held": gate is not None,
                 },
             )
-            _changed(run, kind="outbox.enqueued")
-            if gate is not None:
-                approval_request_locked(
-                    run,
-                    gate=gate,
-                    actor=actor,
-                    now=now,
-                    item=item,
-                    summary=summary,
-                    risk=risk,
-                    arguments_schema=schema,
-                )
+            run_mark_changed(run, kind="outbox.enqueued")
+            hold_for_approval(run, gate, item, ask=ask, actor=actor, now=now)
             return item, True
-    _reject_late_write(run_id, kind="outbox", epoch=epoch, error=refusal)
+    reject_late_write(run_id, kind="outbox", epoch=epoch, error=refusal)
     raise refusal
 
 
@@ -231,7 +222,7 @@ def outbox_claim(*, item_id: int, dispatcher: str) -> OutboxItem | None:
             action="outbox.claimed",
             payload={"outbox_id": item.public_id, "epoch": run.stop_epoch, "released": released},
         )
-        _changed(run, kind="outbox.claimed")
+        run_mark_changed(run, kind="outbox.claimed")
     return item
 
 
@@ -321,8 +312,8 @@ def outbox_record_outcome(
                 "error": error[:200],
             },
         )
-        _changed(run, kind=f"outbox.{outcome}")
-        _settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
+        run_mark_changed(run, kind=f"outbox.{outcome}")
+        settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
     return item
 
 
@@ -351,7 +342,7 @@ def outbox_reap_stuck(*, item_id: int, older_than_seconds: float) -> bool:
             reason="dispatch_deadline",
             payload={"outbox_id": item.public_id, "claimed_by": item.claimed_by},
         )
-        _changed(run, kind="outbox.unknown")
+        run_mark_changed(run, kind="outbox.unknown")
     return True
 
 
@@ -400,7 +391,7 @@ def _decide_frozen(*, run_id: str, item_id: int, actor: Actor, to: str, note: st
             reason=note[:60],
             payload={"outbox_id": item.public_id, "note": note},
         )
-        _changed(run, kind=f"outbox.{to}")
+        run_mark_changed(run, kind=f"outbox.{to}")
     return item
 
 

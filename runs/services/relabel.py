@@ -50,12 +50,3 @@ def outbox_relabel_frozen(*, run_id: str, limit: int = RELABEL_BATCH) -> int:
                 updated_at=now,
             )
         return done
-
-
-def runs_with_frozen_by_epoch(*, limit: int = 100, run_id: str | None = None) -> list[str]:
-    """Runs with rows still to relabel (the safety net's scan: pending rows are few, and walked
-    through `outbox_pending_idx`)."""
-    rows = OutboxItem.objects.filter(frozen.frozen_by_epoch_q())
-    if run_id is not None:
-        rows = rows.filter(run_id=run_id)
-    return list(rows.order_by().values_list("run_id", flat=True).distinct()[:limit])

@@ -18,11 +18,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.actors import Actor
+from runs.budgets import period_at
 from runs.ledger import ledger_append
 from runs.models import PriceSource, TeamBudget, Usage
 from runs.pricing import TeamPrices, price_call
 from runs.services._base import locked_run
-from runs.services.team_budgets import period_at, recount
+from runs.services.team_budgets import recount
 
 _COST_PLACES = Decimal("1e-10")  # Usage.cost_usd's scale
 _BATCH = 2000

@@ -24,9 +24,9 @@ from runs.models import (
 )
 from runs.services._base import (
     IN_FLIGHT_OUTBOX,
-    _changed,
+    run_mark_changed,
 )
-from runs.services.lifecycle import _settle_dirty_if_resolved
+from runs.services.lifecycle import settle_dirty_if_resolved
 from runs.services.outbox import parse_outbox_id
 
 RESOLVABLE_STATUSES = (
@@ -59,8 +59,8 @@ def resolution_apply(
             "evidence": evidence[:500],
         },
     )
-    _changed(run, kind="resolution.recorded")
-    _settle_dirty_if_resolved(run, actor=actor, now=timezone.now())
+    run_mark_changed(run, kind="resolution.recorded")
+    settle_dirty_if_resolved(run, actor=actor, now=timezone.now())
 
 
 def _apply_resolution(run: Run, *, target: str, target_id: str, decision: str) -> None:

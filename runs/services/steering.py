@@ -18,8 +18,8 @@ from runs.models import (
     SteeringStatus,
 )
 from runs.services._base import (
-    _changed,
     locked_run,
+    run_mark_changed,
 )
 
 
@@ -45,7 +45,7 @@ def steering_queue(*, run_id: str, text: str, actor: Actor) -> SteeringMessage:
             action="steering.queued",
             payload={"steering_id": message.pk, "status": status},
         )
-        _changed(run, kind="steering.queued")
+        run_mark_changed(run, kind="steering.queued")
     return message
 
 
@@ -67,5 +67,5 @@ def steering_decide(
         ledger_append(
             run=run, actor=actor, action=f"steering.{target}", payload={"steering_id": message.pk}
         )
-        _changed(run, kind=f"steering.{target}")
+        run_mark_changed(run, kind=f"steering.{target}")
     return message

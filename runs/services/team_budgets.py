@@ -14,6 +14,7 @@ Lock order: a run, then the team's budget row; nothing takes a run lock while ho
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -24,28 +25,27 @@ from django.db import connection, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from runs import sql
 from runs.actors import Actor
+from runs.budgets import (
+    DAILY,
+    Period,
+    period_at,
+    team_budget_note,
+    team_budget_roll,
+    team_budget_states,
+)
 from runs.errors import InvalidInput, NotFound
 from runs.ledger import ledger_append
 from runs.models import Run, Team, TeamBudget, TeamPrice, Usage
-from runs.services.budget import TEAM_BUDGET_NAMES
 
-DAILY, MONTHLY = TEAM_BUDGET_NAMES
+# A read, kept importable from here for the console's budgets page (console/views/budgets.py).
+from runs.selectors import team_budget_spent as team_budget_spent
+
 WARN_AT = Decimal("0.8")
 # A budget above this is a typo, not a budget (the column holds 14 digits, 6 after the point).
 MAX_BUDGET_USD = Decimal(100_000_000)
 MAX_PRICE_USD_PER_MTOK = Decimal(100_000)
-
-
-@dataclass(frozen=True)
-class Period:
-    day: date
-    month: date  # its first day
-
-
-def period_at(time_zone: str, now: datetime) -> Period:
-    local = now.astimezone(ZoneInfo(time_zone)).date()
-    return Period(local, local.replace(day=1))
 
 
 @dataclass
@@ -61,21 +61,6 @@ class Charge:
 # the events batch's hook
 
 
-# One statement: the counters move to the current period (a new day or month starts at zero)
-# and add the batch's spend; the row lock it takes is held to the batch's commit.
-_CHARGE_SQL = """
-UPDATE "runs_teambudget" SET
-  "day_spent_usd" = CASE WHEN "day" = (%(now)s::timestamptz AT TIME ZONE "time_zone")::date
-      THEN "day_spent_usd" ELSE 0 END + %(amount)s,
-  "day" = (%(now)s::timestamptz AT TIME ZONE "time_zone")::date,
-  "month_spent_usd" = CASE
-      WHEN "month" = date_trunc('month', %(now)s::timestamptz AT TIME ZONE "time_zone")::date
-      THEN "month_spent_usd" ELSE 0 END + %(amount)s,
-  "month" = date_trunc('month', %(now)s::timestamptz AT TIME ZONE "time_zone")::date
-WHERE "team_id" = %(team)s
-RETURNING "time_zone", "daily_usd", "monthly_usd", "day", "day_spent_usd", "month",
-  "month_spent_usd", "day_warned", "month_warned"
-"""
 _CHARGE_FIELDS = (
     "time_zone",
     "daily_usd",
@@ -89,6 +74,28 @@ _CHARGE_FIELDS = (
 )
 
 
+@functools.cache
+def _charge_statement() -> str:
+    """One statement: the counters move to the current period (a new day or month starts at
+    zero) and add the batch's spend; the row lock it takes is held to the batch's commit."""
+    day, month, zone = (sql.column(TeamBudget, name) for name in ("day", "month", "time_zone"))
+    day_spent, month_spent = (
+        sql.column(TeamBudget, "day_spent_usd"),
+        sql.column(TeamBudget, "month_spent_usd"),
+    )
+    local = f"(%(now)s::timestamptz AT TIME ZONE {zone})"
+    return (
+        f"UPDATE {sql.table(TeamBudget)} SET "
+        f"{day_spent} = CASE WHEN {day} = {local}::date THEN {day_spent} ELSE 0 END + %(amount)s, "
+        f"{day} = {local}::date, "
+        f"{month_spent} = CASE WHEN {month} = date_trunc('month', {local})::date "
+        f"THEN {month_spent} ELSE 0 END + %(amount)s, "
+        f"{month} = date_trunc('month', {local})::date "
+        f"WHERE {sql.column(TeamBudget, 'team')} = %(team)s "
+        f"RETURNING {', '.join(sql.column(TeamBudget, name) for name in _CHARGE_FIELDS)}"
+    )
+
+
 def team_budget_charge(run: Run, amount_usd: Decimal, *, now: datetime) -> Charge | None:
     """Add a batch's priced spend to the run's team budget; call it under the run lock, in the
     batch's transaction. None when the team has no budget. Writes the 80 % warnings (ledger
@@ -98,7 +105,7 @@ def team_budget_charge(run: Run, amount_usd: Decimal, *, now: datetime) -> Charg
         return None
     charge = Charge()
     warned: dict[str, date] = {}
-    for name, limit, spent, period, warned_for in _budget_states(budget):
+    for name, limit, spent, period, warned_for in team_budget_states(budget):
         if limit is None or period is None:
             continue
         if spent >= limit and not charge.exhausted:
@@ -134,9 +141,9 @@ def team_budget_charge(run: Run, amount_usd: Decimal, *, now: datetime) -> Charg
 
 
 def _charged(team_id: int, amount: Decimal, now: datetime) -> TeamBudget | None:
-    if connection.vendor == "postgresql":
+    if sql.prepared_statements():
         with connection.cursor() as cursor:
-            cursor.execute(_CHARGE_SQL, {"now": now, "amount": amount, "team": team_id})
+            cursor.execute(_charge_statement(), {"now": now, "amount": amount, "team": team_id})
             row = cursor.fetchone()
         if row is None:
             return None
@@ -144,60 +151,11 @@ def _charged(team_id: int, amount: Decimal, now: datetime) -> TeamBudget | None:
     budget = TeamBudget.objects.select_for_update().filter(pk=team_id).first()
     if budget is None:
         return None
-    _roll(budget, period_at(budget.time_zone, now))
+    team_budget_roll(budget, period_at(budget.time_zone, now))
     budget.day_spent_usd += amount
     budget.month_spent_usd += amount
     budget.save(update_fields=["day", "day_spent_usd", "month", "month_spent_usd"])
     return budget
-
-
-def _roll(budget: TeamBudget, period: Period) -> None:
-    """Move the counters to `period`: a new day or month starts at zero."""
-    if budget.day != period.day:
-        budget.day, budget.day_spent_usd = period.day, Decimal(0)
-    if budget.month != period.month:
-        budget.month, budget.month_spent_usd = period.month, Decimal(0)
-
-
-def _budget_states(
-    budget: TeamBudget,
-) -> list[tuple[str, Decimal | None, Decimal, date | None, date | None]]:
-    return [
-        (DAILY, budget.daily_usd, budget.day_spent_usd, budget.day, budget.day_warned),
-        (MONTHLY, budget.monthly_usd, budget.month_spent_usd, budget.month, budget.month_warned),
-    ]
-
-
-def team_budget_note(budget: TeamBudget, name: str) -> str:
-    """The stop request's note (`budget.budget_from_note` reads the name back)."""
-    if name == DAILY:
-        spent, limit, period = budget.day_spent_usd, budget.daily_usd, f"day {budget.day}"
-    else:
-        spent, limit = budget.month_spent_usd, budget.monthly_usd
-        period = f"month {budget.month:%Y-%m}" if budget.month else "month"
-    limit_text = "no limit" if limit is None else f"{limit.normalize():f}"
-    return (
-        f"budget {name} exhausted: {spent.normalize():f} USD of {limit_text} USD "
-        f"({period}, {budget.time_zone})"
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# the permit's hook
-
-
-def team_budget_refusal(team_id: int, *, now: datetime) -> tuple[str, str]:
-    """(budget name, note) when the team's spend in the current period has reached a budget,
-    else ("", ""). Read without a lock: the batch that reached it already stopped its run, and
-    a permit that reads a moment too early is one call in flight, which the bound counts."""
-    budget = TeamBudget.objects.filter(pk=team_id).first()
-    if budget is None or (budget.daily_usd is None and budget.monthly_usd is None):
-        return "", ""
-    _roll(budget, period_at(budget.time_zone, now))
-    for name, limit, spent, _period, _warned in _budget_states(budget):
-        if limit is not None and spent >= limit:
-            return name, team_budget_note(budget, name)
-    return "", ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,14 +262,6 @@ def recount(budget: TeamBudget, period: Period) -> None:
     budget.day, budget.month = period.day, period.month
     budget.day_spent_usd = totals["day"] or Decimal(0)
     budget.month_spent_usd = totals["month"] or Decimal(0)
-
-
-def team_budget_spent(team_id: int, *, now: datetime) -> TeamBudget | None:
-    """The team's budget with its counters as of `now` (a period that ended reads zero)."""
-    budget = TeamBudget.objects.filter(pk=team_id).first()
-    if budget is not None:
-        _roll(budget, period_at(budget.time_zone, now))
-    return budget
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the result (accepted after a stop, as a fact).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,44 +32,58 @@ from runs.models import (
     SideEffectState,
     StopReason,
 )
+from runs.selectors import team_budget_refusal
 from runs.services._base import (
-    _RESULT_STATES,
-    _apply_tool_result,
-    _check_work_may_start,
-    _reject_late_write,
+    RESULT_STATES,
+    apply_tool_result,
+    check_work_may_start,
     locked_run,
+    reject_late_write,
 )
 from runs.services._permit_sql import PermitReads, read_for_permit, write_permit
-from runs.services.approvals import (
-    GateAnswer,
-    approval_request_locked,
+from runs.services.approval_gate import (
+    ApprovalAsk,
+    approval_gate,
     gate_for_call,
+    hold_for_approval,
     refuse_if_approval_closed,
     validate_arguments_schema,
     validate_risk,
 )
-from runs.services.budget import _budget_exceeded
-from runs.services.lifecycle import _settle_dirty_if_resolved, _stop_locked
-from runs.services.team_budgets import team_budget_refusal
+from runs.services.budget import budget_exceeded
+from runs.services.lifecycle import settle_dirty_if_resolved, stop_locked
+
+
+@dataclass(frozen=True)
+class PermitRequest:
+    """One tool call an agent asks to start (DESIGN §5): the permit request's fields, as the API's
+    `PermitIn` reads them and the wire sends them (the epoch and the run aside)."""
+
+    tool_call_id: str
+    tool: str
+    side_effect: str = SideEffect.NONE
+    arguments: dict[str, Any] = field(default_factory=dict)
+    idempotency_key: str = ""
+    operation_id: str = ""
+    recovery_policy: str = ""
+    step_key: str = ""
+    needs_approval: bool = False
+    summary: str = ""
+    risk: str = ""
+    arguments_schema: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.arguments is None:  # "no arguments" is an empty object, as the record keeps it
+            object.__setattr__(self, "arguments", {})
 
 
 def permit_request(
     *,
     run_id: str,
     epoch: int,
-    tool_call_id: str,
-    tool: str,
     actor: Actor,
-    side_effect: str = SideEffect.NONE,
-    arguments: dict[str, Any] | None = None,
-    idempotency_key: str = "",
-    operation_id: str = "",
-    recovery_policy: str = "",
-    step_key: str = "",
-    needs_approval: bool = False,
-    summary: str = "",
-    risk: str = "",
-    arguments_schema: dict[str, Any] | None = None,
+    request: PermitRequest | None = None,
+    **fields: Any,
 ) -> tuple[ExecutionRecord, bool]:
     """Grant a start permit for one tool call, or refuse it. Returns (record, created).
 
@@ -84,14 +99,25 @@ def permit_request(
     it is a retry and answers the same record; with another tool or other arguments it raises
     `ToolCallConflict` and grants nothing. The check runs under the run lock, so of two
     different asks racing for one id exactly one gets the permit.
+
+    `request`, or its fields as keywords (`tool_call_id=..., tool=..., ...`).
     """
-    schema = validate_arguments_schema(arguments_schema)
-    validate_risk(risk)
+    if request is None:
+        request = PermitRequest(**fields)
+    elif fields:
+        raise TypeError(f"permit_request: {sorted(fields)} given with a request")
+    ask = ApprovalAsk(
+        request.needs_approval,
+        request.summary,
+        validate_risk(request.risk),
+        validate_arguments_schema(request.arguments_schema),
+    )
+    tool_call_id, tool, arguments = request.tool_call_id, request.tool, request.arguments
     refusal: StaleEpoch | RunNotRunning | BudgetExhausted | None = None
     with locked_run(run_id) as run:
         now = timezone.now()
-        reads = read_for_permit(run, tool_call_id=tool_call_id, step_key=step_key)
-        refusal = _check_work_may_start(run, epoch, now=now, lease=reads.lease)
+        reads = read_for_permit(run, tool_call_id=tool_call_id, step_key=request.step_key)
+        refusal = check_work_may_start(run, epoch, now=now, lease=reads.lease)
         if refusal is None:
             existing = (
                 ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
@@ -99,7 +125,7 @@ def permit_request(
                 else None
             )
             if existing is not None:
-                _refuse_another_call(run, existing, tool=tool, arguments=arguments or {})
+                _refuse_another_call(run, existing, tool=tool, arguments=arguments)
                 if existing.permit_epoch != epoch:
                     raise IllegalTransition.for_run(
                         run,
@@ -107,12 +133,12 @@ def permit_request(
                     )
                 refuse_if_approval_closed(existing, run)
                 return existing, False
-            budget_reason = _budget_exceeded(run, now=now, adding_tool_call=True)
+            budget_reason = budget_exceeded(run, now=now, adding_tool_call=True)
             team_refusal = None if budget_reason else _team_budget_refusal_locked(run, now=now)
             if team_refusal is not None:
                 refusal = team_refusal
             elif budget_reason:
-                _stop_locked(
+                stop_locked(
                     run,
                     reason=budget_reason,
                     note="budget enforced at permit",
@@ -124,64 +150,47 @@ def permit_request(
                 )
             elif (
                 verdict := hooks.policies().permit(
-                    run, tool=tool, arguments=arguments or {}, side_effect=side_effect, now=now
+                    run, tool=tool, arguments=arguments, side_effect=request.side_effect, now=now
                 )
             ).stopped:
                 refusal = RunNotRunning.for_run(run, verdict.stopped)
             else:
-                gate = (
-                    GateAnswer(None, verdict.hold, verdict.hold_name)
-                    if verdict.hold
-                    else gate_for_call(
+                gate = approval_gate(
+                    verdict,
+                    lambda: gate_for_call(
                         run,
                         tool=tool,
-                        side_effect=side_effect,
-                        needs_approval=needs_approval,
+                        side_effect=request.side_effect,
+                        needs_approval=request.needs_approval,
                         rules_exist=reads.rules_exist,
-                    )
+                    ),
                 )
                 record = _create_permit(
                     run,
+                    request,
                     reads=reads,
                     now=now,
                     held=gate is not None,
                     epoch=epoch,
-                    tool_call_id=tool_call_id,
-                    tool=tool,
-                    side_effect=side_effect,
-                    arguments=arguments or {},
-                    idempotency_key=idempotency_key,
-                    operation_id=operation_id,
-                    recovery_policy=recovery_policy,
                     actor=actor,
                 )
-                if gate is not None:
-                    approval_request_locked(
-                        run,
-                        gate=gate,
-                        actor=actor,
-                        now=now,
-                        record=record,
-                        summary=summary,
-                        risk=risk,
-                        arguments_schema=schema,
-                    )
+                hold_for_approval(run, gate, record, ask=ask, actor=actor, now=now)
                 return record, True
     assert refusal is not None
     if isinstance(refusal, BudgetExhausted):
         raise refusal
-    _reject_late_write(run_id, kind="permit", epoch=epoch, error=refusal)
+    reject_late_write(run_id, kind="permit", epoch=epoch, error=refusal)
     raise refusal
 
 
-def _team_budget_refusal_locked(run: Run, *, now: Any) -> BudgetExhausted | None:
+def _team_budget_refusal_locked(run: Run, *, now: datetime) -> BudgetExhausted | None:
     """A team over its daily or monthly budget gets no permit: the run is stopped through the
     stop path (`budget_exhausted`, the budget named in its note) and the answer is
     `409 budget_exhausted` naming the budget, until an admin raises it or the period ends."""
     budget, note = team_budget_refusal(run.team_id, now=now)
     if not budget:
         return None
-    _stop_locked(
+    stop_locked(
         run, reason=StopReason.BUDGET_EXHAUSTED, note=note, actor=Actor.system("budget"), now=now
     )
     return BudgetExhausted.for_run(
@@ -225,31 +234,26 @@ def _refuse_another_call(
 
 def _create_permit(
     run: Run,
+    request: PermitRequest,
     *,
     reads: PermitReads,
     now: datetime,
     held: bool,
     epoch: int,
-    tool_call_id: str,
-    tool: str,
-    side_effect: str,
-    arguments: dict[str, Any],
-    idempotency_key: str,
-    operation_id: str,
-    recovery_policy: str,
     actor: Actor,
 ) -> ExecutionRecord:
+    side_effect = request.side_effect
     record = ExecutionRecord(
         run=run,
         step_id=reads.step_id,
-        tool_call_id=tool_call_id,
-        tool=tool,
-        arguments=arguments,
+        tool_call_id=request.tool_call_id,
+        tool=request.tool,
+        arguments=request.arguments,
         side_effect=side_effect,
-        idempotency_key=idempotency_key,
-        operation_id=operation_id,
+        idempotency_key=request.idempotency_key,
+        operation_id=request.operation_id,
         permit_epoch=epoch,
-        recovery_policy=recovery_policy or RecoveryPolicy.MANUAL_CONFIRMATION,
+        recovery_policy=request.recovery_policy or RecoveryPolicy.MANUAL_CONFIRMATION,
         execution_state=(ExecutionState.AWAITING_APPROVAL if held else ExecutionState.PERMITTED),
         # A held call cannot have run yet: its write becomes unconfirmed once it is approved.
         side_effect_state=(
@@ -269,8 +273,8 @@ def _create_permit(
         actor=actor,
         action=action,
         payload={
-            "tool_call_id": tool_call_id,
-            "tool": tool,
+            "tool_call_id": request.tool_call_id,
+            "tool": request.tool,
             "side_effect": side_effect,
             "epoch": epoch,
         },
@@ -296,16 +300,16 @@ def tool_result_report(
 
     Two facts are never overwritten: a verified success, and a reviewer's resolution.
     """
-    if execution_state not in _RESULT_STATES:
+    if execution_state not in RESULT_STATES:
         raise InvalidInput(
-            f"execution_state must be one of {sorted(_RESULT_STATES)}", field="execution_state"
+            f"execution_state must be one of {sorted(RESULT_STATES)}", field="execution_state"
         )
     with locked_run(run_id) as run:
         record = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
         if record is None:
             raise NotFound(f"tool call {tool_call_id} was never permitted on run {run_id}")
         now = timezone.now()
-        _apply_tool_result(
+        apply_tool_result(
             run,
             record,
             execution_state=execution_state,
@@ -321,5 +325,5 @@ def tool_result_report(
         hooks.policies().tool_result(
             run, tool=record.tool, execution_state=record.execution_state, now=now
         )
-        _settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
+        settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
     return record

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from runs import services
+from runs import selectors, services
 from runs.models import Run, StopRequest
 from tests.support.api import url
 from tests.support.scenarios import SYSTEM
@@ -133,7 +133,7 @@ def test_the_budget_enforcer_names_a_cost_budget_it_finds_exhausted(team):
     )
     services.lease_acquire(run_id=run.pk, worker_id="w", ttl_seconds=30, actor=SYSTEM)
     Run.objects.filter(pk=run.pk).update(cost_usd=Decimal("1.5"))
-    assert services.runs_over_budget_ids() == [run.pk]
+    assert selectors.runs_over_budget_ids() == [run.pk]
     stop_request = services.run_enforce_budget(run_id=run.pk)
     assert stop_request is not None
     assert stop_request.reason == "budget_exhausted"

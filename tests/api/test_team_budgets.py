@@ -11,7 +11,7 @@ import pytest
 
 from notifications import services as notify
 from notifications.models import Delivery
-from runs import services
+from runs import selectors, services
 from runs.actors import Actor
 from runs.errors import InvalidInput
 from runs.models import LedgerEntry, Run, StopRequest, TeamBudget
@@ -179,10 +179,10 @@ def test_days_and_months_are_counted_in_the_teams_time_zone(team):
     with services.locked_run(run.pk) as locked:
         charge = services.team_budget_charge(locked, Decimal("1"), now=late_evening)
     assert charge is not None and charge.exhausted == "team_daily_usd"
-    assert services.team_budget_refusal(team.pk, now=late_evening)[0] == "team_daily_usd"
+    assert selectors.team_budget_refusal(team.pk, now=late_evening)[0] == "team_daily_usd"
     # 16:30 UTC is past midnight in Shanghai: a new day, while the month still counts.
     after_midnight = datetime(2026, 12, 3, 16, 30, tzinfo=UTC)
-    assert services.team_budget_refusal(team.pk, now=after_midnight) == ("", "")
+    assert selectors.team_budget_refusal(team.pk, now=after_midnight) == ("", "")
     with services.locked_run(run.pk) as locked:
         charge = services.team_budget_charge(locked, Decimal("0.5"), now=after_midnight)
     budget = TeamBudget.objects.get(pk=team.pk)

@@ -80,7 +80,7 @@ async def test_a_change_after_connect_arrives(team, charlie, bob):
     await database_sync_to_async(services.run_stop)(
         run_id=run.pk, reason="user_stop", actor=Actor.for_user(bob)
     )
-    # The worker's signal is published first (runs/services/lifecycle._stop_locked), then the
+    # The worker's signal is published first (runs/services/lifecycle.stop_locked), then the
     # viewers' change of the same commit: both carry the same seq, so a page applies it once.
     signal = await communicator.receive_json_from(timeout=3)
     assert signal["kind"] == "stop_signal" and signal["status"] == "cancel_requested"

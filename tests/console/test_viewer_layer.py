@@ -273,13 +273,13 @@ def test_the_publisher_encodes_a_browser_frame_once_and_consumers_forward_it_ver
 
     sent: list[str] = []
 
-    class Probe(RunConsumer):
-        async def send(
-            self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
-        ) -> None:
-            sent.append(text_data or "")
+    async def base_send(message: dict[str, Any]) -> None:
+        assert message["type"] == "websocket.send"
+        sent.append(message["text"])
 
-    probe = Probe()
+    probe = RunConsumer()
+    probe.base_send = base_send
+    probe.accepted = True
     asyncio.run(probe.run_updated({**event, "frame": "PRE-ENCODED"}))
     asyncio.run(probe.run_updated(event))  # an older publisher's message: encoded here
     assert sent == ["PRE-ENCODED", realtime.browser_frame(event)]

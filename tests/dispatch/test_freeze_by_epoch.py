@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from console.selectors.run import run_detail
 from handoff.packets import stop_packet_snapshot
-from runs import dispatch, frozen, services
+from runs import dispatch, frozen, selectors, services
 from runs.actors import Actor
 from runs.models import OutboxItem, OutboxStatus, RunStatus, StopRequest
 from runs.selectors import queue_depths
@@ -98,7 +98,7 @@ def test_the_relabel_writes_what_readers_saw_in_bounded_batches_and_is_idempoten
     assert services.outbox_relabel_frozen(run_id=run.pk, limit=2) == 2
     assert services.outbox_relabel_frozen(run_id=run.pk, limit=2) == 1
     assert services.outbox_relabel_frozen(run_id=run.pk, limit=2) == 0
-    assert services.runs_with_frozen_by_epoch() == []
+    assert selectors.runs_with_frozen_by_epoch() == []
 
     # one short transaction: the lock, the lowest epoch, the stops, one UPDATE per stop, commit
     assert len(first.captured_queries) <= 8, [q["sql"] for q in first.captured_queries]

@@ -104,7 +104,7 @@ def test_a_stop_that_froze_items_queues_a_relabel_and_busy_kinds_schedule_no_wak
     tasks._kicks.clear()
 
     tasks._kick_dispatch({"kind": "events", "run_id": "r"})
-    tasks._kick_dispatch({"kind": "permit", "run_id": "r"})
+    tasks._kick_dispatch({"kind": "tool.permitted", "run_id": "r"})
     assert tasks._kicks == {}
     tasks._kick_dispatch({"kind": "run.stop_requested", "run_id": "r", "frozen_outbox": 0})
     assert set(tasks._kicks) == {"wake"}
@@ -119,3 +119,43 @@ def test_a_stop_that_froze_items_queues_a_relabel_and_busy_kinds_schedule_no_wak
 def test_beat_is_a_safety_net_that_never_ticks_faster_than_its_minimum() -> None:
     schedule = beat_schedule(0.5)
     assert min(float(entry["schedule"]) for entry in schedule.values()) >= SAFETY_NET_MIN_SECONDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_granted_permit_and_its_result_schedule_no_wake_a_held_call_does(team) -> None:
+    """Asked of the kinds the services really emit: a granted call makes no deadline, so the
+    busiest changes of a run cost no wake; a held call's approval has one."""
+    from runs import notify
+
+    kinds: list[str] = []
+
+    def listen(event: dict) -> None:
+        kinds.append(event.get("kind", ""))
+
+    notify.subscribe(listen)
+    try:
+        run, _lease = make_running(team)
+        kinds.clear()  # the run's creation and lease make deadlines of their own
+        services.permit_request(
+            run_id=run.pk, epoch=1, tool_call_id="c1", tool="lookup", actor=AGENT
+        )
+        services.tool_result_report(
+            run_id=run.pk, tool_call_id="c1", execution_state="succeeded", actor=AGENT
+        )
+        granted = list(kinds)
+        kinds.clear()
+        services.permit_request(
+            run_id=run.pk,
+            epoch=1,
+            tool_call_id="c2",
+            tool="send_email",
+            side_effect="write",
+            needs_approval=True,
+            actor=AGENT,
+        )
+        held = list(kinds)
+    finally:
+        notify.unsubscribe(listen)
+    assert granted and held
+    assert not any(kind not in tasks.NO_WAKE_KINDS for kind in granted), granted
+    assert any(kind not in tasks.NO_WAKE_KINDS for kind in held), held

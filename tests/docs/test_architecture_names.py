@@ -14,7 +14,7 @@ What a backticked name must resolve to:
   product code (`stop.signal`, `run.updated`);
 - a URL path (`/metrics`, `/api/`): one the project's URLconf answers;
 - a library's name the page shortens (`transaction.on_commit`): `LIBRARY_NAMES` says which;
-- a bare identifier (`_stop_locked`, `stale_epoch`, `SAFESTOP_DRAIN_DEADLINE_SECONDS`): a word of
+- a bare identifier (`stop_locked`, `stale_epoch`, `SAFESTOP_DRAIN_DEADLINE_SECONDS`): a word of
   the product code (a definition, a status value, an error code, a setting).
 Anything else in backticks (SQL, commands, templates such as `run_<id>`) is prose, not checked.
 """

@@ -56,7 +56,7 @@ def test_a_bulk_stop_never_holds_one_lock_across_runs(team, monkeypatch, setting
     original = lifecycle.write_stop
 
     def during_a_stop(run: Any, *args: Any, **kwargs: Any) -> Any:
-        # Called inside `_stop_locked`, with this run's row locked and its stop uncommitted.
+        # Called inside `stop_locked`, with this run's row locked and its stop uncommitted.
         written = original(run, *args, **kwargs)
         if run.pk == run_a.pk:
             seen["permit_on_b"] = _on_own_connection(
