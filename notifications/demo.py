@@ -7,7 +7,6 @@ what a dirty stop or a waiting approval would have told the team.
 
 from __future__ import annotations
 
-from console.demo.words import spellings, words
 from notifications.models import ChannelKind, NotificationChannel
 from notifications.services import channel_create
 from runs.actors import Actor
@@ -16,16 +15,24 @@ from runs.models import Team
 DEMO_CHANNEL = "Demo mailbox"
 
 
-def demo_channels_ensure(team_slugs: list[str], *, language: str = "en") -> int:
-    """Create the demo mail channel of each team that lacks one (under its name in any demo
-    language); its name is in `language` (`console.demo.words`). Returns how many were made."""
+def demo_channels_ensure(
+    team_slugs: list[str],
+    *,
+    name: str = DEMO_CHANNEL,
+    also_named: tuple[str, ...] = (),
+    language: str = "en",
+) -> int:
+    """Create the demo mail channel of each team that has none named `name` (or one of
+    `also_named`: its name in the demo's other languages); `demo_setup` passes the name and the
+    language of its messages in the demo's language. Returns how many were made."""
     made = 0
     for team in Team.objects.filter(slug__in=team_slugs):
-        if NotificationChannel.objects.filter(team=team, name__in=spellings(DEMO_CHANNEL)).exists():
+        names = {name, *also_named}
+        if NotificationChannel.objects.filter(team=team, name__in=names).exists():
             continue
         channel_create(
             team=team,
-            name=words(language, DEMO_CHANNEL),
+            name=name,
             # the team reads its mail in the demo's language (a channel's own, DESIGN §17)
             language=language,
             kind=ChannelKind.EMAIL,

@@ -228,8 +228,23 @@ def test_a_chinese_demo_stores_no_english_prose(stack, receiver) -> None:
     # the demo did what it does: runs, artifacts, decided approvals, bot stops
     for kind in ("title", "step", "artifact", "observation", "payload", "approval", "stop note"):
         assert any(seen[kind]), (kind, dict(simulator.outcomes))
+    # A void approval's message is the server's ("the run was stopped (…)"), which an agent
+    # relays to its model as it got it: cut from what the agent wrote.
+    server_said = [
+        text
+        for text in Approval.objects.filter(run__in=ours, status="void").values_list(
+            "message", flat=True
+        )
+        if text
+    ]
+
+    def agents_own(text: str) -> str:
+        for said in server_said:
+            text = text.replace(said, "")
+        return text
+
     english = {
-        kind: sorted({text for text in texts if english_words(text)})
+        kind: sorted({text for text in texts if english_words(agents_own(text))})
         for kind, texts in seen.items()
     }
     found = {kind: texts for kind, texts in english.items() if texts}

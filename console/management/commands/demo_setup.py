@@ -22,8 +22,8 @@ from console.demo.accounts import (
     demo_accounts_ensure,
 )
 from console.demo.mcp import demo_mcp_ensure
-from console.demo.words import LANGUAGES
-from notifications.demo import demo_channels_ensure
+from console.demo.words import LANGUAGES, spellings, words
+from notifications.demo import DEMO_CHANNEL, demo_channels_ensure
 
 
 class Command(BaseCommand):
@@ -45,7 +45,12 @@ class Command(BaseCommand):
         language = options["language"]
         report = demo_accounts_ensure(language=language)
         # mail, kept for the demo's outbox
-        demo_channels_ensure([slug for slug, _ in DEMO_TEAMS], language=language)
+        demo_channels_ensure(
+            [slug for slug, _ in DEMO_TEAMS],
+            name=words(language, DEMO_CHANNEL),
+            also_named=spellings(DEMO_CHANNEL),
+            language=language,
+        )
         teams = ", ".join(slug for slug, _ in DEMO_TEAMS)
         self.stdout.write(
             f"Demo accounts ready (teams: {teams}; "
