@@ -24,6 +24,7 @@ from api.fields import (
 )
 from api.permissions import API_STOP_REASONS
 from handoff.models import ResolutionDecision
+from runs import selectors as run_selectors
 from runs import services
 from runs.models import (
     Approval,
@@ -879,7 +880,7 @@ class BulkStopResultOut(serializers.Serializer):
 
     def get_state(self, result: Any) -> str:
         statuses = self.context.get("run_statuses", {})
-        return services.bulk_result_state(result.outcome, statuses.get(result.run_id))
+        return run_selectors.bulk_result_state(result.outcome, statuses.get(result.run_id))
 
 
 class BulkStopOut(serializers.Serializer):

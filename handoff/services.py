@@ -53,9 +53,9 @@ from runs.services import (
     locked_run,
     resolution_apply,
     run_close_locked,
+    run_mark_changed,
     run_move,
     run_resume_locked,
-    run_touch,
 )
 
 OPEN_HANDOFF = (HandoffStatus.OPEN, HandoffStatus.ACCEPTED)
@@ -208,7 +208,7 @@ def handoff_accept(
         ledger_append(
             run=run, actor=actor, action="handoff.accepted", payload={"handoff_id": handoff.pk}
         )
-        run_touch(run, kind="handoff.accepted")
+        run_mark_changed(run, kind="handoff.accepted")
     return handoff
 
 
@@ -257,7 +257,7 @@ def handoff_assign(*, handoff_id: int, assignee: AbstractBaseUser | None, actor:
                 "previous": previous,
             },
         )
-        run_touch(run, kind="handoff.assigned")
+        run_mark_changed(run, kind="handoff.assigned")
     return handoff
 
 

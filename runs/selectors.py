@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import (
     BooleanField,
     Count,
@@ -26,6 +27,7 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from runs import frozen
+from runs.actors import Actor
 from runs.budgets import (
     budget_exceeded,
     period_at,
@@ -33,11 +35,15 @@ from runs.budgets import (
     team_budget_roll,
     team_budget_states,
 )
+from runs.errors import NotFound, PreviewExpired
 from runs.labels import label_for
 from runs.models import (
+    STOPPING_STATUSES,
     Approval,
     ApprovalRule,
     ApprovalStatus,
+    BulkStopOutcome,
+    BulkStopPreview,
     ExecutionRecord,
     Lease,
     LedgerEntry,
@@ -479,3 +485,50 @@ def team_budget_refusal(team_id: int, *, now: datetime) -> tuple[str, str]:
         if limit is not None and spent >= limit:
             return name, team_budget_note(budget, name)
     return "", ""
+
+
+# --------------------------------------------------------------------------------------------
+# bulk stops: a recorded preview, and what a result says now
+
+# A confirm must follow its preview within this many seconds (SAFESTOP_BULK_PREVIEW_SECONDS):
+# after that the reviewer previews again rather than act on a picture of the fleet gone stale.
+DEFAULT_BULK_PREVIEW_SECONDS = 600
+
+
+def bulk_preview_seconds() -> int:
+    return int(getattr(settings, "SAFESTOP_BULK_PREVIEW_SECONDS", DEFAULT_BULK_PREVIEW_SECONDS))
+
+
+def bulk_preview_get(*, actor: Actor, preview_id: str) -> BulkStopPreview:
+    """The caller's own recorded preview, still fresh enough to confirm.
+
+    Another caller's preview is "not found" like one that never existed: a preview is what one
+    reviewer saw, not a handle anyone may act on."""
+    preview = BulkStopPreview.objects.filter(
+        preview_id=preview_id, actor_kind=actor.kind, actor_id=actor.id
+    ).first()
+    if preview is None:
+        raise NotFound("no such preview of yours; preview again", field="preview_id")
+    age = (timezone.now() - preview.created_at).total_seconds()
+    if age > bulk_preview_seconds():
+        raise PreviewExpired(
+            f"this preview is {int(age)} s old (a confirm must follow within "
+            f"{bulk_preview_seconds()} s); preview again",
+            preview_id=preview_id,
+        )
+    return preview
+
+
+def bulk_result_state(outcome: str, run_status: str | None) -> str:
+    """What a result says now: a stop that was requested is `requested` until its run reaches
+    an end state, then that state (a dirty stop is `stopped_dirty`: it needs resolution).
+
+    The stop service only records the request; the run drains afterwards, and "stopped" while
+    the worker is still draining would claim an outcome nobody knows yet."""
+    if outcome != BulkStopOutcome.STOPPED or run_status is None:
+        return outcome
+    if run_status in STOPPING_STATUSES:
+        return "requested"
+    # stopped_cleanly, stopped_dirty, handed_off — or, later, whatever a person did next
+    # (resumed, closed): the run's own state is the honest answer.
+    return run_status

@@ -41,6 +41,7 @@ from console.selectors.run import run_detail
 from console.views.common import (
     DecidableTeams,
     HtmxHttpRequest,
+    act,
     actor_of,
     error_text,
     filter_errors,
@@ -555,12 +556,15 @@ def rule_edit(request: HtmxHttpRequest, rule_id: int) -> HttpResponse:
 @require_POST
 def rule_delete(request: HtmxHttpRequest, rule_id: int) -> HttpResponse:
     rule = _rule_for(request, rule_id)
-    try:
+
+    def delete(_data: dict[str, Any]) -> str:
         services.approval_rule_delete(rule_id=rule.pk, actor=actor_of(request))
-    except DomainError as exc:
-        return redirect_with(request, reverse("console:approval_rules"), error=exc)
-    return redirect_with(
+        return gettext("Rule %(repr)s deleted.") % {"repr": repr(rule.name)}
+
+    return act(
         request,
-        reverse("console:approval_rules"),
-        ok=gettext("Rule %(repr)s deleted.") % {"repr": repr(rule.name)},
+        form=None,
+        service=delete,
+        back=reverse("console:approval_rules"),
+        fragment=None,
     )

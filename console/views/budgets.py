@@ -18,10 +18,10 @@ from console.access import request_access, visible_teams
 from console.views.common import HtmxHttpRequest, actor_of, error_text, page, redirect_with
 from runs.errors import DomainError
 from runs.models import Team, TeamPrice
+from runs.selectors import team_budget_spent
 from runs.services.team_budgets import (
     PRICE_FIELDS,
     team_budget_set,
-    team_budget_spent,
     team_price_delete,
     team_price_set,
 )

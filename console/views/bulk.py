@@ -36,6 +36,7 @@ from console.views.common import (
     page,
     wants_fragment,
 )
+from runs import selectors as run_selectors
 from runs import services
 from runs.access import stop_refusals
 from runs.errors import BulkTooLarge, DomainError
@@ -44,7 +45,7 @@ from runs.models import BulkStop, BulkStopOutcome, Run, RunStatus, StopReason
 TEMPLATE = "console/bulk_stop.html"
 # Above this many runs the reviewer types the number to confirm (DESIGN §12).
 TYPE_TO_CONFIRM = 25
-# What a result says now (`services.bulk_result_state`), as the page words it.
+# What a result says now (`run_selectors.bulk_result_state`), as the page words it.
 STATE_LABELS = {
     "requested": gettext_lazy("Stop requested"),
     RunStatus.STOPPED_CLEANLY: gettext_lazy("Stopped cleanly"),
@@ -142,7 +143,7 @@ def bulk_stop_confirm(request: HtmxHttpRequest) -> HttpResponse:
     actor = actor_of(request)
     try:
         if data["preview_id"]:
-            shown = services.bulk_preview_get(actor=actor, preview_id=data["preview_id"])
+            shown = run_selectors.bulk_preview_get(actor=actor, preview_id=data["preview_id"])
             if len(shown.run_ids) > TYPE_TO_CONFIRM and data["typed_count"] != len(shown.run_ids):
                 return _preview_answer(
                     request,
@@ -211,7 +212,7 @@ def bulk_stop_page(request: HtmxHttpRequest, bulk_id: str) -> HttpResponse:
     stated = []
     counts: dict[str, int] = {}
     for result, run in rows:
-        state = services.bulk_result_state(result.outcome, run.status if run else None)
+        state = run_selectors.bulk_result_state(result.outcome, run.status if run else None)
         stated.append((result, run, state, labels.get(state, state)))
         counts[state] = counts.get(state, 0) + 1
     context = {

@@ -6,8 +6,9 @@
   it changed, some of them out-of-band.
 - A `DomainError` is an answer, not a crash: it shows as a message next to the control.
 - Every action is `act`: validate the form, call one service, turn a domain error into a
-  message, then redirect (no htmx) or answer with the page's own fragments (htmx). A control
-  posts to an endpoint of the page it is on, so the answer never depends on where it came from.
+  message, then redirect (no htmx, or a page without fragments) or answer with the page's own
+  fragments (htmx). A control posts to an endpoint of the page it is on, so the answer never
+  depends on where it came from.
 """
 
 from __future__ import annotations
@@ -155,15 +156,16 @@ def act(
     form: forms.Form | None,
     service: Callable[[dict[str, Any]], str],
     back: str,
-    fragment: Callable[[Outcome], HttpResponse],
+    fragment: Callable[[Outcome], HttpResponse] | None,
 ) -> HttpResponse:
     """The one shape of a console action.
 
     1. Validate `form` (if any); invalid input is the outcome's error.
     2. Call `service` with the cleaned data; it returns the success line.
     3. A `DomainError` (illegal transition, stale state) becomes the outcome's error.
-    4. No htmx: the line becomes a message and the answer a redirect to `back`. htmx: the page's
-       `fragment` for the outcome.
+    4. No htmx, or no `fragment` (a settings page's delete or revoke, which always answers
+       with its list page): the line becomes a message and the answer a redirect to `back`.
+       htmx: the page's `fragment` for the outcome.
     """
     if form is not None and not form.is_valid():
         outcome = Outcome(error=form_errors(form))
@@ -172,7 +174,7 @@ def act(
             outcome = Outcome(ok=service(form.cleaned_data if form is not None else {}))
         except DomainError as error:
             outcome = Outcome(error=error_text(error))
-    if not request.htmx:
+    if not request.htmx or fragment is None:
         return redirect_with(request, back, ok=outcome.ok, error=outcome.error or None)
     return fragment(outcome)
 

@@ -4,6 +4,7 @@ assignee; assign (to me or a teammate), accept, complete, return, close."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -13,7 +14,7 @@ from django.urls import reverse
 from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_POST
 
-from console.access import request_access, require, run_for
+from console.access import request_access, require
 from console.forms import (
     CloseNoteForm,
     HandoffAcceptForm,
@@ -33,8 +34,9 @@ from console.views.common import (
     page,
     wants_fragment,
 )
-from console.views.decisions import steering_decision
+from console.views.decisions import OfferedOn
 from handoff import services as handoff_services
+from handoff.models import Handoff
 from handoff.selectors import (
     ASSIGNEE_ME,
     ASSIGNEE_NONE,
@@ -45,10 +47,9 @@ from handoff.selectors import (
     user_by_username,
 )
 from runs.errors import InvalidInput
-from runs.models import Role
+from runs.models import Role, Run
 
 TEMPLATE = "console/handoffs.html"
-ACTIONS = ("assign", "accept", "complete", "return", "close")
 
 
 @login_required
@@ -95,97 +96,114 @@ def _card_answer(request: HtmxHttpRequest, handoff_id: int) -> Callable[[Outcome
     return answer
 
 
+# --------------------------------------------------------------------------------------------
+# actions on a handoff: one function each, taking the cleaned form data, returning the line
+# shown next to the card
+
+
+def _assignee(request: HtmxHttpRequest, wanted: str) -> Any:
+    """The user the assign form names: me, an active user by name, or nobody."""
+    if wanted == ASSIGNEE_ME:
+        return request.user
+    if not wanted or wanted == ASSIGNEE_NONE:
+        return None
+    user = user_by_username(username=wanted)
+    if user is None:
+        raise InvalidInput(
+            gettext("no active user %(wanted)s") % {"wanted": wanted}, field="assignee"
+        )
+    return user
+
+
+def _assign(request: HtmxHttpRequest, handoff: Handoff, data: dict[str, Any]) -> str:
+    user = _assignee(request, data["assignee"])
+    handoff_services.handoff_assign(handoff_id=handoff.pk, assignee=user, actor=actor_of(request))
+    if user is None:
+        return gettext("Unassigned: anyone on the team may accept it.")
+    if user.pk == request.user.pk:
+        return gettext("Assigned to you: accept it when you start.")
+    return gettext("Assigned to %(get_username)s: they accept it when they start.") % {
+        "get_username": user.get_username()
+    }
+
+
+def _accept(request: HtmxHttpRequest, handoff: Handoff, data: dict[str, Any]) -> str:
+    handoff_services.handoff_accept(
+        handoff_id=handoff.pk,
+        user=request.user,  # type: ignore[arg-type]
+        actor=actor_of(request),
+        take_from_assignee=data["take_from_assignee"],
+    )
+    return gettext("Accepted: this run is yours.")
+
+
+def _return(request: HtmxHttpRequest, handoff: Handoff, data: dict[str, Any]) -> str:
+    handoff_services.handoff_return(
+        handoff_id=handoff.pk,
+        actor=actor_of(request),
+        checkpoint=data["checkpoint"],
+        carry_over_steering=data["carry_over_steering"],
+        note=data["note"],
+    )
+    return gettext("Returned to automation: the run is pending at a new epoch.")
+
+
+def _complete(request: HtmxHttpRequest, handoff: Handoff, data: dict[str, Any]) -> str:
+    handoff_services.handoff_complete(
+        handoff_id=handoff.pk, actor=actor_of(request), note=data["note"]
+    )
+    return gettext("Completed by hand: the run is completed.")
+
+
+def _close(request: HtmxHttpRequest, handoff: Handoff, data: dict[str, Any]) -> str:
+    handoff_services.handoff_close(
+        handoff_id=handoff.pk, actor=actor_of(request), note=data["note"]
+    )
+    return gettext("Closed: the run is cancelled.")
+
+
+@dataclass(frozen=True)
+class HandoffAction:
+    """An action's form, bound to the POST, and what it does with the form's cleaned data."""
+
+    form: Callable[[HtmxHttpRequest, Handoff], forms.Form]
+    perform: Callable[[HtmxHttpRequest, Handoff, dict[str, Any]], str]
+
+
+def _return_form(request: HtmxHttpRequest, handoff: Handoff) -> forms.Form:
+    return ResumeForm(request.POST, checkpoints=checkpoint_labels(run_id=handoff.run_id))
+
+
+ACTIONS: dict[str, HandoffAction] = {
+    "assign": HandoffAction(lambda request, _: HandoffAssignForm(request.POST), _assign),
+    "accept": HandoffAction(lambda request, _: HandoffAcceptForm(request.POST), _accept),
+    "complete": HandoffAction(lambda request, _: NoteForm(request.POST), _complete),
+    "return": HandoffAction(_return_form, _return),
+    "close": HandoffAction(lambda request, _: CloseNoteForm(request.POST), _close),
+}
+
+
 @login_required
 @require_POST
 def handoff_action(request: HtmxHttpRequest, handoff_id: int, action: str) -> HttpResponse:
-    if action not in ACTIONS:
+    chosen = ACTIONS.get(action)
+    if chosen is None:
         raise Http404(gettext("no such action"))
     handoff = handoff_get(handoff_id=handoff_id)
     if handoff is None or not request_access(request).can_view(handoff.run.team_id):
         raise Http404(gettext("no such handoff"))
     require(request, handoff.run.team_id, Role.REVIEWER)
-    actor = actor_of(request)
-    form: forms.Form | None
-    service: Callable[[dict[str, Any]], str]
-
-    if action == "assign":
-        form = HandoffAssignForm(request.POST)
-
-        def service(data: dict[str, Any]) -> str:
-            wanted = data["assignee"]
-            if wanted == ASSIGNEE_ME:
-                user = request.user
-            elif wanted and wanted != ASSIGNEE_NONE:
-                user = user_by_username(username=wanted)
-                if user is None:
-                    raise InvalidInput(
-                        gettext("no active user %(wanted)s") % {"wanted": wanted}, field="assignee"
-                    )
-            else:
-                user = None
-            handoff_services.handoff_assign(handoff_id=handoff_id, assignee=user, actor=actor)  # type: ignore[arg-type]
-            if user is None:
-                return gettext("Unassigned: anyone on the team may accept it.")
-            if user.pk == request.user.pk:
-                return gettext("Assigned to you: accept it when you start.")
-            return gettext("Assigned to %(get_username)s: they accept it when they start.") % {
-                "get_username": user.get_username()
-            }
-
-    elif action == "accept":
-        form = HandoffAcceptForm(request.POST)
-
-        def service(data: dict[str, Any]) -> str:
-            handoff_services.handoff_accept(
-                handoff_id=handoff_id,
-                user=request.user,  # type: ignore[arg-type]
-                actor=actor,
-                take_from_assignee=data["take_from_assignee"],
-            )
-            return gettext("Accepted: this run is yours.")
-
-    elif action == "return":
-        form = ResumeForm(request.POST, checkpoints=checkpoint_labels(run_id=handoff.run_id))
-
-        def service(data: dict[str, Any]) -> str:
-            handoff_services.handoff_return(
-                handoff_id=handoff_id,
-                actor=actor,
-                checkpoint=data["checkpoint"],
-                carry_over_steering=data["carry_over_steering"],
-                note=data["note"],
-            )
-            return gettext("Returned to automation: the run is pending at a new epoch.")
-
-    elif action == "complete":
-        form = NoteForm(request.POST)
-
-        def service(data: dict[str, Any]) -> str:
-            handoff_services.handoff_complete(handoff_id=handoff_id, actor=actor, note=data["note"])
-            return gettext("Completed by hand: the run is completed.")
-
-    else:
-        form = CloseNoteForm(request.POST)
-
-        def service(data: dict[str, Any]) -> str:
-            handoff_services.handoff_close(handoff_id=handoff_id, actor=actor, note=data["note"])
-            return gettext("Closed: the run is cancelled.")
-
     return act(
         request,
-        form=form,
-        service=service,
+        form=chosen.form(request, handoff),
+        service=lambda data: chosen.perform(request, handoff, data),
         back=reverse("console:handoffs"),
         fragment=_card_answer(request, handoff_id),
     )
 
 
-@login_required
-@require_POST
-def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> HttpResponse:
-    """Carry over or discard a handed-off run's unapplied steering from its inbox card."""
-    run = run_for(request, run_id, need=Role.REVIEWER)
-    form, decide = steering_decision(request, run, message_id)
+def _latest_card_answer(request: HtmxHttpRequest, run: Run) -> Callable[[Outcome], HttpResponse]:
+    """htmx answer of a steering decision on a card: the run's newest handoff's card."""
 
     def answer(outcome: Outcome) -> HttpResponse:
         handoff_id = latest_handoff_id(run_id=run.pk)
@@ -193,6 +211,11 @@ def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> H
             raise Http404(gettext("no handoff for this run"))
         return _card_answer(request, handoff_id)(outcome)
 
-    return act(
-        request, form=form, service=decide, back=reverse("console:handoffs"), fragment=answer
-    )
+    return answer
+
+
+# Carry over or discard a handed-off run's unapplied steering from its inbox card (the view is
+# console/views/decisions.py).
+STEERING_OFFER = OfferedOn(
+    back=lambda _run_id: reverse("console:handoffs"), answer=_latest_card_answer
+)

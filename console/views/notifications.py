@@ -22,6 +22,7 @@ from console.access import request_access, visible_teams
 from console.views.common import (
     FilterError,
     HtmxHttpRequest,
+    act,
     actor_of,
     error_text,
     page,
@@ -196,11 +197,13 @@ def channel_edit(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
 @require_POST
 def channel_delete(request: HtmxHttpRequest, channel_id: int) -> HttpResponse:
     channel = _channel_for(request, channel_id)
-    notify.channel_delete(channel_id=channel.pk, actor=actor_of(request))
-    return redirect_with(
-        request,
-        reverse("console:notifications"),
-        ok=gettext("Channel %(repr)s deleted.") % {"repr": repr(channel.name)},
+
+    def delete(_data: dict[str, Any]) -> str:
+        notify.channel_delete(channel_id=channel.pk, actor=actor_of(request))
+        return gettext("Channel %(repr)s deleted.") % {"repr": repr(channel.name)}
+
+    return act(
+        request, form=None, service=delete, back=reverse("console:notifications"), fragment=None
     )
 
 
@@ -347,12 +350,16 @@ def slack_unlink(request: HtmxHttpRequest, link_id: int) -> HttpResponse:
     teams = membership_roles(user_id=link.user_id)
     if not (access.all_teams or any(access.can_admin(team_id) for team_id in teams)):
         raise PermissionDenied(gettext("only an admin of one of the user's teams may unlink"))
-    slack_link_remove(user_id=link.user_id, actor=actor_of(request))
-    return redirect_with(
-        request,
-        reverse("console:notifications"),
-        ok=gettext("Slack member %(member)s unlinked from %(user)s.")
-        % {"member": link.slack_user_id, "user": link.user.get_username()},
+
+    def unlink(_data: dict[str, Any]) -> str:
+        slack_link_remove(user_id=link.user_id, actor=actor_of(request))
+        return gettext("Slack member %(member)s unlinked from %(user)s.") % {
+            "member": link.slack_user_id,
+            "user": link.user.get_username(),
+        }
+
+    return act(
+        request, form=None, service=unlink, back=reverse("console:notifications"), fragment=None
     )
 
 

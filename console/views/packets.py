@@ -5,6 +5,7 @@ with the current resolution status on top and a control per unknown. An interrup
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -33,7 +34,7 @@ from console.views.common import (
     page,
     wants_fragment,
 )
-from console.views.decisions import check_outbox_decision, outbox_decision
+from console.views.decisions import OfferedOn
 from handoff import services as handoff_services
 from handoff.models import ResolutionDecision, StopPacket
 from runs import services
@@ -116,7 +117,7 @@ def packet_context(
     can_act = request_access(request).can_act(run.team_id)
     return {
         "run": run,
-        "p": view,
+        "packet_view": view,
         "snap": view.snap,
         "epochs": epochs,
         "can_resolve": can_act and view.is_current and run.status in services.RESOLVABLE_STATUSES,
@@ -171,14 +172,8 @@ def packet_json(request: HtmxHttpRequest, run_id: str, epoch: int) -> HttpRespon
     return response
 
 
-@login_required
-@require_POST
-def outbox_decide(
-    request: HtmxHttpRequest, run_id: str, item_id: int, decision: str
-) -> HttpResponse:
-    """Release or discard a frozen item from the packet; htmx gets the frozen section back."""
-    check_outbox_decision(decision)
-    run = run_for(request, run_id, need=Role.REVIEWER)
+def _frozen_answer(request: HtmxHttpRequest, run: Run) -> Callable[[Outcome], HttpResponse]:
+    """htmx answer of a decision on a frozen item: the frozen section, the status out of band."""
 
     def answer(outcome: Outcome) -> HttpResponse:
         run.refresh_from_db()
@@ -188,13 +183,13 @@ def outbox_decide(
         )
         return fragments(request, template, "frozen", context, oob=["status"])
 
-    return act(
-        request,
-        form=None,
-        service=outbox_decision(request, run, item_id, decision),
-        back=reverse("console:packet_latest", args=[run_id]),
-        fragment=answer,
-    )
+    return answer
+
+
+# Release or discard a frozen item from the packet (the view is console/views/decisions.py).
+OUTBOX_OFFER = OfferedOn(
+    back=lambda run_id: reverse("console:packet_latest", args=[run_id]), answer=_frozen_answer
+)
 
 
 @login_required
@@ -229,7 +224,11 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         template, view = _current_view(request, run)
         context = packet_context(request, run, view)
         unknown = next(
-            (u for u in context["p"].unknowns if u.target == target and u.target_id == target_id),
+            (
+                candidate
+                for candidate in view.unknowns
+                if candidate.target == target and candidate.target_id == target_id
+            ),
             None,
         )
         if unknown is None:
@@ -237,7 +236,7 @@ def resolve(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             return fragments(request, template, "status", {**context, "status_error": status_error})
         context.update(
             {
-                "u": unknown,
+                "unknown": unknown,
                 "card_ok": outcome.ok,
                 "card_error": outcome.error,
                 "card_form": form if outcome.error else None,

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from console.access import request_access, visible_teams
 from console.forms import PolicyForm, PolicyTestForm
 from console.refusals import refusal_sentence
-from console.views.common import HtmxHttpRequest, actor_of, page, redirect_with
+from console.views.common import HtmxHttpRequest, act, actor_of, page, redirect_with
 from policies.language import CONTEXT
 from policies.models import Policy, PolicyHit, PolicyTest
 from policies.rule_templates import BY_KEY, TEMPLATES
@@ -165,15 +165,12 @@ def policy_edit(request: HtmxHttpRequest, policy_id: int) -> HttpResponse:
 @require_POST
 def policy_remove(request: HtmxHttpRequest, policy_id: int) -> HttpResponse:
     policy = _policy_for(request, policy_id, admin=True)
-    try:
+
+    def delete(_data: dict[str, Any]) -> str:
         policy_delete(policy_id=policy.pk, actor=actor_of(request))
-    except DomainError as exc:
-        return redirect_with(request, reverse("console:policies"), error=exc)
-    return redirect_with(
-        request,
-        reverse("console:policies"),
-        ok=_("Policy %(name)s deleted.") % {"name": policy.name},
-    )
+        return _("Policy %(name)s deleted.") % {"name": policy.name}
+
+    return act(request, form=None, service=delete, back=reverse("console:policies"), fragment=None)
 
 
 @login_required

@@ -34,7 +34,7 @@ from console.views.common import (
     page,
     wants_fragment,
 )
-from console.views.decisions import check_outbox_decision, outbox_decision, steering_decision
+from console.views.decisions import OfferedOn
 from gateway.models import McpSession
 from policies.models import PolicyHit
 from runs import services
@@ -70,7 +70,7 @@ def run_context(request: HtmxHttpRequest, run: Run, **extra: Any) -> dict[str, A
     reasons = run_dirty_reasons(run) if can_resume else []
     context: dict[str, Any] = {
         "run": run,
-        "d": detail,
+        "detail": detail,
         "can_act": can_act,
         "can_admin": access.can_admin(run.team_id),
         "is_stoppable": status in STOPPABLE_STATUSES,
@@ -298,35 +298,14 @@ def steering_add(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     )
 
 
-@login_required
-@require_POST
-def steering_decide(request: HtmxHttpRequest, run_id: str, message_id: int) -> HttpResponse:
-    run = run_for(request, run_id, need=Role.REVIEWER)
-    form, decide = steering_decision(request, run, message_id)
-    return act(
-        request,
-        form=form,
-        service=decide,
-        back=reverse("console:run", args=[run_id]) + "#steering",
-        fragment=_detail_answer(request, run),
-    )
-
-
 # --------------------------------------------------------------------------------------------
-# frozen outbox items: release or discard (the stop packet page has its own endpoint)
+# decisions in the detail region (views in console/views/decisions.py, wired in ui_urls.py)
 
-
-@login_required
-@require_POST
-def outbox_decide(
-    request: HtmxHttpRequest, run_id: str, item_id: int, decision: str
-) -> HttpResponse:
-    check_outbox_decision(decision)
-    run = run_for(request, run_id, need=Role.REVIEWER)
-    return act(
-        request,
-        form=None,
-        service=outbox_decision(request, run, item_id, decision),
-        back=reverse("console:run", args=[run_id]) + "#outbox",
-        fragment=_detail_answer(request, run),
-    )
+# Release or discard a frozen outbox item; the detail region comes back.
+OUTBOX_OFFER = OfferedOn(
+    back=lambda run_id: reverse("console:run", args=[run_id]) + "#outbox", answer=_detail_answer
+)
+# Carry over or discard an unapplied steering message; the detail region comes back.
+STEERING_OFFER = OfferedOn(
+    back=lambda run_id: reverse("console:run", args=[run_id]) + "#steering", answer=_detail_answer
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse, HttpResponseRedirect
@@ -15,11 +17,11 @@ from console.forms import TokenCreateForm
 from console.selectors.tokens import api_token_get, api_tokens_of
 from console.views.common import (
     HtmxHttpRequest,
+    act,
     actor_of,
     error_text,
     form_errors,
     page,
-    redirect_with,
 )
 from runs.errors import DomainError
 from runs.models import Role, Team
@@ -96,9 +98,9 @@ def token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
     token = api_token_get(token_id=token_id, teams=teams)
     if token is None:
         raise Http404(gettext("no such token"))
-    api_token_revoke(token_id=token.pk, actor=actor_of(request))
-    return redirect_with(
-        request,
-        reverse("console:tokens"),
-        ok=gettext("Token %(name)s revoked.") % {"name": token.name},
-    )
+
+    def revoke(_data: dict[str, Any]) -> str:
+        api_token_revoke(token_id=token.pk, actor=actor_of(request))
+        return gettext("Token %(name)s revoked.") % {"name": token.name}
+
+    return act(request, form=None, service=revoke, back=reverse("console:tokens"), fragment=None)

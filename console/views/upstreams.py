@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from console.access import request_access, visible_teams
 from console.refusals import refusal_sentence
-from console.views.common import HtmxHttpRequest, actor_of, page, redirect_with
+from console.views.common import HtmxHttpRequest, act, actor_of, page, redirect_with
 from gateway.models import McpUpstream, Transport
 from gateway.services import upstream_create, upstream_delete, upstream_update
 from runs.errors import DomainError
@@ -197,14 +197,13 @@ def upstream_edit(request: HtmxHttpRequest, upstream_id: int) -> HttpResponse:
 @require_POST
 def upstream_remove(request: HtmxHttpRequest, upstream_id: int) -> HttpResponse:
     upstream = _upstream_for(request, upstream_id)
-    try:
+
+    def delete(_data: dict[str, Any]) -> str:
         upstream_delete(
             upstream_id=upstream.pk, team_ids=[upstream.team_id], actor=actor_of(request)
         )
-    except DomainError as error:
-        return redirect_with(request, reverse("console:mcp_upstreams"), error=error)
-    return redirect_with(
-        request,
-        reverse("console:mcp_upstreams"),
-        ok=gettext("Upstream %(name)s deleted.") % {"name": upstream.name},
+        return gettext("Upstream %(name)s deleted.") % {"name": upstream.name}
+
+    return act(
+        request, form=None, service=delete, back=reverse("console:mcp_upstreams"), fragment=None
     )

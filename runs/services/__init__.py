@@ -41,7 +41,6 @@ from runs.services.approvals import (
 from runs.services.budget import run_enforce_budget
 from runs.services.bulk import (
     BULK_STOP_REASONS,
-    bulk_result_state,
     bulk_stop,
     bulk_stop_workers,
 )
@@ -49,7 +48,6 @@ from runs.services.bulk_preview import (
     MAX_BULK_IDS,
     RUN_ID_PATTERN,
     BulkFilter,
-    bulk_preview_get,
     bulk_stop_limit,
     bulk_stop_preview,
 )
@@ -130,8 +128,6 @@ __all__ = [
     "MAX_BULK_IDS",
     "RUN_ID_PATTERN",
     "BulkFilter",
-    "bulk_preview_get",
-    "bulk_result_state",
     "bulk_stop",
     "bulk_stop_limit",
     "bulk_stop_preview",
@@ -182,7 +178,6 @@ __all__ = [
     "run_fence_overdue",
     "run_mark_changed",
     "run_move",
-    "run_touch",
     "run_resume",
     "run_resume_locked",
     "run_stop",
@@ -193,6 +188,3 @@ __all__ = [
     "tool_result_report",
     "validate_outbox_destination",
 ]
-
-# handoff's name for `run_mark_changed`, until handoff/services.py moves to the new name.
-run_touch = run_mark_changed

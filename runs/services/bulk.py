@@ -28,20 +28,19 @@ from runs.access import SYSTEM_STOP_REASONS
 from runs.actors import Actor
 from runs.errors import BulkTooLarge, DomainError, InvalidInput
 from runs.models import (
-    STOPPING_STATUSES,
     TERMINAL_STATUSES,
     BulkStop,
     BulkStopOutcome,
     BulkStopResult,
     StopReason,
 )
+from runs.selectors import bulk_preview_get
 from runs.services.bulk_preview import (
     BulkFilter,
     bulk_filter_from_dict,
     bulk_filter_validate,
     bulk_matching_runs,
     bulk_outcome_of_status,
-    bulk_preview_get,
     bulk_stop_limit,
     bulk_stoppable_ids,
 )
@@ -331,18 +330,3 @@ def _count(results: Sequence[BulkStopResult]) -> dict[str, int]:
     for result in results:
         counts[result.outcome] = counts.get(result.outcome, 0) + 1
     return counts
-
-
-def bulk_result_state(outcome: str, run_status: str | None) -> str:
-    """What a result says now: a stop that was requested is `requested` until its run reaches
-    an end state, then that state (a dirty stop is `stopped_dirty`: it needs resolution).
-
-    The stop service only records the request; the run drains afterwards, and "stopped" while
-    the worker is still draining would claim an outcome nobody knows yet."""
-    if outcome != BulkStopOutcome.STOPPED or run_status is None:
-        return outcome
-    if run_status in STOPPING_STATUSES:
-        return "requested"
-    # stopped_cleanly, stopped_dirty, handed_off — or, later, whatever a person did next
-    # (resumed, closed): the run's own state is the honest answer.
-    return run_status

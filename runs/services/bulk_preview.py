@@ -12,10 +12,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
-from django.utils import timezone
 
 from runs.actors import Actor
-from runs.errors import InvalidInput, NotFound, PreviewExpired
+from runs.errors import InvalidInput
 from runs.models import (
     STOPPABLE_STATUSES,
     STOPPING_STATUSES,
@@ -36,16 +35,9 @@ RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,32}$"  # the API schema documents it
 _RUN_ID = re.compile(RUN_ID_PATTERN)
 
 
-# A confirm must follow its preview within this many seconds (SAFESTOP_BULK_PREVIEW_SECONDS):
-# after that the reviewer previews again rather than act on a picture of the fleet gone stale.
-DEFAULT_BULK_PREVIEW_SECONDS = 600
 # A preview remembers at most this many runs; a wider filter is refused at the preview (narrow it,
 # or stop in parts): a preview that could not say which runs it shows cannot be confirmed.
 MAX_PREVIEW_RUNS = 100_000
-
-
-def bulk_preview_seconds() -> int:
-    return int(getattr(settings, "SAFESTOP_BULK_PREVIEW_SECONDS", DEFAULT_BULK_PREVIEW_SECONDS))
 
 
 def bulk_stop_limit() -> int:
@@ -270,26 +262,6 @@ def _preview_counts(
         limit=bulk_stop_limit(),
         refusals=sorted(refused),
     )
-
-
-def bulk_preview_get(*, actor: Actor, preview_id: str) -> BulkStopPreview:
-    """The caller's own recorded preview, still fresh enough to confirm.
-
-    Another caller's preview is "not found" like one that never existed: a preview is what one
-    reviewer saw, not a handle anyone may act on."""
-    preview = BulkStopPreview.objects.filter(
-        preview_id=preview_id, actor_kind=actor.kind, actor_id=actor.id
-    ).first()
-    if preview is None:
-        raise NotFound("no such preview of yours; preview again", field="preview_id")
-    age = (timezone.now() - preview.created_at).total_seconds()
-    if age > bulk_preview_seconds():
-        raise PreviewExpired(
-            f"this preview is {int(age)} s old (a confirm must follow within "
-            f"{bulk_preview_seconds()} s); preview again",
-            preview_id=preview_id,
-        )
-    return preview
 
 
 def bulk_filter_from_dict(named: Mapping[str, Any]) -> BulkFilter:

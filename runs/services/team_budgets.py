@@ -40,7 +40,6 @@ from runs.ledger import ledger_append
 from runs.models import Run, Team, TeamBudget, TeamPrice, Usage
 
 # A read, kept importable from here for the console's budgets page (console/views/budgets.py).
-from runs.selectors import team_budget_spent as team_budget_spent
 
 WARN_AT = Decimal("0.8")
 # A budget above this is a typo, not a budget (the column holds 14 digits, 6 after the point).

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 
+from runs import selectors as run_selectors
 from runs import services
 from runs.actors import Actor
 from runs.errors import NotFound, PreviewExpired
@@ -141,16 +142,19 @@ def test_a_result_says_requested_until_the_run_really_ends(team, reviewer_actor)
         reason="user_stop",
     )
     states = {
-        result.run_id: services.bulk_result_state(result.outcome, reload_status(result.run_id))
+        result.run_id: run_selectors.bulk_result_state(result.outcome, reload_status(result.run_id))
         for result in answer.results
     }
     assert states == {draining.pk: "requested", idle.pk: RunStatus.STOPPED_CLEANLY}
     services.run_drained(
         run_id=draining.pk, lease_token=lease.token, epoch=lease.epoch, actor=SYSTEM
     )
-    assert services.bulk_result_state("stopped", reload(draining).status) == "stopped_cleanly"
-    assert services.bulk_result_state("stopped", RunStatus.STOPPED_DIRTY) == "stopped_dirty"
-    assert services.bulk_result_state("already_finished", RunStatus.COMPLETED) == "already_finished"
+    assert run_selectors.bulk_result_state("stopped", reload(draining).status) == "stopped_cleanly"
+    assert run_selectors.bulk_result_state("stopped", RunStatus.STOPPED_DIRTY) == "stopped_dirty"
+    assert (
+        run_selectors.bulk_result_state("already_finished", RunStatus.COMPLETED)
+        == "already_finished"
+    )
 
 
 def reload_status(run_id: str) -> str:
