@@ -84,6 +84,7 @@ LABELS: dict[str, Any] = {
     "dependency_failure": _("dependency failure"),
     "external_action": _("external action"),
     "policy": _("policy"),
+    "policy_violation": _("policy violation"),
     "unconfirmed_side_effects": _("unconfirmed side effects"),
     "outbox_in_flight": _("outbox items in flight"),
     "worker_unconfirmed": _("worker unconfirmed"),

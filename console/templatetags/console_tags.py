@@ -156,6 +156,15 @@ def approval_why(value: Any) -> str:
 
 
 @register.filter
+def errors_line(form: Any, leave_out: str = "") -> str:
+    """A form's errors as one line, each after its field's translated label; `leave_out` is a
+    comma-separated list of fields whose errors the page shows beside the field."""
+    from console.views.common import form_errors  # the views import these tags' module
+
+    return form_errors(form, leave_out=[name for name in leave_out.split(",") if name])
+
+
+@register.filter
 def role_label(value: Any) -> str:
     return label_for(value)
 
