@@ -197,13 +197,17 @@ def approval_reason_text(stored: str) -> str:
 _SYSTEM_NOTES: list[tuple[re.Pattern[str], Any]] = [
     (
         re.compile(r"budget (?P<name>\S+) exhausted: (?P<used>.+?) of (?P<limit>.+)", re.S),
-        lambda m: gettext("budget %(name)s exhausted: %(used)s of %(limit)s")
-        % {"name": m["name"], "used": _units(m["used"]), "limit": _units(m["limit"])},
+        lambda m: (
+            gettext("budget %(name)s exhausted: %(used)s of %(limit)s")
+            % {"name": m["name"], "used": _units(m["used"]), "limit": _units(m["limit"])}
+        ),
     ),
     (
         re.compile(r"policy (?P<name>\S+) matched: (?P<expression>.*?) — saw (?P<values>.*)", re.S),
-        lambda m: gettext("policy %(name)s matched: %(expression)s — saw %(values)s")
-        % {"name": m["name"], "expression": m["expression"], "values": m["values"]},
+        lambda m: (
+            gettext("policy %(name)s matched: %(expression)s — saw %(values)s")
+            % {"name": m["name"], "expression": m["expression"], "values": m["values"]}
+        ),
     ),
     (
         re.compile(
@@ -211,16 +215,18 @@ _SYSTEM_NOTES: list[tuple[re.Pattern[str], Any]] = [
             r"(?P<expression>.*?) — saw (?P<values>.*)",
             re.S,
         ),
-        lambda m: gettext(
-            "policy %(name)s could not be evaluated (%(error)s) and stops on error: "
-            "%(expression)s — saw %(values)s"
-        )
-        % {
-            "name": m["name"],
-            "error": m["error"],
-            "expression": m["expression"],
-            "values": m["values"],
-        },
+        lambda m: (
+            gettext(
+                "policy %(name)s could not be evaluated (%(error)s) and stops on error: "
+                "%(expression)s — saw %(values)s"
+            )
+            % {
+                "name": m["name"],
+                "error": m["error"],
+                "expression": m["expression"],
+                "values": m["values"],
+            }
+        ),
     ),
     (
         re.compile(r"the run was stopped \((?P<reason>[a-z_]+)\)"),
