@@ -288,12 +288,14 @@ def floor(stack: Stack, shape: Shape, count: int) -> tuple[int, dict[str, float]
         return shape.measure(work)
 
 
-def events_single(
-    stack: Stack, shape: Shape, count: int
+def _events(
+    stack: Stack, shape: Shape, title: str, requests: int, body: Any, per_request: int
 ) -> tuple[int, dict[str, float], float, float]:
-    from bench.bench_ingest import _leased_runs, single_event
+    """`requests` POSTs of `body(number)` to one leased run's events, each accepting
+    `per_request` events; the count of events sent."""
+    from bench.bench_ingest import _leased_runs
 
-    ((run_id, epoch),) = _leased_runs(stack, 1, "cost-single")
+    ((run_id, epoch),) = _leased_runs(stack, 1, title)
     with httpx.Client(
         base_url=stack.base_url,
         headers={"Authorization": f"Bearer {stack.agent_token}"},
@@ -302,46 +304,34 @@ def events_single(
         _warm(http, run_id, epoch)
 
         def work() -> int:
-            for number in range(count):
+            for number in range(requests):
                 response = http.post(
                     f"/api/v1/runs/{run_id}/events/",
-                    json={"epoch": epoch, "events": [single_event(0, number)]},
+                    json={"epoch": epoch, "events": body(number)},
                 )
-                if response.status_code != 200 or response.json()["accepted"] != 1:
+                if response.status_code != 200 or response.json()["accepted"] != per_request:
                     raise RuntimeError(
-                        f"event answered {response.status_code}: {response.text[:200]}"
+                        f"events answered {response.status_code}: {response.text[:200]}"
                     )
-            return count
+            return requests * per_request
 
         return shape.measure(work)
+
+
+def events_single(
+    stack: Stack, shape: Shape, count: int
+) -> tuple[int, dict[str, float], float, float]:
+    from bench.bench_ingest import single_event
+
+    return _events(stack, shape, "cost-single", count, lambda n: [single_event(0, n)], 1)
 
 
 def events_batched(
     stack: Stack, shape: Shape, batches: int
 ) -> tuple[int, dict[str, float], float, float]:
-    from bench.bench_ingest import BATCH, _leased_runs, batch_events
+    from bench.bench_ingest import BATCH, batch_events
 
-    ((run_id, epoch),) = _leased_runs(stack, 1, "cost-batch")
-    with httpx.Client(
-        base_url=stack.base_url,
-        headers={"Authorization": f"Bearer {stack.agent_token}"},
-        timeout=30,
-    ) as http:
-        _warm(http, run_id, epoch)
-
-        def work() -> int:
-            for batch in range(batches):
-                response = http.post(
-                    f"/api/v1/runs/{run_id}/events/",
-                    json={"epoch": epoch, "events": batch_events(0, batch)},
-                )
-                if response.status_code != 200 or response.json()["accepted"] != BATCH:
-                    raise RuntimeError(
-                        f"batch answered {response.status_code}: {response.text[:200]}"
-                    )
-            return batches * BATCH
-
-        return shape.measure(work)
+    return _events(stack, shape, "cost-batch", batches, lambda n: batch_events(0, n), BATCH)
 
 
 def permits(stack: Stack, shape: Shape, count: int) -> tuple[int, dict[str, float], float, float]:

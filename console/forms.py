@@ -35,11 +35,14 @@ ADMIN_STOP_REASONS = [(StopReason.ADMIN_KILL.value, gettext_lazy("Admin kill (ad
 
 
 class StopForm(forms.Form):
-    reason = forms.ChoiceField(choices=HUMAN_STOP_REASONS, initial=StopReason.USER_STOP)
+    reason = forms.ChoiceField(
+        choices=HUMAN_STOP_REASONS, initial=StopReason.USER_STOP, label=gettext_lazy("Reason")
+    )
     note = forms.CharField(
         required=False,
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2}),
+        label=gettext_lazy("Note"),
         help_text=gettext_lazy("Why, in a sentence. It goes into the stop packet and the ledger."),
     )
 
@@ -51,7 +54,10 @@ class StopForm(forms.Form):
 
 class NoteForm(forms.Form):
     note = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label=gettext_lazy("Note"),
     )
 
 
@@ -61,33 +67,39 @@ class CloseNoteForm(forms.Form):
     note = forms.CharField(
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2}),
+        label=gettext_lazy("Note"),
         error_messages={"required": gettext_lazy("Say why the run is closed.")},
     )
 
 
 class HandoffAcceptForm(forms.Form):
     # Set when the person confirmed taking a handoff assigned to someone else.
-    take_from_assignee = forms.BooleanField(required=False)
+    take_from_assignee = forms.BooleanField(
+        required=False, label=gettext_lazy("Take it from its assignee")
+    )
 
 
 class HandoffFilterForm(forms.Form):
     """The handoff inbox: whose (`me`, `none`, a username, or everyone's) and in which order."""
 
-    assignee = forms.CharField(required=False, max_length=150)
+    assignee = forms.CharField(required=False, max_length=150, label=gettext_lazy("Assignee"))
     sort = forms.ChoiceField(
         required=False,
+        label=gettext_lazy("Order"),
         choices=[
             ("oldest", gettext_lazy("Oldest first")),
             ("newest", gettext_lazy("Newest first")),
         ],
     )
-    mine = forms.CharField(required=False, max_length=1)  # the "Handed to me" tab: assignee=me
+    mine = forms.CharField(
+        required=False, max_length=1, label=gettext_lazy("Handed to me")
+    )  # the "Handed to me" tab: assignee=me
 
 
 class HandoffAssignForm(forms.Form):
     """`me`, a teammate's username, or empty for nobody."""
 
-    assignee = forms.CharField(required=False, max_length=150)
+    assignee = forms.CharField(required=False, max_length=150, label=gettext_lazy("Assign to"))
 
 
 class SteeringForm(forms.Form):
@@ -100,20 +112,29 @@ class SteeringForm(forms.Form):
 
 class SteeringDecisionForm(forms.Form):
     decision = forms.ChoiceField(
-        choices=[("carry_over", gettext_lazy("Carry over")), ("discard", "Discard")]
+        choices=[
+            ("carry_over", gettext_lazy("Carry over")),
+            ("discard", gettext_lazy("Discard")),
+        ],
+        label=gettext_lazy("Decision"),
     )
 
 
 class ResumeForm(forms.Form):
     checkpoint = forms.ChoiceField(
-        required=False, choices=[("", gettext_lazy("Where it stopped (latest resume point)"))]
+        required=False,
+        choices=[("", gettext_lazy("Where it stopped (latest resume point)"))],
+        label=gettext_lazy("Resume from"),
     )
     carry_over_steering = forms.BooleanField(
         required=False,
         label=gettext_lazy("Carry over unapplied steering messages (otherwise they are discarded)"),
     )
     note = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2})
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label=gettext_lazy("Note"),
     )
 
     def __init__(self, *args: Any, checkpoints: list[str] | None = None, **kwargs: Any) -> None:
@@ -129,13 +150,19 @@ class ResolutionForm(forms.Form):
         choices=[
             ("tool_call", gettext_lazy("Tool call")),
             ("outbox", gettext_lazy("Outbox item")),
-            ("worker", "Worker"),
-        ]
+            ("worker", gettext_lazy("Worker")),
+        ],
+        label=gettext_lazy("What it is about"),
     )
-    target_id = forms.CharField(max_length=120)
-    decision = forms.ChoiceField(choices=ResolutionDecision.choices, widget=forms.RadioSelect)
+    target_id = forms.CharField(max_length=120, label=gettext_lazy("Which one"))
+    decision = forms.ChoiceField(
+        choices=ResolutionDecision.choices,
+        widget=forms.RadioSelect,
+        label=gettext_lazy("Decision"),
+    )
     evidence = forms.CharField(
         max_length=5000,
+        label=gettext_lazy("Evidence"),
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text=gettext_lazy("How you know: a query result, a ticket, a log line."),
     )
@@ -143,15 +170,18 @@ class ResolutionForm(forms.Form):
 
 class RunFilterForm(forms.Form):
     status = forms.ChoiceField(
-        required=False, choices=[("", gettext_lazy("Any status")), *RunStatus.choices]
+        required=False,
+        choices=[("", gettext_lazy("Any status")), *RunStatus.choices],
+        label=gettext_lazy("Status"),
     )
-    agent = forms.CharField(required=False, max_length=120)
-    team = forms.CharField(required=False, max_length=64)
-    q = forms.CharField(required=False, max_length=200, label="Search")
-    after = forms.CharField(required=False, max_length=200)
-    before = forms.CharField(required=False, max_length=200)
+    agent = forms.CharField(required=False, max_length=120, label=gettext_lazy("Agent"))
+    team = forms.CharField(required=False, max_length=64, label=gettext_lazy("Team"))
+    q = forms.CharField(required=False, max_length=200, label=gettext_lazy("Search"))
+    after = forms.CharField(required=False, max_length=200, label=gettext_lazy("After"))
+    before = forms.CharField(required=False, max_length=200, label=gettext_lazy("Before"))
     sort = forms.ChoiceField(
         required=False,
+        label=gettext_lazy("Sort"),
         choices=[
             ("", gettext_lazy("Newest first")),
             ("cost", gettext_lazy("Cost, most first")),
@@ -173,22 +203,24 @@ def _aware(value: datetime | None) -> datetime | None:
 
 
 class AuditFilterForm(forms.Form):
-    actor = forms.CharField(required=False, max_length=150)
-    action = forms.CharField(required=False, max_length=60)
-    reason = forms.CharField(required=False, max_length=60)
-    team = forms.CharField(required=False, max_length=64)
-    run = forms.CharField(required=False, max_length=32)
+    actor = forms.CharField(required=False, max_length=150, label=gettext_lazy("Actor"))
+    action = forms.CharField(required=False, max_length=60, label=gettext_lazy("Action"))
+    reason = forms.CharField(required=False, max_length=60, label=gettext_lazy("Reason"))
+    team = forms.CharField(required=False, max_length=64, label=gettext_lazy("Team"))
+    run = forms.CharField(required=False, max_length=32, label=gettext_lazy("Run"))
     since = forms.DateTimeField(
         required=False,
+        label=gettext_lazy("From"),
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
     )
     until = forms.DateTimeField(
         required=False,
+        label=gettext_lazy("Until"),
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
     )
-    after = forms.IntegerField(required=False, min_value=1)
+    after = forms.IntegerField(required=False, min_value=1, label=gettext_lazy("After entry"))
 
     def clean_since(self) -> datetime | None:
         return _aware(self.cleaned_data.get("since"))
@@ -209,6 +241,7 @@ class QualityPeriodForm(forms.Form):
     period = forms.ChoiceField(
         required=False,
         initial="7d",
+        label=gettext_lazy("Period"),
         choices=[
             ("24h", gettext_lazy("Last 24 hours")),
             ("7d", gettext_lazy("Last 7 days")),
@@ -217,11 +250,15 @@ class QualityPeriodForm(forms.Form):
             ("custom", gettext_lazy("Custom")),
         ],
     )
-    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(
-        required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="inclusive"
+    since = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}), label=gettext_lazy("From")
     )
-    team = forms.CharField(required=False, max_length=64)
+    until = forms.DateField(
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        label=gettext_lazy("To (inclusive)"),
+    )
+    team = forms.CharField(required=False, max_length=64, label=gettext_lazy("Team"))
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -254,9 +291,11 @@ class QualityPeriodForm(forms.Form):
 
 
 class TokenCreateForm(forms.Form):
-    team = forms.ChoiceField(choices=[])
-    name = forms.CharField(max_length=120)
-    role = forms.ChoiceField(choices=TokenRole.choices, initial=TokenRole.AGENT)
+    team = forms.ChoiceField(choices=[], label=gettext_lazy("Team"))
+    name = forms.CharField(max_length=120, label=gettext_lazy("Name"))
+    role = forms.ChoiceField(
+        choices=TokenRole.choices, initial=TokenRole.AGENT, label=gettext_lazy("Role")
+    )
 
     def __init__(
         self, *args: Any, teams: list[tuple[str, str]] | None = None, **kwargs: Any
@@ -279,14 +318,18 @@ APPROVAL_TABS = [
 
 
 class ApprovalFilterForm(forms.Form):
-    status = forms.ChoiceField(required=False, choices=APPROVAL_TABS)
-    team = forms.CharField(required=False, max_length=64)
-    agent = forms.CharField(required=False, max_length=120)
-    tool = forms.CharField(required=False, max_length=200)
-    risk = forms.ChoiceField(
-        required=False, choices=[("", gettext_lazy("Any risk")), *ApprovalRisk.choices]
+    status = forms.ChoiceField(required=False, choices=APPROVAL_TABS, label=gettext_lazy("Status"))
+    team = forms.CharField(required=False, max_length=64, label=gettext_lazy("Team"))
+    agent = forms.CharField(required=False, max_length=120, label=gettext_lazy("Agent"))
+    tool = forms.CharField(
+        required=False, max_length=200, label=gettext_lazy("Tool or destination")
     )
-    run = forms.CharField(required=False, max_length=32)
+    risk = forms.ChoiceField(
+        required=False,
+        choices=[("", gettext_lazy("Any risk")), *ApprovalRisk.choices],
+        label=gettext_lazy("Risk"),
+    )
+    run = forms.CharField(required=False, max_length=32, label=gettext_lazy("Run"))
 
 
 class ApprovalRuleForm(forms.Form):
@@ -296,31 +339,50 @@ class ApprovalRuleForm(forms.Form):
     # Posted keys that are not fields: the CSRF token, and the team on the create form.
     ALLOWED_EXTRA = frozenset({"csrfmiddlewaretoken"})
 
-    name = forms.CharField(max_length=120)
-    enabled = forms.BooleanField(required=False, initial=True)
-    position = forms.IntegerField(min_value=0, max_value=1_000_000, initial=100)
-    applies_to = forms.ChoiceField(choices=ApprovalAppliesTo.choices, initial=ApprovalAppliesTo.ANY)
-    tool_glob = forms.CharField(required=False, max_length=200, strip=False)
+    name = forms.CharField(max_length=120, label=gettext_lazy("Name"))
+    enabled = forms.BooleanField(required=False, initial=True, label=gettext_lazy("Enabled"))
+    position = forms.IntegerField(
+        min_value=0, max_value=1_000_000, initial=100, label=gettext_lazy("Order")
+    )
+    applies_to = forms.ChoiceField(
+        choices=ApprovalAppliesTo.choices,
+        initial=ApprovalAppliesTo.ANY,
+        label=gettext_lazy("Holds"),
+    )
+    tool_glob = forms.CharField(
+        required=False, max_length=200, strip=False, label=gettext_lazy("Tool name")
+    )
     side_effect = forms.ChoiceField(
         required=False,
+        label=gettext_lazy("Side effect"),
         choices=[
             ("", gettext_lazy("Any call")),
             (SideEffect.WRITE.value, gettext_lazy("Writes only")),
         ],
     )
-    agent_glob = forms.CharField(required=False, max_length=200, strip=False)
-    transport = forms.CharField(required=False, max_length=16)
-    destination_glob = forms.CharField(required=False, max_length=500, strip=False)
-    risk = forms.ChoiceField(choices=ApprovalRisk.choices, initial=ApprovalRisk.MEDIUM)
-    timeout_seconds = forms.IntegerField(min_value=1, max_value=86_400, initial=900)
-    escalate_after_seconds = forms.IntegerField(required=False, min_value=1, max_value=86_400)
+    agent_glob = forms.CharField(
+        required=False, max_length=200, strip=False, label=gettext_lazy("Agent")
+    )
+    transport = forms.CharField(required=False, max_length=16, label=gettext_lazy("Transport"))
+    destination_glob = forms.CharField(
+        required=False, max_length=500, strip=False, label=gettext_lazy("Destination")
+    )
+    risk = forms.ChoiceField(
+        choices=ApprovalRisk.choices, initial=ApprovalRisk.MEDIUM, label=gettext_lazy("Risk")
+    )
+    timeout_seconds = forms.IntegerField(
+        min_value=1, max_value=86_400, initial=900, label=gettext_lazy("Deadline")
+    )
+    escalate_after_seconds = forms.IntegerField(
+        required=False, min_value=1, max_value=86_400, label=gettext_lazy("Escalate after")
+    )
 
     def __init__(
         self, *args: Any, teams: list[tuple[str, str]] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         if teams is not None:
-            self.fields["team"] = forms.ChoiceField(choices=teams)
+            self.fields["team"] = forms.ChoiceField(choices=teams, label=gettext_lazy("Team"))
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -337,10 +399,17 @@ class ApprovalRuleForm(forms.Form):
 
 
 class ApprovalDecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
-    message = forms.CharField(required=False, max_length=4000)
+    decision = forms.ChoiceField(
+        choices=[("approve", gettext_lazy("Approve")), ("reject", gettext_lazy("Reject"))],
+        label=gettext_lazy("Decision"),
+    )
+    message = forms.CharField(
+        required=False, max_length=4000, label=gettext_lazy("Message to the agent")
+    )
     # The edited arguments, as JSON text; blank means "as they are".
-    arguments = forms.CharField(required=False, max_length=200_000, strip=False)
+    arguments = forms.CharField(
+        required=False, max_length=200_000, strip=False, label=gettext_lazy("Arguments")
+    )
 
     def clean_arguments(self) -> dict[str, Any] | None:
         text = self.cleaned_data.get("arguments") or ""
@@ -385,12 +454,22 @@ class BulkSelectionForm(forms.Form):
     """Which runs a bulk stop is about (DESIGN §12): the ticked rows, or every run matching the
     runs page's filters (no filter at all: every run of the user's teams)."""
 
-    scope = forms.ChoiceField(choices=[("selected", "selected"), ("matching", "matching")])
-    ids = _RunIdsField(required=False)
-    status = forms.ChoiceField(choices=[("", "any"), *RunStatus.choices], required=False)
-    agent = forms.CharField(required=False, max_length=120)
-    team = forms.CharField(required=False, max_length=64)
-    q = forms.CharField(required=False, max_length=200)
+    scope = forms.ChoiceField(
+        choices=[
+            ("selected", gettext_lazy("The ticked runs")),
+            ("matching", gettext_lazy("Every matching run")),
+        ],
+        label=gettext_lazy("Which runs"),
+    )
+    ids = _RunIdsField(required=False, label=gettext_lazy("Runs"))
+    status = forms.ChoiceField(
+        choices=[("", gettext_lazy("Any status")), *RunStatus.choices],
+        required=False,
+        label=gettext_lazy("Status"),
+    )
+    agent = forms.CharField(required=False, max_length=120, label=gettext_lazy("Agent"))
+    team = forms.CharField(required=False, max_length=64, label=gettext_lazy("Team"))
+    q = forms.CharField(required=False, max_length=200, label=gettext_lazy("Search"))
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -414,24 +493,29 @@ class BulkSelectionForm(forms.Form):
 
 
 class BulkStopForm(BulkSelectionForm):
-    reason = forms.ChoiceField(choices=HUMAN_STOP_REASONS, initial=StopReason.USER_STOP)
+    reason = forms.ChoiceField(
+        choices=HUMAN_STOP_REASONS, initial=StopReason.USER_STOP, label=gettext_lazy("Reason")
+    )
     note = forms.CharField(
         required=False,
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2}),
+        label=gettext_lazy("Note"),
         help_text=gettext_lazy(
             "Why, in a sentence. It goes into every run's stop packet and the ledger."
         ),
     )
     # Made when the preview is shown: a second click (or a resent form) answers the first bulk
     # stop instead of making another.
-    idempotency_key = forms.CharField(max_length=200)
-    confirm_large = forms.BooleanField(required=False)
+    idempotency_key = forms.CharField(max_length=200, label=gettext_lazy("Idempotency key"))
+    confirm_large = forms.BooleanField(required=False, label=gettext_lazy("Confirm"))
     # The preview the reviewer is looking at: the confirm stops exactly its runs (DESIGN §12).
-    preview_id = forms.CharField(required=False, max_length=32)
+    preview_id = forms.CharField(required=False, max_length=32, label=gettext_lazy("Preview"))
     # Above TYPE_TO_CONFIRM runs the reviewer types how many, so a wide filter is read, not
     # clicked through.
-    typed_count = forms.IntegerField(required=False, min_value=0)
+    typed_count = forms.IntegerField(
+        required=False, min_value=0, label=gettext_lazy("Number of runs")
+    )
 
     def __init__(self, *args: Any, admin: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -445,30 +529,44 @@ class PolicyForm(forms.Form):
 
     ALLOWED_EXTRA = frozenset({"csrfmiddlewaretoken"})
 
-    name = forms.CharField(max_length=120)
-    description = forms.CharField(required=False, max_length=500)
-    expression = forms.CharField(max_length=4000, strip=False, widget=forms.Textarea)
-    action = forms.ChoiceField(choices=PolicyAction.choices, initial=PolicyAction.STOP)
-    mode = forms.ChoiceField(choices=PolicyMode.choices, initial=PolicyMode.OBSERVE)
-    on_error = forms.ChoiceField(
-        choices=PolicyOnError.choices, initial=PolicyOnError.REQUIRE_APPROVAL
+    name = forms.CharField(max_length=120, label=gettext_lazy("Name"))
+    description = forms.CharField(required=False, max_length=500, label=gettext_lazy("Description"))
+    expression = forms.CharField(
+        max_length=4000, strip=False, widget=forms.Textarea, label=gettext_lazy("Expression")
     )
-    agent_glob = forms.CharField(required=False, max_length=200, initial="*")
-    tool_glob = forms.CharField(required=False, max_length=200, initial="*")
-    enabled = forms.BooleanField(required=False, initial=True)
+    action = forms.ChoiceField(
+        choices=PolicyAction.choices, initial=PolicyAction.STOP, label=gettext_lazy("Action")
+    )
+    mode = forms.ChoiceField(
+        choices=PolicyMode.choices, initial=PolicyMode.OBSERVE, label=gettext_lazy("Mode")
+    )
+    on_error = forms.ChoiceField(
+        choices=PolicyOnError.choices,
+        initial=PolicyOnError.REQUIRE_APPROVAL,
+        label=gettext_lazy("On an evaluation error"),
+    )
+    agent_glob = forms.CharField(
+        required=False, max_length=200, initial="*", label=gettext_lazy("Agents (glob)")
+    )
+    tool_glob = forms.CharField(
+        required=False, max_length=200, initial="*", label=gettext_lazy("Tools (glob)")
+    )
+    enabled = forms.BooleanField(required=False, initial=True, label=gettext_lazy("Enabled"))
 
     def __init__(
         self, *args: Any, teams: list[tuple[str, str]] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         if teams is not None:
-            self.fields["team"] = forms.ChoiceField(choices=teams)
+            self.fields["team"] = forms.ChoiceField(choices=teams, label=gettext_lazy("Team"))
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         unknown = sorted(set(self.data) - set(self.fields) - self.ALLOWED_EXTRA)
         if unknown:
-            raise forms.ValidationError(f"unknown field: {', '.join(unknown)}")
+            raise forms.ValidationError(
+                gettext("unknown field: %(join)s") % {"join": ", ".join(unknown)}
+            )
         return data
 
     def policy_fields(self) -> dict[str, Any]:
@@ -476,4 +574,4 @@ class PolicyForm(forms.Form):
 
 
 class PolicyTestForm(forms.Form):
-    days = forms.IntegerField(min_value=1, max_value=90, initial=7)
+    days = forms.IntegerField(min_value=1, max_value=90, initial=7, label=gettext_lazy("Days"))

@@ -15,15 +15,26 @@ from runs.models import Team
 DEMO_CHANNEL = "Demo mailbox"
 
 
-def demo_channels_ensure(team_slugs: list[str]) -> int:
-    """Create the demo mail channel of each team that lacks one; returns how many were made."""
+def demo_channels_ensure(
+    team_slugs: list[str],
+    *,
+    name: str = DEMO_CHANNEL,
+    also_named: tuple[str, ...] = (),
+    language: str = "en",
+) -> int:
+    """Create the demo mail channel of each team that has none named `name` (or one of
+    `also_named`: its name in the demo's other languages); `demo_setup` passes the name and the
+    language of its messages in the demo's language. Returns how many were made."""
     made = 0
     for team in Team.objects.filter(slug__in=team_slugs):
-        if NotificationChannel.objects.filter(team=team, name=DEMO_CHANNEL).exists():
+        names = {name, *also_named}
+        if NotificationChannel.objects.filter(team=team, name__in=names).exists():
             continue
         channel_create(
             team=team,
-            name=DEMO_CHANNEL,
+            name=name,
+            # the team reads its mail in the demo's language (a channel's own, DESIGN §17)
+            language=language,
             kind=ChannelKind.EMAIL,
             target=f"{team.slug}-oncall@example.com",
             actor=Actor.system("demo_setup"),

@@ -84,6 +84,7 @@ LABELS: dict[str, Any] = {
     "dependency_failure": _("dependency failure"),
     "external_action": _("external action"),
     "policy": _("policy"),
+    "policy_violation": _("policy violation"),
     "unconfirmed_side_effects": _("unconfirmed side effects"),
     "outbox_in_flight": _("outbox items in flight"),
     "worker_unconfirmed": _("worker unconfirmed"),
@@ -188,3 +189,73 @@ def approval_reason_text(stored: str) -> str:
         if parts
         else pgettext("rule match", "everything"),
     }
+
+
+# The notes the server writes on a stop it makes itself (runs/budgets.py, policies/evaluate.py,
+# the permit's budget check, a voided approval), stored in English like every record and
+# rebuilt here in the reader's words; a note a person typed is shown as typed.
+_SYSTEM_NOTES: list[tuple[re.Pattern[str], Any]] = [
+    (
+        re.compile(r"budget (?P<name>\S+) exhausted: (?P<used>.+?) of (?P<limit>.+)", re.S),
+        lambda m: (
+            gettext("budget %(name)s exhausted: %(used)s of %(limit)s")
+            % {"name": m["name"], "used": _units(m["used"]), "limit": _units(m["limit"])}
+        ),
+    ),
+    (
+        re.compile(r"policy (?P<name>\S+) matched: (?P<expression>.*?) — saw (?P<values>.*)", re.S),
+        lambda m: (
+            gettext("policy %(name)s matched: %(expression)s — saw %(values)s")
+            % {"name": m["name"], "expression": m["expression"], "values": m["values"]}
+        ),
+    ),
+    (
+        re.compile(
+            r"policy (?P<name>\S+) evaluation error \((?P<error>.*?)\); on_error stops: "
+            r"(?P<expression>.*?) — saw (?P<values>.*)",
+            re.S,
+        ),
+        lambda m: (
+            gettext(
+                "policy %(name)s could not be evaluated (%(error)s) and stops on error: "
+                "%(expression)s — saw %(values)s"
+            )
+            % {
+                "name": m["name"],
+                "error": m["error"],
+                "expression": m["expression"],
+                "values": m["values"],
+            }
+        ),
+    ),
+    (
+        re.compile(r"the run was stopped \((?P<reason>[a-z_]+)\)"),
+        lambda m: gettext("the run was stopped (%(reason)s)") % {"reason": label_for(m["reason"])},
+    ),
+]
+_FIXED_NOTES = {"budget enforced at permit": _("budget enforced at permit")}
+_UNITS = re.compile(r"(?P<number>[\d.]+) (?P<unit>tool calls|tokens)|(?P<none>no limit)")
+
+
+def _units(text: str) -> str:
+    def word(found: re.Match[str]) -> str:
+        if found["none"]:
+            return gettext("no limit")
+        if found["unit"] == "tokens":
+            return gettext("%(number)s tokens") % {"number": found["number"]}
+        return gettext("%(number)s tool calls") % {"number": found["number"]}
+
+    return _UNITS.sub(word, text)
+
+
+def system_note_text(stored: Any) -> str:
+    """A stop's or a decision's note in the reader's language when the server wrote it; any
+    other note (a person's, an agent's) exactly as it was stored."""
+    text = str(stored or "")
+    if text in _FIXED_NOTES:
+        return str(_FIXED_NOTES[text])
+    for pattern, rebuild in _SYSTEM_NOTES:
+        found = pattern.fullmatch(text)
+        if found is not None:
+            return str(rebuild(found))
+    return text

@@ -4,6 +4,11 @@ migration.
 Idempotent: running it again changes nothing (a password is only reset when it no longer
 matches the demo one, so a second `serve` does not log everybody out; a rule is only created
 when its team has no rule of that name, so an admin's edits to a demo rule stay).
+
+Names and descriptions a reader sees (team names, rule names, policy descriptions) are written
+in the demo's language (`console.demo.words`): they are the admins' own words, stored as typed.
+A rule or policy is looked up under its name in every demo language, so setting the demo up
+again in another language adds nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from console.demo.words import spellings, words
 from policies.models import Policy
 from policies.services import policy_create
 from runs.actors import Actor
@@ -137,15 +143,16 @@ class EnsureReport:
     policies_created: int = 0
 
 
-def demo_accounts_ensure() -> EnsureReport:
-    """Create (or bring back to the demo state) the demo teams, users and memberships."""
+def demo_accounts_ensure(*, language: str = "en") -> EnsureReport:
+    """Create (or bring back to the demo state) the demo teams, users and memberships; what a
+    reader sees of them is written in `language`."""
     user_model = get_user_model()
     teams_created = users_created = memberships_created = passwords_reset = 0
     with transaction.atomic():
         teams = []
         for slug, name in DEMO_TEAMS:
             existed = Team.objects.filter(slug=slug).exists()
-            teams.append(team_ensure(slug=slug, name=name))
+            teams.append(team_ensure(slug=slug, name=words(language, name)))
             teams_created += not existed
         for spec in DEMO_USERS:
             user, created = user_model.objects.get_or_create(username=spec.username)
@@ -170,9 +177,9 @@ def demo_accounts_ensure() -> EnsureReport:
                 if membership.role != spec.role:
                     membership.role = spec.role
                     membership.save(update_fields=["role"])
-        rules_created = demo_rules_ensure()
-        demo_costs_ensure()
-        policies_created = demo_policies_ensure()
+        rules_created = demo_rules_ensure(language=language)
+        demo_costs_ensure(language=language)
+        policies_created = demo_policies_ensure(language=language)
     return EnsureReport(
         teams_created,
         users_created,
@@ -183,7 +190,11 @@ def demo_accounts_ensure() -> EnsureReport:
     )
 
 
-def demo_rules_ensure() -> int:
+def _demo_team(slug: str, language: str) -> Team:
+    return team_ensure(slug=slug, name=words(language, dict(DEMO_TEAMS).get(slug, slug)))
+
+
+def demo_rules_ensure(*, language: str = "en") -> int:
     """Create each demo approval rule its team does not have yet (by name); returns how many.
 
     Through the rule service, so each is validated and ledgered like an admin's rule.
@@ -191,10 +202,13 @@ def demo_rules_ensure() -> int:
     created = 0
     actor = Actor.system("demo-setup")
     for slug, fields in DEMO_APPROVAL_RULES:
-        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
-        if ApprovalRule.objects.filter(team=team, name=fields["name"]).exists():
+        team = _demo_team(slug, language)
+        name = str(fields["name"])
+        if ApprovalRule.objects.filter(team=team, name__in=spellings(name)).exists():
             continue
-        approval_rule_create(team_id=team.pk, actor=actor, **fields)
+        approval_rule_create(
+            team_id=team.pk, actor=actor, **{**fields, "name": words(language, name)}
+        )
         created += 1
     return created
 
@@ -207,29 +221,31 @@ DEMO_TEAM_PRICES = [
 DEMO_TEAM_BUDGETS = [("payments", {"time_zone": "UTC", "daily_usd": "20", "monthly_usd": "400"})]
 
 
-def demo_costs_ensure() -> None:
+def demo_costs_ensure(*, language: str = "en") -> None:
     """The demo's team prices and budgets, each set once (through the services: ledgered);
     an admin's later change is kept."""
     actor = Actor.system("demo-setup")
     for slug, fields in DEMO_TEAM_PRICES:
-        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        team = _demo_team(slug, language)
         if not TeamPrice.objects.filter(team=team, model=fields["model"]).exists():
             team_price_set(team_id=team.pk, actor=actor, **fields)
     for slug, budget in DEMO_TEAM_BUDGETS:
-        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        team = _demo_team(slug, language)
         if not TeamBudget.objects.filter(team=team).exists():
             team_budget_set(team_id=team.pk, actor=actor, **budget)
 
 
-def demo_policies_ensure() -> int:
+def demo_policies_ensure(*, language: str = "en") -> int:
     """Create each demo policy its team does not have yet (by name), through the policy
-    service (compiled, type-checked, ledgered); returns how many."""
+    service (compiled, type-checked, ledgered); returns how many. Its name is an identifier
+    (`demo-loop`), its description prose in `language`."""
     created = 0
     actor = Actor.system("demo-setup")
     for slug, fields in DEMO_POLICIES:
-        team = team_ensure(slug=slug, name=dict(DEMO_TEAMS).get(slug, slug))
+        team = _demo_team(slug, language)
         if Policy.objects.filter(team=team, name=fields["name"]).exists():
             continue
-        policy_create(team_id=team.pk, actor=actor, **fields)
+        description = words(language, str(fields["description"]))
+        policy_create(team_id=team.pk, actor=actor, **{**fields, "description": description})
         created += 1
     return created

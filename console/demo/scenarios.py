@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shlex
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -109,6 +110,11 @@ class Context:
     def t(self, template: str, **values: Any) -> str:
         """What the agent writes (a title, a step name, a summary) in the demo's language."""
         return words(self.sim.config.language, template, **values)
+
+    def echo(self, template: str, **values: Any) -> str:
+        """A shell `echo` of `template` in the demo's language (what the tool prints is the
+        agent's output a reader sees on the run page)."""
+        return "echo " + shlex.quote(self.t(template, **values))
 
     def hook(self, path: str) -> str:
         return self.sim.config.receiver_url.rstrip("/") + path
@@ -298,9 +304,12 @@ class Context:
         run.token.raise_if_cancelled()
         return outcome
 
-    def told_model(self, run: AgentRun, what: str, rejection: ApprovalRejected) -> str:
+    def told_model(
+        self, run: AgentRun, what: str, label: str, rejection: ApprovalRejected
+    ) -> Outcome:
         """A rejected, expired or void approval: log it and tell the model, as a real agent
-        would; the caller carries on without the call. Returns the outcome word."""
+        would; the caller carries on without the call. `label` is `what` as the agent writes
+        it (already in the demo's language)."""
         log.info(
             "simulator: %s: %s %s: %s",
             self.run_id,
@@ -308,20 +317,39 @@ class Context:
             rejection.status,
             rejection.message or "(no message)",
         )
+        status = self.t(APPROVAL_ENDINGS.get(rejection.status, rejection.status))
+        title = self.t("{what}: approval {status}", what=label, status=status)
         if not run.token.cancelled:
             run.artifact(
-                f"{what}: approval {rejection.status}",
+                title,
                 kind="text",
-                content=f"Told the model: the reviewer said no ({rejection.status}): "
-                f"{rejection.message or 'no message'}",
+                content=self.t(
+                    "Told the model: the reviewer said no ({status}): {message}",
+                    status=status,
+                    message=rejection.message or self.t("no message"),
+                ),
             )
-        return f"{what} {rejection.status}"
+        said = self.t("{what} {status}", what=label, status=status)
+        return Outcome(f"{what} {rejection.status}", said)
 
     def ended(self, run: AgentRun) -> str:
         """How the scenario ended, as a word for the log and the outcome counter."""
         if run.token.cancelled:
             return f"stopped ({run.token.reason})"
         return "completed" if run.completed else "ended"
+
+
+# How an approval that let nothing run ended (`ApprovalRejected.status`), as the agent writes it.
+APPROVAL_ENDINGS = {"rejected": "rejected", "expired": "expired", "void": "void"}
+
+
+@dataclass
+class Outcome:
+    """How an approval scenario ended: `word` for the simulator's log and counter (English,
+    like every log line), `said` for the run's result, in the demo's language."""
+
+    word: str = ""
+    said: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,7 +363,9 @@ def research(ctx: Context) -> str:
 
     def plan(run: AgentRun) -> None:
         outcome = ctx.model_call(
-            run, tool="search_kb", arguments={"query": f"ticket {ticket} refund status"}
+            run,
+            tool="search_kb",
+            arguments={"query": ctx.t("ticket {ticket} refund status", ticket=ticket)},
         )
         planned.extend(outcome.calls[:1])
 
@@ -345,19 +375,25 @@ def research(ctx: Context) -> str:
                 ctx.pause(run, 0.5, 1.5)
                 call.result = {"hits": [f"kb-{ctx.rng.randint(100, 999)}" for _ in range(3)]}
         run.artifact(
-            "search results", kind="json", content=json.dumps({"ticket": ticket}), reusable=True
+            ctx.t("search results"),
+            kind="json",
+            content=json.dumps({"ticket": ticket}),
+            reusable=True,
         )
 
     def read_article(run: AgentRun) -> None:
         with run.tool_call("fetch_url", {"url": f"https://kb.example/articles/{ticket}"}) as call:
             ctx.pause(run, 0.5, 1.2)
-            call.result = "How refunds are processed (1,240 words)"
+            call.result = ctx.t("How refunds are processed (1,240 words)")
         run.checkpoint("checkpoint_03", {"ticket": ticket, "article": "refunds"}, step_seq=3)
 
     def draft(run: AgentRun) -> None:
         ctx.model_call(run, words=20)
         run.artifact(
-            "draft reply", kind="text", content=f"Hello, about ticket #{ticket}: ...", reusable=True
+            ctx.t("draft reply"),
+            kind="text",
+            content=ctx.t("Hello, about ticket #{ticket}: ...", ticket=ticket),
+            reusable=True,
         )
 
     def post_reply(run: AgentRun) -> None:
@@ -367,7 +403,7 @@ def research(ctx: Context) -> str:
             {"ticket": ticket},
             key=f"{ctx.run_id}-reply",
             destination=ctx.hook("/hooks/helpdesk"),
-            payload={"ticket": ticket, "reply": "draft reply"},
+            payload={"ticket": ticket, "reply": ctx.t("draft reply")},
         )
 
     run = ctx.perform(
@@ -430,7 +466,7 @@ def slow_report(ctx: Context) -> str:
             chunks = ctx.rng.randint(5, 8)
             for done in range(1, chunks + 1):
                 ctx.pause(run, 1.5, 2.5)
-                call.observe(f"scanned {done}/{chunks} partitions")
+                call.observe(ctx.t("scanned {done}/{chunks} partitions", done=done, chunks=chunks))
             call.result = {"rows": 18_204}
         run.checkpoint("checkpoint_02", {"quarter": quarter, "rows": 18_204}, step_seq=2)
 
@@ -473,7 +509,8 @@ def deploy(ctx: Context) -> str:
         with run.tool_call("shell", {"cmd": f"make release VERSION={version}"}) as call:
             call.observe_process(
                 run_process(
-                    f"echo building {version}; sleep {1.5 * ctx.pace:.2f}; echo built",
+                    f"{ctx.echo('building {version}', version=version)}; "
+                    f"sleep {1.5 * ctx.pace:.2f}; {ctx.echo('built')}",
                     shell=True,
                     token=run.token,
                     timeout=60,
@@ -494,7 +531,8 @@ def deploy(ctx: Context) -> str:
             seconds = ctx.rng.uniform(5, 9) * ctx.pace
             call.observe_process(
                 run_process(
-                    f"trap '' TERM; echo applying 0042_invoices; sleep {seconds:.2f}; echo migration applied",
+                    f"trap '' TERM; {ctx.echo('applying 0042_invoices')}; "
+                    f"sleep {seconds:.2f}; {ctx.echo('migration applied')}",
                     shell=True,
                     token=run.token,
                     timeout=120,
@@ -510,7 +548,7 @@ def deploy(ctx: Context) -> str:
             {"channel": "#deploys"},
             key=f"{ctx.run_id}-announce",
             destination=ctx.hook("/hooks/chat"),
-            payload={"text": f"billing-api {version} deployed"},
+            payload={"text": ctx.t("billing-api {version} deployed", version=version)},
             link=False,
         )
 
@@ -589,7 +627,7 @@ def budget(ctx: Context) -> str:
         for page in range(1, 50):
             with run.tool_call("fetch_page", {"page": page}) as call:
                 ctx.pause(run, 0.5, 1.0)
-                call.result = f"page {page}: 40 products"
+                call.result = ctx.t("page {page}: 40 products", page=page)
 
     run = ctx.perform(
         ctx.t("Crawl the partner catalog"),
@@ -609,7 +647,11 @@ def spend(ctx: Context) -> str:
     def summarise(run: AgentRun) -> None:
         for contract in range(1, 50):
             ctx.model_call(run, words=30, prompt_tokens=16_000 + ctx.rng.randint(0, 2_000))
-            run.artifact(f"summary of contract {contract}", kind="text", content="...")
+            run.artifact(
+                ctx.t("summary of contract {contract}", contract=contract),
+                kind="text",
+                content="...",
+            )
             ctx.pause(run, 0.3, 0.6)
 
     run = ctx.perform(
@@ -622,16 +664,20 @@ def spend(ctx: Context) -> str:
     return ctx.ended(run)
 
 
+# What the looping agent researches (each has its words in `console.demo.words`).
+LOOP_TOPICS = ("refund policy", "shipping times", "warranty terms")
+
+
 def looping(ctx: Context) -> str:
     """A research agent stuck in a loop: it asks the same search with the same arguments until
     the team's loop policy (`demo-loop`, DESIGN §14) stops it at the repeating permit."""
-    topic = ctx.rng.choice(["refund policy", "shipping times", "warranty terms"])
+    topic = ctx.t(ctx.rng.choice(LOOP_TOPICS))
 
     def search(run: AgentRun) -> None:
         for _ in range(30):
             with run.tool_call("search_web", {"query": topic, "page": 1}) as call:
                 ctx.pause(run, 0.3, 0.6)
-                call.result = "no new results"
+                call.result = ctx.t("no new results")
 
     run = ctx.perform(
         ctx.t("Research {topic}", topic=topic),
@@ -656,7 +702,9 @@ def flaky(ctx: Context) -> str:
             try:
                 with run.tool_call("ledger.sync", {"batch": batch, "attempt": attempt}):
                     ctx.pause(run, 0.3, 0.6)
-                    raise _LedgerTimeout(f"ledger API timed out (attempt {attempt})")
+                    raise _LedgerTimeout(
+                        ctx.t("ledger API timed out (attempt {attempt})", attempt=attempt)
+                    )
             except _LedgerTimeout as error:
                 log.info("flaky %s: %s", ctx.run_id, error)
 
@@ -684,7 +732,7 @@ def steering(ctx: Context) -> str:
     def gather(run: AgentRun) -> None:
         with run.tool_call("search_logs", {"incident": incident}) as call:
             ctx.pause(run, 0.8, 1.6)
-            call.result = "42 log lines"
+            call.result = ctx.t("42 log lines")
 
     def apply_steering(run: AgentRun) -> None:
         run.token.raise_if_cancelled()
@@ -693,9 +741,9 @@ def steering(ctx: Context) -> str:
     def summarise(run: AgentRun) -> None:
         ctx.model_call(run, words=25)
         run.artifact(
-            "incident summary",
+            ctx.t("incident summary"),
             kind="text",
-            content=f"INC-{incident}: EU customers first ...",
+            content=ctx.t("INC-{incident}: EU customers first ...", incident=incident),
             reusable=True,
         )
 
@@ -775,7 +823,7 @@ def payout(ctx: Context) -> str:
     order = ctx.rng.randint(10_000, 99_999)
     customer = f"cust_{ctx.rng.randint(1000, 9999)}"
     amount = ctx.rng.choice([1_290, 4_500, 12_900, 89_000, 240_000])
-    outcome = ""
+    outcome = Outcome()
 
     def check(run: AgentRun) -> None:
         with run.tool_call("orders.lookup", {"order": order}) as call:
@@ -817,9 +865,12 @@ def payout(ctx: Context) -> str:
                 )
                 call.set_operation_id(str(item["id"]))
                 call.result = item
-                outcome = f"refunded {call.arguments['amount_cents']} cents"
+                cents = call.arguments["amount_cents"]
+                outcome = Outcome(
+                    f"refunded {cents} cents", ctx.t("refunded {cents} cents", cents=cents)
+                )
         except ApprovalRejected as rejection:
-            outcome = ctx.told_model(run, "refund", rejection)
+            outcome = ctx.told_model(run, "refund", ctx.t("refund"), rejection)
 
     run = ctx.perform(
         ctx.t("Refund order #{order}", order=order),
@@ -834,16 +885,16 @@ def payout(ctx: Context) -> str:
                 lambda run: ctx.model_call(run, words=10),
             ),
         ],
-        result=lambda: {"order": order, "outcome": outcome},
+        result=lambda: {"order": order, "outcome": outcome.said},
     )
-    return outcome if run.completed else ctx.ended(run)
+    return outcome.word if run.completed else ctx.ended(run)
 
 
 def release(ctx: Context) -> str:
     """Release to production: `deploy.production` waits; the reviewer may shrink the canary."""
     service = ctx.rng.choice(["checkout-web", "search-api", "billing-api"])
     version = f"2.{ctx.rng.randint(0, 40)}.{ctx.rng.randint(0, 9)}"
-    outcome = ""
+    outcome = Outcome()
 
     def checks(run: AgentRun) -> None:
         with run.tool_call("ci.status", {"service": service, "version": version}) as call:
@@ -878,18 +929,20 @@ def release(ctx: Context) -> str:
                 percent = call.arguments["canary_percent"]
                 call.observe_process(
                     run_process(
-                        f"echo rolling out {service} {version} to {percent}%; "
-                        f"sleep {0.8 * ctx.pace:.2f}; echo rolled out",
+                        f"{ctx.echo('rolling out {service} {version} to {percent}%', service=service, version=version, percent=percent)}; "
+                        f"sleep {0.8 * ctx.pace:.2f}; {ctx.echo('rolled out')}",
                         shell=True,
                         token=run.token,
                         timeout=60,
                         grace_seconds=1.0,
                     )
                 )
-                outcome = f"deployed at {percent}%"
+                outcome = Outcome(
+                    f"deployed at {percent}%", ctx.t("deployed at {percent}%", percent=percent)
+                )
             run.token.raise_if_cancelled()
         except ApprovalRejected as rejection:
-            outcome = ctx.told_model(run, "deploy", rejection)
+            outcome = ctx.told_model(run, "deploy", ctx.t("deploy"), rejection)
 
     def verify(run: AgentRun) -> None:
         with run.tool_call("metrics.query", {"service": service, "slo": "p99"}) as call:
@@ -908,12 +961,12 @@ def release(ctx: Context) -> str:
                 "Watch the canary",
                 "tool_read",
                 verify,
-                when=lambda: outcome.startswith("deployed"),
+                when=lambda: outcome.word.startswith("deployed"),
             ),
         ],
-        result=lambda: {"service": service, "version": version, "outcome": outcome},
+        result=lambda: {"service": service, "version": version, "outcome": outcome.said},
     )
-    return outcome if run.completed else ctx.ended(run)
+    return outcome.word if run.completed else ctx.ended(run)
 
 
 def customer_email(ctx: Context) -> str:
@@ -921,7 +974,7 @@ def customer_email(ctx: Context) -> str:
     invoice = ctx.rng.randint(1000, 9999)
     name = ctx.rng.choice(["jane.doe", "ops", "billing", "m.rossi"])
     address = f"{name}@customer.example"
-    outcome = ""
+    outcome = Outcome()
 
     def send(run: AgentRun) -> None:
         nonlocal outcome
@@ -949,12 +1002,12 @@ def customer_email(ctx: Context) -> str:
             # The item is the server's to send once approved; the agent waits to know.
             decision = run.wait_for_approval(str(approval["id"]))
             if decision.approved:
-                outcome = "email approved"
+                outcome = Outcome("email approved", ctx.t("email approved"))
             else:
                 rejection = ApprovalRejected(decision.message, decision.status, approval)
-                outcome = ctx.told_model(run, "email", rejection)
+                outcome = ctx.told_model(run, "email", ctx.t("email"), rejection)
         else:
-            outcome = "email queued"
+            outcome = Outcome("email queued", ctx.t("email queued"))
 
     run = ctx.perform(
         ctx.t("Email {address} about invoice {invoice}", address=address, invoice=invoice),
@@ -965,9 +1018,9 @@ def customer_email(ctx: Context) -> str:
             ),
             Step("send", "Send the email", "external_action", send),
         ],
-        result=lambda: {"invoice": invoice, "outcome": outcome},
+        result=lambda: {"invoice": invoice, "outcome": outcome.said},
     )
-    return outcome if run.completed else ctx.ended(run)
+    return outcome.word if run.completed else ctx.ended(run)
 
 
 @dataclass(frozen=True)

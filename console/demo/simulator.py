@@ -32,6 +32,7 @@ from typing import Any, Literal
 import httpx
 
 from console.demo.scenarios import APPROVAL_SCENARIOS, SCENARIOS, Context, Scenario
+from console.demo.words import words
 from safestop_agent import (
     ApiError,
     SafestopClient,
@@ -73,8 +74,8 @@ class SimulatorConfig:
     approval_grace: float = 45.0
     # Waiting approvals the bot leaves to a person (or their deadline) past the grace, at most.
     approvals_left_for_humans: int = 1
-    # The language the agents write their titles, step names and summaries in
-    # (`console.demo.words`): `en` or `zh-hans`.
+    # The language the agents write their titles, step names, summaries and results in, and
+    # the bots their notes (`console.demo.words`): `en` or `zh-hans`.
     language: str = "en"
 
 
@@ -114,6 +115,10 @@ class Simulator:
         self._approvals_seen: dict[str, tuple[str, float]] = {}
         self._approvals_left: set[str] = set()
         self.approval_decisions: Counter[str] = Counter()
+
+    def t(self, template: str, **values: Any) -> str:
+        """A note the simulator's bots write, in the demo's language."""
+        return words(self.config.language, template, **values)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -172,7 +177,7 @@ class Simulator:
                 # An agent token may stop its own run for `dependency_failure`: the runtime is
                 # going away. The worker hears the push, drains and reports like any stop.
                 self.agents[active.team].cancel(
-                    active.run_id, "dependency_failure", note="simulator shutting down"
+                    active.run_id, "dependency_failure", note=self.t("simulator shutting down")
                 )
             except httpx.TransportError:
                 # The server stopped first (`serve` shutting down): nobody to drain to. Its
@@ -271,11 +276,13 @@ class Simulator:
             try:
                 if self.rng.random() < 0.55:
                     reviewer.cancel(
-                        target.run_id, "user_stop", note="reviewer bot: not needed any more"
+                        target.run_id, "user_stop", note=self.t("reviewer bot: not needed any more")
                     )
                     action = "stopped"
                 else:
-                    reviewer.takeover(target.run_id, note="reviewer bot: a human will finish this")
+                    reviewer.takeover(
+                        target.run_id, note=self.t("reviewer bot: a human will finish this")
+                    )
                     action = "took over"
                 log.info("simulator: reviewer bot %s %s (%s)", action, target.run_id, target.kind)
             except (ApiError, httpx.TransportError) as error:
@@ -319,7 +326,9 @@ class Simulator:
                     approval = self.reviewers[team].get_approval(approval_id)
                 except (ApiError, httpx.TransportError):
                     continue
-            decision, message, arguments = bot_decision(self.rng, approval)
+            decision, message, arguments = bot_decision(
+                self.rng, approval, language=self.config.language
+            )
             try:
                 self.reviewers[team].decide_approval(
                     approval_id, decision, message=message, arguments=arguments
@@ -337,13 +346,18 @@ class Simulator:
 
 
 def bot_decision(
-    rng: random.Random, approval: Mapping[str, Any]
+    rng: random.Random, approval: Mapping[str, Any], *, language: str = "en"
 ) -> tuple[Literal["approve", "reject"], str, dict[str, Any] | None]:
-    """What the approver bot says: mostly yes, sometimes with a smaller change, sometimes no."""
+    """What the approver bot says (in the demo's `language`): mostly yes, sometimes with a
+    smaller change, sometimes no."""
     roll = rng.random()
     arguments = approval.get("arguments")
     if roll < 0.2:
-        return "reject", "approver bot: not today, ask the account owner first", None
+        return (
+            "reject",
+            words(language, "approver bot: not today, ask the account owner first"),
+            None,
+        )
     if roll < 0.45 and isinstance(arguments, dict):
         edited = dict(arguments)
         if isinstance(edited.get("amount_cents"), int) and edited["amount_cents"] > 1:
@@ -351,8 +365,8 @@ def bot_decision(
         elif isinstance(edited.get("canary_percent"), int):
             edited["canary_percent"] = 5
         elif isinstance(edited.get("subject"), str):
-            edited["subject"] = "[reviewed] " + edited["subject"]
+            edited["subject"] = words(language, "[reviewed] {subject}", subject=edited["subject"])
         else:
-            return "approve", "approver bot: fine", None
-        return "approve", "approver bot: approved with a smaller change", edited
-    return "approve", "approver bot: looks right", None
+            return "approve", words(language, "approver bot: fine"), None
+        return "approve", words(language, "approver bot: approved with a smaller change"), edited
+    return "approve", words(language, "approver bot: looks right"), None

@@ -6,9 +6,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from django.utils.translation import gettext
+
 from handoff.models import Resolution, StopPacket
 from handoff.packets import interruption_packet
 from runs import frozen
+from runs.labels import label_for
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     ExecutionRecord,
@@ -105,12 +108,17 @@ class PacketView:
         kept instead of applied (a completion that lost the race), then each completed step and
         each tool call the packet tags "after stop"."""
         facts = [
-            {"what": f"{report.get('type')} at epoch {report.get('epoch')}", "at": report.get("at")}
+            {
+                "what": gettext("%(type)s at epoch %(epoch)s")
+                % {"type": report.get("type"), "epoch": report.get("epoch")},
+                "at": report.get("at"),
+            }
             for report in self.snap.get("reported_after_stop", [])
         ]
         facts += [
             {
-                "what": f"step {step['seq']} {step.get('name') or step['key']} completed",
+                "what": gettext("step %(seq)s %(name)s completed")
+                % {"seq": step["seq"], "name": step.get("name") or step["key"]},
                 "at": step.get("finished_at"),
             }
             for step in self.snap.get("completed_steps", [])
@@ -118,7 +126,12 @@ class PacketView:
         ]
         facts += [
             {
-                "what": f"tool call {call['tool_call_id']} ({call['tool']}) {call['execution_state']}",
+                "what": gettext("tool call %(id)s (%(tool)s) %(state)s")
+                % {
+                    "id": call["tool_call_id"],
+                    "tool": call["tool"],
+                    "state": label_for(call["execution_state"]),
+                },
                 "at": call.get("last_observed_at"),
             }
             for call in self.snap.get("tool_calls", [])

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext, pgettext_lazy
 
-from runs.labels import approval_reason_text, label_for
+from runs.labels import approval_reason_text, label_for, system_note_text
 
 register = template.Library()
 
@@ -153,6 +153,22 @@ def human(value: Any) -> str:
 def approval_why(value: Any) -> str:
     """Why an approval waits (the rule match it stored, in English) in the reader's words."""
     return approval_reason_text(value)
+
+
+@register.filter
+def system_note(value: Any) -> str:
+    """A note the server wrote on a stop (a budget's, a policy's) in the reader's words; a
+    person's note as typed."""
+    return system_note_text(value)
+
+
+@register.filter
+def errors_line(form: Any, leave_out: str = "") -> str:
+    """A form's errors as one line, each after its field's translated label; `leave_out` is a
+    comma-separated list of fields whose errors the page shows beside the field."""
+    from console.views.common import form_errors  # the views import these tags' module
+
+    return form_errors(form, leave_out=[name for name in leave_out.split(",") if name])
 
 
 @register.filter

@@ -19,11 +19,12 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.cache import patch_vary_headers
-from django.utils.translation import gettext
+from django.utils.translation import gettext, pgettext
 from django_htmx.middleware import HtmxDetails
 
 from console.access import Access, request_access
@@ -112,13 +113,33 @@ def redirect_with(
     return HttpResponseRedirect(url)
 
 
-def form_errors(form: Any) -> str:
-    """One line from a form's errors, for a message next to a small control."""
+def form_errors(form: Any, *, leave_out: Iterable[str] = ()) -> str:
+    """One line from a form's errors, for a message next to a small control: each field's
+    errors after its label, in the reader's language ("原因：…", never the field's code name).
+
+    `leave_out` names fields whose errors the page shows beside the field itself."""
     parts = []
-    for field, errors in form.errors.items():
-        label = "" if field == "__all__" else f"{field}: "
-        parts.append(label + " ".join(str(error) for error in errors))
-    return "; ".join(parts) or gettext("invalid input")
+    for name, errors in form.errors.items():
+        if name in leave_out:
+            continue
+        text = " ".join(str(error) for error in errors)
+        if name == NON_FIELD_ERRORS:
+            parts.append(text)
+        else:
+            parts.append(
+                gettext("%(field)s: %(errors)s")
+                % {"field": field_label(form, name), "errors": text}
+            )
+    if not parts:
+        return "" if leave_out else gettext("invalid input")
+    return pgettext("joins the errors of a form's fields", "; ").join(parts)
+
+
+def field_label(form: Any, name: str) -> str:
+    """A field's label as a person reads it; a field without one shows its name (a missing
+    translated label stays visible instead of passing for English prose)."""
+    field = form.fields.get(name)
+    return str(field.label) if field is not None and field.label else name
 
 
 @dataclass(frozen=True)
@@ -177,10 +198,6 @@ def filter_errors(form: forms.Form) -> list[FilterError]:
         return []
     found: list[FilterError] = []
     for name, errors in form.errors.items():
-        label = (
-            str(form.fields[name].label or name.replace("_", " ").capitalize())
-            if name in form.fields
-            else ""
-        )
+        label = field_label(form, name) if name in form.fields else ""
         found.extend(FilterError(name, label, str(error)) for error in errors)
     return found

@@ -95,6 +95,16 @@ def test_a_reviewer_signs_in_approves_and_stops_in_chinese(
     _checked(page, url, "stop packet", found)
     page.screenshot(path=str(screenshot_dir / "zh-hans-stop-packet.png"), full_page=True)
 
+    # the rest of a reviewer's nav, each page in Chinese
+    for name, path, heading in (
+        ("approvals", "/approvals/", "审批"),
+        ("handoffs", "/handoffs/", "交接"),
+        ("quality", "/quality/", "停止质量"),
+    ):
+        page.goto(f"{url}{path}")
+        expect(page.get_by_role("heading", level=1)).to_contain_text(heading)
+        _checked(page, url, name, found)
+
     assert not found, json.dumps(found, indent=1, ensure_ascii=False)
 
     # The reviewer's own choice wins over the browser's Accept-Language, and is kept on the user.

@@ -192,3 +192,65 @@ def test_the_admin_changelist_title_reads_in_chinese(admin_user: Any) -> None:
     assert "<title>选择运行查看" in html, html[:400]  # the run admin is read-only
     index = client.get(reverse("admin:index")).content.decode()
     assert "审计账本条目" in index and "审批规则" in index
+
+
+def _made_notes(team: Team) -> list[str]:
+    """The notes the server really writes when it stops a run itself: a policy's and a run
+    budget's (the permit's budget check)."""
+    from runs.models import StopRequest
+    from tests.support.policies import permit, policy
+
+    policy(team, "loop", 'call.repeats >= 2 && call.tool == "search"')
+    looping, _lease = scenarios.make_running(team)
+    permit(looping, "c1")
+    with pytest.raises(errors.RunNotRunning):
+        permit(looping, "c2")
+    capped, _lease = scenarios.make_running(team, max_tool_calls=1)
+    services.permit_request(
+        run_id=capped.pk, epoch=1, tool_call_id="b1", tool="lookup", actor=scenarios.AGENT
+    )
+    with pytest.raises(errors.RunNotRunning):
+        services.permit_request(
+            run_id=capped.pk, epoch=1, tool_call_id="b2", tool="lookup", actor=scenarios.AGENT
+        )
+    return [StopRequest.objects.get(run=run).note for run in (looping, capped)]
+
+
+@pytest.mark.django_db
+def test_the_servers_own_stop_notes_read_in_chinese_and_stay_stored_in_english(
+    team: Team,
+) -> None:
+    from runs.labels import system_note_text
+
+    notes = _made_notes(team)
+    assert notes[0].startswith("policy loop matched: ") and " — saw " in notes[0], notes[0]
+    assert notes[1] == "budget enforced at permit", notes[1]
+    for note in notes:
+        with translation.override("en"):
+            assert system_note_text(note) == note
+        with translation.override("zh-hans"):
+            shown = system_note_text(note)
+            assert CJK.search(shown), shown
+            assert "matched" not in shown and "enforced" not in shown, shown
+    with translation.override("zh-hans"):
+        # the values the policy saw and its expression are kept as they were
+        assert 'call.repeats >= 2 && call.tool == "search"' in system_note_text(notes[0])
+        budget = system_note_text("budget max_tool_calls exhausted: 3 tool calls of 3")
+        assert budget == "预算 max_tool_calls 已耗尽：已用 3 次工具调用，上限 3", budget
+        assert system_note_text("the run was stopped (user_stop)").startswith("运行已被停止（")
+        assert system_note_text("please stop, wrong customer") == "please stop, wrong customer"
+
+
+@pytest.mark.django_db
+def test_the_run_page_shows_a_policy_stop_note_in_chinese(
+    team: Team, reader_of_chinese: Client
+) -> None:
+    _made_notes(team)
+    from runs.models import StopRequest
+
+    stop = StopRequest.objects.filter(run__team=team, reason="policy_violation").get()
+    body = reader_of_chinese.get(f"/runs/{stop.run_id}/").content.decode()
+    shown = re.search(r'data-testid="run-policy-stop">(.*?)</div>', body, re.S)
+    assert shown is not None
+    assert "策略 loop 命中" in shown.group(1)
+    assert "policy loop matched" not in shown.group(1)  # the raw ledger payload keeps it

@@ -2,14 +2,17 @@
 the demo teams' approval rules.
 
 Idempotent (run by every `manage.py serve` unless `--no-demo`). The accounts exist only because
-the demo asked for them: no migration creates users.
+the demo asked for them: no migration creates users. `--language` (default
+`SAFESTOP_DEMO_LANGUAGE`, else `en`) is the language of the names a reader sees: team, rule and
+channel names, policy descriptions (`console.demo.words`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from console.demo.accounts import (
     DEMO_APPROVAL_RULES,
@@ -19,7 +22,8 @@ from console.demo.accounts import (
     demo_accounts_ensure,
 )
 from console.demo.mcp import demo_mcp_ensure
-from notifications.demo import demo_channels_ensure
+from console.demo.words import LANGUAGES, spellings, words
+from notifications.demo import DEMO_CHANNEL, demo_channels_ensure
 
 
 class Command(BaseCommand):
@@ -28,9 +32,25 @@ class Command(BaseCommand):
         "rules (idempotent)."
     )
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--language",
+            choices=LANGUAGES,
+            default=(os.environ.get("SAFESTOP_DEMO_LANGUAGE") or "en").lower(),
+            help="the language of the demo's team, rule and channel names and policy "
+            "descriptions (default: SAFESTOP_DEMO_LANGUAGE, else en)",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
-        report = demo_accounts_ensure()
-        demo_channels_ensure([slug for slug, _ in DEMO_TEAMS])  # mail, kept for the demo's outbox
+        language = options["language"]
+        report = demo_accounts_ensure(language=language)
+        # mail, kept for the demo's outbox
+        demo_channels_ensure(
+            [slug for slug, _ in DEMO_TEAMS],
+            name=words(language, DEMO_CHANNEL),
+            also_named=spellings(DEMO_CHANNEL),
+            language=language,
+        )
         teams = ", ".join(slug for slug, _ in DEMO_TEAMS)
         self.stdout.write(
             f"Demo accounts ready (teams: {teams}; "

@@ -70,7 +70,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--language",
             choices=LANGUAGES,
-            default=os.environ.get("SAFESTOP_DEMO_LANGUAGE", "en") or "en",
+            default=(os.environ.get("SAFESTOP_DEMO_LANGUAGE") or "en").lower(),
             help="the language the agents write titles, steps and summaries in "
             "(default: SAFESTOP_DEMO_LANGUAGE, else en)",
         )
