@@ -87,7 +87,7 @@ def test_stop_in_one_browser_is_seen_live_in_another(
         page.get_by_label("Note").first.fill("Numbers look wrong")
         page.get_by_test_id("stop-confirm").dblclick()  # a double click must stop once
         expect(page.locator("#run-actions")).to_contain_text(
-            "Stop recorded (user_stop)", timeout=LIVE_TIMEOUT
+            "Stop recorded (user stop)", timeout=LIVE_TIMEOUT
         )
 
         expect(watcher.locator("#run-summary .chip")).to_have_text(

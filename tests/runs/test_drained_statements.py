@@ -1,4 +1,4 @@
-"""The worker's drained answer stays lean and its stop packet stays what it was (issue 31).
+"""The worker's drained answer stays lean and its stop packet stays what it was.
 
 `run_drained` settles the run and builds the stop packet under the run lock: every statement
 it sends is time between the worker's answer and `stopped_cleanly`. The packet's reads are
