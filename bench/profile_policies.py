@@ -115,6 +115,7 @@ def profile(team: Any) -> None:
     for kind, profiled in profiles.items():
         print(f"--- {CALLS} {kind} checks, 50 enabled policies: top {TOP} by own time")
         pstats.Stats(profiled).sort_stats("tottime").print_stats(TOP)
+        pstats.Stats(profiled).sort_stats("cumulative").print_stats("policies/", TOP)
     print(_evaluation_cpu(team))
     print(f"load average {load:.2f} → {os.getloadavg()[0]:.2f}")
 
