@@ -1,9 +1,11 @@
 """Abuse limits: a per-caller rate limit, and counted denials.
 
 Rate limit, a fixed one-minute window per caller (`token:<id>` or `user:<id>`):
-- with `settings.REDIS_URL`: `INCR` + `EXPIRE ... NX` on one key per window, in one
-  MULTI/EXEC pipeline. INCR is atomic in Redis, so N concurrent requests see N distinct counts
-  and exactly `limit` of them pass, across every daphne process sharing the Redis;
+- with `settings.REDIS_URL`: `INCR` + `EXPIRE ... NX` on one key per window, in one Lua
+  script (`EVALSHA`: one command, where MULTI/INCR/EXPIRE/EXEC were four to pack, send and
+  parse on every request). A script runs atomically in Redis and INCR is atomic anyway, so N
+  concurrent requests see N distinct counts and exactly `limit` of them pass, across every
+  daphne process sharing the Redis;
 - without Redis: one statement, `INSERT ... ON CONFLICT (bucket, window) DO UPDATE SET
   hits = hits + 1 RETURNING hits`. PostgreSQL takes the row lock for the conflicting update and
   SQLite holds its single write lock for the statement, so the increment and the read of the
@@ -84,14 +86,25 @@ def _redis_client(url: str) -> Any:
     return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
 
 
+# KEYS[1]: the window's key; ARGV[1]: its lifetime in seconds. `NX`: the first hit of a window
+# sets the lifetime, the others leave it running.
+_HIT_SCRIPT = """
+local hits = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[1], 'NX')
+return hits
+"""
+
+
+@lru_cache(maxsize=4)
+def _hit_script(url: str) -> Any:
+    # `register_script` sends EVALSHA, and loads the script again if Redis lost it (a restart).
+    return _redis_client(url).register_script(_HIT_SCRIPT)
+
+
 def _redis_hit(bucket: str, window: int) -> int | None:
     key = f"safestop:rl:{bucket}:{window}"
     try:
-        pipe = _redis_client(settings.REDIS_URL).pipeline(transaction=True)
-        pipe.incr(key)
-        pipe.expire(key, WINDOW_SECONDS * 2, nx=True)
-        hits, _ = pipe.execute()
-        return int(hits)
+        return int(_hit_script(settings.REDIS_URL)(keys=[key], args=[WINDOW_SECONDS * 2]))
     except Exception:  # Redis down or misconfigured: fall back to the database counter
         logger.warning("rate limit: Redis unavailable, counting in the database", exc_info=True)
         return None

@@ -19,6 +19,7 @@ An evaluation error is counted on the policy and, in enforce mode, applies its `
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -46,10 +47,13 @@ from policies.models import (
 from policies.reads import (
     RUN_COLUMNS,
     CheckReads,
+    check_reads_of,
     policy_set_version,
     read_for_checks,
+    read_for_checks_statement,
     save_facts,
 )
+from runs import sql
 from runs.actors import Actor
 from runs.hooks import NO_VERDICT, PolicyChecks, PolicyVerdict
 from runs.ledger import ledger_append
@@ -361,13 +365,23 @@ class Checks(PolicyChecks):
         moment = Moment("tool.result", tool=tool)
         _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
-    def events(self, run: Run, event_types: list[str], *, now: datetime) -> None:
+    def events_read(self, run: Run) -> tuple[str, list[Any]] | None:
+        return read_for_checks_statement(run) if sql.prepared_statements() else None
+
+    def events(
+        self,
+        run: Run,
+        event_types: list[str],
+        *,
+        now: datetime,
+        read: Sequence[Any] | None = None,
+    ) -> None:
         """Each accepted type once, in batch order. A policy that does not read `event.type`
         sees the same values at every type of one batch, so it is evaluated at the first only."""
         types = list(dict.fromkeys(event_types))
         if not types:
             return
-        reads = read_for_checks(run)
+        reads = check_reads_of(run, read) if read is not None else read_for_checks(run)
         policies = team_policies(run.team_id, reads.version)
         if not policies.batch:
             return

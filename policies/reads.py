@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,9 +86,21 @@ def read_for_checks(run: Run) -> CheckReads:
     it is seen by this check."""
     if not sql.prepared_statements():
         return _read_with_the_orm(run)
+    statement, params = read_for_checks_statement(run)
     with connection.cursor() as cursor:
-        cursor.execute(_read_statement(), [run.pk])
+        cursor.execute(statement, params)
         row = cursor.fetchone()
+    return check_reads_of(run, row)
+
+
+def read_for_checks_statement(run: Run) -> tuple[str, list[Any]]:
+    """`read_for_checks`' statement (PostgreSQL), for a caller that sends it in a pipeline of
+    its own and hands the row to `check_reads_of`: the events batch sends it after its writes."""
+    return _read_statement(), [run.pk]
+
+
+def check_reads_of(run: Run, row: Sequence[Any]) -> CheckReads:
+    """What `read_for_checks` answers, from the row of `read_for_checks_statement`."""
     width = len(RUN_COLUMNS)
     run_values = {}
     for value, (name, col, converters) in zip(row[1 : width + 1], _run_converters(), strict=True):

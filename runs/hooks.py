@@ -23,7 +23,7 @@ Two open lists serve the apps further up (notifications, DESIGN §11):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -179,7 +179,20 @@ class PolicyChecks:
     def tool_result(self, run: Run, *, tool: str, execution_state: str, now: datetime) -> None:
         return None
 
-    def events(self, run: Run, event_types: list[str], *, now: datetime) -> None:
+    def events_read(self, run: Run) -> tuple[str, list[Any]] | None:
+        """A statement (and its parameters) whose row `events` needs: the batch sends it after
+        its writes, in the same round trip, and passes the row on as `read`. None: `events`
+        reads for itself."""
+        return None
+
+    def events(
+        self,
+        run: Run,
+        event_types: list[str],
+        *,
+        now: datetime,
+        read: Sequence[Any] | None = None,
+    ) -> None:
         return None
 
 

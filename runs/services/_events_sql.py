@@ -3,7 +3,8 @@
 On PostgreSQL a batch costs three round trips whatever its size (docs/BENCHMARKS.md): BEGIN, the
 run lock (with the caller's token re-read in the same statement), the batch's receipts and its
 steps go in one pipeline (`open_batch`); the rows it writes (steps, receipts, artifacts,
-checkpoints, usage, the run's changed fields) in a second, one `unnest` statement per table
+checkpoints, usage, the run's changed fields), one statement per table over its rows as one
+JSON parameter (`json_to_recordset`), and the team policies' read after them, in a second
 (`EventBatch.flush`); then the commit. The statements' text is built once per process from the
 models' `_meta` (`runs.sql`). Other databases (the embedded SQLite) take the ORM path, one
 statement at a time, with the same rules.
@@ -12,6 +13,7 @@ statement at a time, with the same rules.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -297,18 +299,22 @@ class EventBatch:
     def receipt(self, event_id: str, event_type: str, epoch: int, outcome: str, code: str) -> None:
         self.receipts.append((self.run.pk, event_id, event_type, epoch, outcome, code, self.now))
 
-    def flush(self, *, touch: bool = False) -> None:
-        """Write what the batch holds; `touch`: bump the run's change sequence too."""
+    def flush(self, *, touch: bool = False, read: Statement | None = None) -> Sequence[Any] | None:
+        """Write what the batch holds; `touch`: bump the run's change sequence too. `read`: a
+        statement sent after the writes (so it sees them) in the same round trip; its first
+        row is returned (None without one)."""
         if touch:
             self.run.change_seq += 1
             self.run_fields.update(("change_seq", "updated_at"))
             self.run.updated_at = self.now
         if sql.prepared_statements():
-            self._flush_pipelined()
+            row = self._flush_pipelined(read)
         else:
             self._flush_orm()
+            row = _read_one(read) if read is not None else None
         self._new, self._changed, self.receipts = [], {}, []
         self.artifacts, self.checkpoints, self.usages, self.run_fields = [], [], [], set()
+        return row
 
     def _flush_orm(self) -> None:
         if self._new:
@@ -329,7 +335,7 @@ class EventBatch:
         if self.run_fields:
             self.run.save(update_fields=sorted(self.run_fields))
 
-    def _flush_pipelined(self) -> None:
+    def _flush_pipelined(self, read: Statement | None) -> Sequence[Any] | None:
         statements = [
             statement
             for statement in (
@@ -343,8 +349,10 @@ class EventBatch:
             )
             if statement is not None
         ]
+        if read is not None:
+            statements.append(read)
         if not statements:
-            return
+            return None
         cursors = [connection.cursor() for _ in statements]
         try:
             with connection.wrap_database_errors, connection.connection.pipeline():
@@ -356,37 +364,65 @@ class EventBatch:
                     for pk, seq in cursors[0].fetchall():
                         by_seq[seq].pk = pk
                         by_seq[seq]._state.adding = False
+                row: Sequence[Any] | None = cursors[-1].fetchone() if read is not None else None
         finally:
             for cursor in cursors:
                 cursor.close()
+        return row
+
+
+def _read_one(read: Statement) -> Sequence[Any] | None:
+    statement, params = read
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        row: Sequence[Any] | None = cursor.fetchone()
+    return row
 
 
 Statement = tuple[str, list[Any]]
-# (attribute name, PostgreSQL array element type) per column an `unnest` statement writes.
+# (attribute name, PostgreSQL type) per column a `_recordset` statement writes.
 Columns = tuple[tuple[str, str], ...]
 
 
-def _json(value: Any) -> Any:
-    return connection.ops.adapt_json_value(value, None)
-
-
 @functools.cache
-def _unnest(columns: Columns) -> str:
-    """`unnest(%s::type[], ...)` over the rows' columns: one array per column, so the statement
-    text (and psycopg's parse of it) is the same whatever the batch's size; a multi-row VALUES
-    list cost more to build and parse than the rest of a 100-event batch's SQL."""
-    return "unnest(" + ", ".join(f"%s::{kind}[]" for _name, kind in columns) + ")"
+def _recordset(columns: Columns) -> str:
+    """`json_to_recordset(%s::json) AS v(name type, ...)`: the rows as one JSON parameter, typed
+    by PostgreSQL. The statement text is the same whatever the batch's size (a multi-row VALUES
+    list cost more to build and parse than the rest of a 100-event batch's SQL), and the rows
+    cost one `json.dumps` in C: one Python list per column, as `unnest` arrays, made psycopg
+    walk every list to pick its array type and dump each element on its own, most of the CPU
+    time of a single event's statements (docs/BENCHMARKS.md)."""
+    quote = connection.ops.quote_name
+    definitions = ", ".join(f"{quote(name)} {kind}" for name, kind in columns)
+    return f"json_to_recordset(%s::json) AS v({definitions})"
 
 
-def _arrays(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
-    return [list(column) for column in zip(*rows, strict=True)]
+def _json_scalar(value: Any) -> Any:
+    """A column's value that `json` has no form of, as the text PostgreSQL reads it from."""
+    if isinstance(value, datetime):
+        return value.isoformat()  # with its offset: a timestamptz, to the microsecond
+    if isinstance(value, Decimal):
+        return str(value)  # numeric, exact
+    raise TypeError(f"{type(value).__name__} is not a column value")
+
+
+def _json_rows(columns: Columns, rows: Sequence[Sequence[Any]]) -> str:
+    """`rows` (tuples in `columns`' order) as `_recordset`'s parameter. A `jsonb` column's value
+    goes in as it is; JSON null is SQL NULL in every column."""
+    names = [name for name, _kind in columns]
+    return json.dumps(
+        [dict(zip(names, row, strict=True)) for row in rows],
+        default=_json_scalar,
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
 
 
 @functools.cache
 def _insert_statement(model: type[models.Model], columns: Columns, returning: str = "") -> str:
     return (
         f"INSERT INTO {sql.table(model)} ({_columns(model, [name for name, _ in columns])}) "
-        f"SELECT * FROM {_unnest(columns)}{returning}"
+        f"SELECT * FROM {_recordset(columns)}{returning}"
     )
 
 
@@ -415,14 +451,8 @@ def _steps_insert_statement() -> str:
 def _steps_insert(steps: list[Step]) -> Statement | None:
     if not steps:
         return None
-    rows = [
-        tuple(
-            _json(step.detail) if name == "detail" else getattr(step, name)
-            for name, _kind in _STEP_COLUMNS
-        )
-        for step in steps
-    ]
-    return _steps_insert_statement(), _arrays(rows)
+    rows = [tuple(getattr(step, name) for name, _kind in _STEP_COLUMNS) for step in steps]
+    return _steps_insert_statement(), [_json_rows(_STEP_COLUMNS, rows)]
 
 
 _STEP_UPDATE_COLUMNS: Columns = (
@@ -440,18 +470,19 @@ _STEP_UPDATE_COLUMNS: Columns = (
 
 @functools.cache
 def _steps_update_statement() -> str:
+    quote = connection.ops.quote_name
     names = [name for name, _kind in _STEP_UPDATE_COLUMNS]
     assignments = ", ".join(
         # NULL detail: not changed by this batch (a step's detail is never null).
-        f"{sql.column(Step, name)} = COALESCE(v.{name}, s.{sql.column(Step, name)})"
+        f"{sql.column(Step, name)} = COALESCE(v.{quote(name)}, s.{sql.column(Step, name)})"
         if name == "detail"
-        else f"{sql.column(Step, name)} = v.{name}"
+        else f"{sql.column(Step, name)} = v.{quote(name)}"
         for name in names[1:]
     )
     return (
         f"UPDATE {sql.table(Step)} AS s SET {assignments} "
-        f"FROM {_unnest(_STEP_UPDATE_COLUMNS)} AS v({', '.join(names)}) "
-        f"WHERE s.{sql.column(Step, 'id')} = v.id"
+        f"FROM {_recordset(_STEP_UPDATE_COLUMNS)} "
+        f"WHERE s.{sql.column(Step, 'id')} = v.{quote('id')}"
     )
 
 
@@ -470,11 +501,11 @@ def _steps_update(steps: list[Step]) -> Statement | None:
             step.reported_after_stop,
             # NULL: not changed by this batch, so a step read without its detail is never
             # written back with one.
-            _json(step.__dict__["detail"]) if "detail" in step.__dict__ else None,
+            step.__dict__.get("detail"),
         )
         for step in steps
     ]
-    return _steps_update_statement(), _arrays(rows)
+    return _steps_update_statement(), [_json_rows(_STEP_UPDATE_COLUMNS, rows)]
 
 
 _RECEIPT_COLUMNS: Columns = (
@@ -532,14 +563,8 @@ def _rows_insert(
     if not rows:
         return None
     if not as_tuples:
-        rows = [
-            tuple(
-                _json(getattr(row, name)) if kind == "jsonb" else getattr(row, name)
-                for name, kind in columns
-            )
-            for row in rows
-        ]
-    return _insert_statement(model, columns), _arrays(rows)
+        rows = [tuple(getattr(row, name) for name, _kind in columns) for row in rows]
+    return _insert_statement(model, columns), [_json_rows(columns, rows)]
 
 
 @functools.cache

@@ -152,7 +152,15 @@ def events_ingest(
             exhausted_spend_budget(run) if batch.spent and run.status == RunStatus.RUNNING else ""
         )
         note = budget_note(run, budget) if budget else ""
-        batch.flush(touch=touch)
+        checks = hooks.policies()
+        # What the team's policies read goes with the batch's writes, after them: one round
+        # trip, where it was one more of its own (docs/BENCHMARKS.md, single events).
+        read = (
+            checks.events_read(run)
+            if touch and not note and run.status == RunStatus.RUNNING
+            else None
+        )
+        checked = batch.flush(touch=touch, read=read)
         if touch:
             notify.run_changed(run, kind="events")
         note = note or _charge_team_budget(run, batch, now)
@@ -166,7 +174,7 @@ def events_ingest(
             )
         # The team's policies see the batch's facts written, in this same transaction.
         if run.status == RunStatus.RUNNING:
-            hooks.policies().events(run, _accepted_types(events, answers), now=now)
+            checks.events(run, _accepted_types(events, answers), now=now, read=checked)
     return answers
 
 

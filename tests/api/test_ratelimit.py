@@ -107,6 +107,43 @@ def test_with_redis_the_counter_is_a_redis_key(settings):
     assert not RateWindow.objects.exists()
 
 
+def _redis_for_the_test(settings):
+    url = suite_redis_url()
+    if not redis_reachable(url):
+        pytest.fail("Redis is not reachable on 127.0.0.1:6379: run `make services`")
+    settings.REDIS_URL = url
+    return ratelimit._redis_client(url)
+
+
+@pytest.mark.django_db
+def test_a_redis_hit_is_one_command(settings, monkeypatch):
+    client = _redis_for_the_test(settings)
+    sent = []
+    real = client.execute_command
+
+    def counted(*args, **options):
+        sent.append(args[0])
+        return real(*args, **options)
+
+    monkeypatch.setattr(client, "execute_command", counted)
+    bucket = f"token:{uuid.uuid4().hex}"
+    assert rate_limit_hit(bucket=bucket, limit=5, now=NOW).hits == 1
+    assert sent == ["EVALSHA"]  # not MULTI, INCR, EXPIRE, EXEC
+    client.delete(f"safestop:rl:{bucket}:{int(NOW // 60)}")
+
+
+@pytest.mark.django_db
+def test_a_later_hit_leaves_the_windows_lifetime_running(settings):
+    client = _redis_for_the_test(settings)
+    bucket = f"token:{uuid.uuid4().hex}"
+    key = f"safestop:rl:{bucket}:{int(NOW // 60)}"
+    rate_limit_hit(bucket=bucket, limit=5, now=NOW)
+    client.expire(key, 1000)  # as if the first hit had been long ago
+    assert rate_limit_hit(bucket=bucket, limit=5, now=NOW).hits == 2
+    assert 120 < client.ttl(key) <= 1000  # EXPIRE ... NX: the second hit did not reset it
+    client.delete(key)
+
+
 @pytest.mark.django_db
 def test_an_unreachable_redis_falls_back_to_the_database(settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
