@@ -35,7 +35,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from runs import notify
+from runs import notify, sql
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -116,7 +116,7 @@ def locked_run(run_id: str) -> Iterator[Run]:
 def _bump_change_seq(run: Run, *fields: str) -> None:
     # Safe as a Python increment: every caller holds the run row lock.
     run.change_seq += 1
-    run.save(update_fields=[*fields, "change_seq", "updated_at"])
+    sql.save_fields(run, (*fields, "change_seq", "updated_at"))
 
 
 def run_move(
@@ -170,8 +170,31 @@ def reject_late_write(
     raise error
 
 
+# The reads every stop transition makes under the run lock, compiled once per process
+# (`runs.sql.OnceCompiledInstance`); the sample stands for a run id while they compile.
+_SAMPLE_RUN = "run_sample_5afe"
+_SAMPLE_TOKEN = "lease_token_sample_5afe"
+LIVE_LEASE = sql.OnceCompiledInstance(
+    Lease,
+    lambda run_id: Lease.objects.filter(run_id=run_id, released_at__isnull=True).order_by("pk"),
+    _SAMPLE_RUN,
+)
+LEASE_BY_TOKEN = sql.OnceCompiledInstance(
+    Lease,
+    lambda run_id, token: Lease.objects.filter(run_id=run_id, token=token).order_by("pk"),
+    _SAMPLE_RUN,
+    _SAMPLE_TOKEN,
+)
+CURRENT_STOP_REQUEST = sql.OnceCompiledInstance(
+    StopRequest,
+    lambda run_id: StopRequest.objects.filter(run_id=run_id).order_by("-epoch_after"),
+    _SAMPLE_RUN,
+)
+
+
 def live_lease(run: Run) -> Lease | None:
-    return Lease.objects.filter(run=run, released_at__isnull=True).first()
+    lease: Lease | None = LIVE_LEASE.first(run.pk)
+    return lease
 
 
 def _lease_is_current(lease: Lease | None, run: Run, now: datetime) -> bool:
@@ -204,18 +227,22 @@ def release_lease(lease: Lease, *, reason: str, now: datetime, fenced: bool = Fa
     lease.released_at = now
     lease.release_reason = reason
     lease.fenced_unconfirmed = fenced
-    lease.save(update_fields=["released_at", "release_reason", "fenced_unconfirmed"])
+    sql.save_fields(lease, ("released_at", "release_reason", "fenced_unconfirmed"))
 
 
 def find_lease(run: Run, lease_token: str) -> Lease:
-    lease = Lease.objects.filter(run=run, token=lease_token).first()
+    return lease_found(run, lease_token, LEASE_BY_TOKEN.first(run.pk, lease_token))
+
+
+def lease_found(run: Run, lease_token: str, lease: Lease | None) -> Lease:
+    """The lease `lease_token` names, as read under the run lock, or the refusal."""
     if lease is None:
         raise NotFound(f"lease {lease_token} does not belong to run {run.pk}")
     return lease
 
 
 def current_stop_request(run: Run) -> StopRequest:
-    stop_request = StopRequest.objects.filter(run=run).order_by("-epoch_after").first()
+    stop_request: StopRequest | None = CURRENT_STOP_REQUEST.first(run.pk)
     if stop_request is None:
         raise IllegalTransition.for_run(run, "the run has no stop request")
     return stop_request
