@@ -14,7 +14,10 @@ row, as the first statement of its own durable transaction:
 1. `locked_run(run_id)`: the ORM's `lock_run_row` (the run and its team). Every transition but
    the three below, and handoff's own.
 2. the stop: `_stop_sql.locked_run_for_stop` → `_stop_sql.lock_run`, the same query as
-   `lock_run_row` built once per process (compiling it was most of a bulk stop's CPU).
+   `lock_run_row` built once per process (compiling it was most of a bulk stop's CPU); the
+   worker's acknowledgement opens the same way, and its drained answer with
+   `_stop_sql.locked_run_for_drain`: the lock, the lease it names and the current stop request
+   in one round trip.
 3. the events batch: `_events_sql.open_batch` sends the lock (the run's columns a batch reads,
    with the caller's token re-checked in the same statement) in one pipeline with the batch's
    receipts and steps, then builds the run from the row.
@@ -43,7 +46,7 @@ from runs.errors import (
     RunNotRunning,
     StaleEpoch,
 )
-from runs.ledger import ledger_append
+from runs.ledger import ChainHead, ledger_append
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     ExecutionRecord,
@@ -128,8 +131,12 @@ def run_move(
     reason: str = "",
     payload: dict[str, Any] | None = None,
     fields: tuple[str, ...] = (),
+    head: ChainHead | None = None,
 ) -> None:
-    """Change status (checked against TRANSITIONS), ledger it, and notify on commit."""
+    """Change status (checked against TRANSITIONS), ledger it, and notify on commit.
+
+    `head`: the run chain's head when the caller has read it under the same lock
+    (`ledger_append`; an entry this run object appended since still wins)."""
     before = run.status
     if to not in TRANSITIONS[before]:
         raise IllegalTransition.for_run(run, f"a {before} run cannot move to {to}")
@@ -141,6 +148,7 @@ def run_move(
         action=action,
         reason=reason,
         payload={"from": before, "to": to, "stop_epoch": run.stop_epoch, **(payload or {})},
+        head=head,
     )
     notify.run_changed(run, kind=action)
 

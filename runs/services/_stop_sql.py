@@ -29,7 +29,7 @@ from django.db.models import Case, F, Value, When
 
 from runs import sql
 from runs.errors import NotFound
-from runs.ledger import EMPTY_CHAIN, ChainHead, chain_head
+from runs.ledger import EMPTY_CHAIN, RUN_CHAIN_HEAD, ChainHead, chain_head, chain_head_from
 from runs.models import (
     Approval,
     ApprovalStatus,
@@ -120,6 +120,7 @@ class DrainOpening:
     # The lease the worker names (None: not this run's), and the run's current stop request.
     lease: Lease | None
     stop_request: StopRequest | None
+    ledger_head: ChainHead
 
 
 @contextmanager
@@ -132,21 +133,26 @@ def locked_run_for_drain(run_id: str, lease_token: str) -> Iterator[DrainOpening
 def _lock_run_for_drain(run_id: str, lease_token: str) -> DrainOpening:
     """The first query of the drained answer's transaction, `lock_run`, then (the lock held, so
     each read is a fresh snapshot) the lease the worker names and the run's current stop
-    request: one round trip on PostgreSQL, BEGIN included."""
+    request and the ledger head: one round trip on PostgreSQL, BEGIN included."""
     if not sql.prepared_statements():
         run = lock_run_row(run_id)
         return DrainOpening(
-            run, LEASE_BY_TOKEN.first(run_id, lease_token), CURRENT_STOP_REQUEST.first(run_id)
+            run,
+            LEASE_BY_TOKEN.first(run_id, lease_token),
+            CURRENT_STOP_REQUEST.first(run_id),
+            chain_head(run),
         )
-    locked, lease, stop_request = sql.pipelined(
+    locked, lease, stop_request, head = sql.pipelined(
         (_lock_statement(), [run_id]),
         LEASE_BY_TOKEN.statement(run_id, lease_token),
         CURRENT_STOP_REQUEST.statement(run_id),
+        RUN_CHAIN_HEAD.statement(run_id),
     )
     return DrainOpening(
         _locked(run_id, locked[0] if locked else None),
         LEASE_BY_TOKEN.instance(LEASE_BY_TOKEN.converted(lease)),
         CURRENT_STOP_REQUEST.instance(CURRENT_STOP_REQUEST.converted(stop_request)),
+        chain_head_from(RUN_CHAIN_HEAD.converted(head)),
     )
 
 
@@ -311,22 +317,26 @@ class Settling:
     lease: Lease | None
     # `run_dirty_reasons` as the run stands before the live lease (if any) is released.
     dirty_reasons: list[str]
+    ledger_head: ChainHead
 
 
 def settle_open_calls(run: Run, *, now: datetime) -> Settling:
-    """`mark_open_calls_unknown`, then the live lease and the dirty reasons: one round trip on
-    PostgreSQL, in that order (a pipeline's statements each see what the ones before wrote)."""
+    """`mark_open_calls_unknown`, then the live lease, the dirty reasons and the ledger head:
+    one round trip on PostgreSQL, in that order (a pipeline's statements each see what the ones
+    before wrote)."""
     if not sql.prepared_statements():
         mark_open_calls_unknown(run, now=now, source="stop")
-        return Settling(live_lease(run), run_dirty_reasons(run))
-    _marked, lease, reasons = sql.pipelined(
+        return Settling(live_lease(run), run_dirty_reasons(run), chain_head(run))
+    _marked, lease, reasons, head = sql.pipelined(
         (_unknown_statement(), _unknown_params(run, now=now, source="stop")),
         LIVE_LEASE.statement(run.pk),
         DIRTY_REASONS_READ.statement(run.pk),
+        RUN_CHAIN_HEAD.statement(run.pk),
     )
     return Settling(
         LIVE_LEASE.instance(LIVE_LEASE.converted(lease)),
         dirty_reasons_from(DIRTY_REASONS_READ.converted(reasons)),
+        chain_head_from(RUN_CHAIN_HEAD.converted(head)),
     )
 
 

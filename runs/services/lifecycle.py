@@ -24,7 +24,7 @@ from runs.errors import (
     LeaseRevoked,
     StaleEpoch,
 )
-from runs.ledger import ledger_append
+from runs.ledger import ChainHead, ledger_append
 from runs.models import (
     STOPPABLE_STATUSES,
     STOPPED_STATUSES,
@@ -267,8 +267,15 @@ def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -
 
 
 def acknowledge_stop_locked(
-    run: Run, stop_request: StopRequest, *, actor: Actor, now: datetime, via: str
+    run: Run,
+    stop_request: StopRequest,
+    *,
+    actor: Actor,
+    now: datetime,
+    via: str,
+    head: ChainHead | None = None,
 ) -> None:
+    """`head`: the run chain's head when the caller has just read it under the same lock."""
     stop_request.acknowledged_at = now
     stop_request.signal_delivered_at = stop_request.signal_delivered_at or now
     sql.save_fields(stop_request, ("acknowledged_at", "signal_delivered_at"))
@@ -279,6 +286,7 @@ def acknowledge_stop_locked(
         action="run.draining",
         reason="worker_ack",
         payload={"via": via},
+        head=head,
     )
 
 
@@ -322,6 +330,7 @@ def run_drained(
             actor=actor,
             now=timezone.now(),
             stop_request=opening.stop_request,
+            head=opening.ledger_head,
         )
     return run
 
@@ -334,9 +343,10 @@ def drained_locked(
     actor: Actor,
     now: datetime,
     stop_request: StopRequest | None = None,
+    head: ChainHead | None = None,
 ) -> None:
-    """`stop_request`: the run's current one, when the caller has just read it under the same
-    lock."""
+    """`stop_request` and `head` (the ledger's): as the caller has just read them under the
+    same lock."""
     if stop_request is None:
         stop_request = current_stop_request(run)
     for observation in observations:
@@ -347,7 +357,7 @@ def drained_locked(
     if lease.released_at is None:
         release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
     if run.status == RunStatus.CANCEL_REQUESTED:
-        acknowledge_stop_locked(run, stop_request, actor=actor, now=now, via="drained")
+        acknowledge_stop_locked(run, stop_request, actor=actor, now=now, via="drained", head=head)
     settle_locked(run, actor=actor, now=now, stop_request=stop_request)
 
 
@@ -444,6 +454,7 @@ def settle_locked(
         reason=forced_dirty_reason or run.stop_reason,
         payload={"dirty_reasons": reasons, "stop_request_id": stop_request.pk},
         fields=("stopped_at",),
+        head=settling.ledger_head,
     )
     packet = hooks.stop_settled(run, stop_request)
     if to == RunStatus.STOPPED_CLEANLY and stop_request.takeover:
