@@ -157,9 +157,8 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]], *, wait_for: int = 0) ->
         # one task (`_LoopOutbox`).
         #   A worker's frame is the exception: the thread waits until it is sent (not for the
         # browsers' frames after it). Left to the loop while this thread went on building its
-        # answer, the frame's four Redis round trips each waited for the GIL this thread held,
-        # and a stop reached its worker tens of milliseconds after the answer
-        # (docs/BENCHMARKS.md, POST /cancel/ → signal).
+        # answer (the loop's sends and this thread share one interpreter), a stop reached its
+        # worker after the answer to its POST (docs/BENCHMARKS.md, "its answer → signal").
         sent = _LoopOutbox.of(SyncToAsync.threadlocal.main_event_loop).post(sends, wait_for)
         if sent is not None:
             _wait_for_worker_frames(sent)
