@@ -16,8 +16,8 @@ row, as the first statement of its own durable transaction:
 2. the stop: `_stop_sql.locked_run_for_stop` → `_stop_sql.lock_run`, the same query as
    `lock_run_row` built once per process (compiling it was most of a bulk stop's CPU); the
    worker's acknowledgement opens the same way, and its drained answer with
-   `_stop_sql.locked_run_for_drain`: the lock, the lease it names and the current stop request
-   in one round trip.
+   `_stop_sql.locked_run_for_drain`: the lock, the lease it names, the current stop request
+   and the ledger head in one round trip.
 3. the events batch: `_events_sql.open_batch` sends the lock (the run's columns a batch reads,
    with the caller's token re-checked in the same statement) in one pipeline with the batch's
    receipts and steps, then builds the run from the row.
