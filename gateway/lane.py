@@ -11,10 +11,8 @@ all in the next hop. Two reasons:
   that waits for a core on a loaded machine, and the two transactions no longer queue on the
   run's row lock in PostgreSQL, one of them holding a connection idle meanwhile.
 
-The run-change events of a job can be kept back (`held`): they are published on the lane's
-thread once every job of its hop has answered its caller, so the agent's call never waits for
-the console's frames, and publishing costs no hop of its own (a hop per call was a tenth of the
-gateway's CPU per call: a thread wake-up each way, docs/BENCHMARKS.md).
+The run-change events of a job can be kept back (`held`) and published later, out of the lane
+(`News`): the agent's call never waits for the console's frames.
 """
 
 from __future__ import annotations
@@ -80,29 +78,23 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 
 
 def _run_jobs(jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
-    """On a database thread: each job in turn, its caller answered as soon as it is done; then
-    the events the held jobs committed, in their order (a refused job's too: what committed
-    before the refusal is still news)."""
-    news: list[dict[str, Any]] = []
-    try:
-        for job in jobs:
-            try:
-                if job.held:
-                    with notify.held() as events:
-                        try:
-                            result: Any = job.fn()
-                        finally:
-                            news += events
-                else:
-                    result = job.fn()
-            except Exception as error:
-                if isinstance(error, DatabaseError):
-                    _drop_broken_connection()
-                loop.call_soon_threadsafe(_settle, job.future, None, error)
-                continue
-            loop.call_soon_threadsafe(_settle, job.future, result, None)
-    finally:
-        notify.deliver(news)
+    """On a database thread: each job in turn, its caller answered as soon as it is done."""
+    for job in jobs:
+        events: list[dict[str, Any]] = []
+        try:
+            if job.held:
+                with notify.held() as events:
+                    result: Any = job.fn()
+                result = (result, events)
+            else:
+                result = job.fn()
+        except Exception as error:
+            if isinstance(error, DatabaseError):
+                _drop_broken_connection()
+            notify.deliver(events)  # what committed before the refusal is still news
+            loop.call_soon_threadsafe(_settle, job.future, None, error)
+            continue
+        loop.call_soon_threadsafe(_settle, job.future, result, None)
 
 
 class Lane:
@@ -117,8 +109,8 @@ class Lane:
     def submit(
         self, fn: Callable[..., Any], /, *args: Any, held: bool = False, **kwargs: Any
     ) -> asyncio.Future[Any]:
-        """Queue `fn(*args, **kwargs)`; the future answers its result. With `held`, the
-        run-change events it commits are published after its caller has the answer."""
+        """Queue `fn(*args, **kwargs)`; the future answers its result — with `held`, the pair
+        (result, the run-change events it committed, not yet published)."""
         future = asyncio.get_running_loop().create_future()
         self._jobs.append(_Job(functools.partial(fn, *args, **kwargs), future, held))
         if self._runner is None:
@@ -144,3 +136,42 @@ class Lane:
     async def idle(self) -> None:
         """Until every job asked so far is done."""
         await self._idle.wait()
+
+
+class News:
+    """Run-change events kept back from a session's jobs, published off the call's path.
+
+    A call's permit and its result each commit a change; when the result follows within
+    `delay`, both are published in one hop (one wake-up of the publisher, one kick of the
+    background work instead of two). A call that runs longer gets its permit's frames after
+    `delay`: a viewer sees the call running while it runs.
+    """
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self._events: list[dict[str, Any]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def later(self, events: list[dict[str, Any]]) -> None:
+        if not events:
+            return
+        self._events.extend(events)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.delay, self.now)
+
+    def now(self, events: list[dict[str, Any]] | None = None) -> None:
+        if events:
+            self._events.extend(events)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._events:
+            return
+        batch, self._events = self._events, []
+        publish = asyncio.ensure_future(db(notify.deliver)(batch))
+        _PUBLISHING.add(publish)
+        publish.add_done_callback(_PUBLISHING.discard)
+
+
+# Publishing tasks in flight (a reference each, so none is collected before it is done).
+_PUBLISHING: set[asyncio.Future[Any]] = set()

@@ -29,7 +29,7 @@ from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
 from gateway import records
-from gateway.lane import Lane
+from gateway.lane import Lane, News
 from gateway.lane import db as _db
 from gateway.records import Caller, StopFacts, UpstreamConfig
 from gateway.services import session_ended
@@ -45,6 +45,10 @@ logger = logging.getLogger(__name__)
 OBSERVATION_CHARS = 2000
 # Sends one JSON-RPC message on a client's SSE stream; False when that stream is gone.
 Writer = Callable[[dict[str, Any]], Awaitable[bool]]
+
+
+# A call's permit's frames wait this long for its result's, to be published with them.
+NEWS_DELAY_SECONDS = 0.02
 
 
 class ToolError(Exception):
@@ -133,6 +137,7 @@ class GatewaySession:
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     # The permits and results of this session's calls, in order (`gateway.lane`).
     _lane: Lane = field(default_factory=Lane)
+    _news: News = field(default_factory=lambda: News(NEWS_DELAY_SECONDS))
     _reports: set[asyncio.Task[Any]] = field(default_factory=set)
     _channel: str = ""
 
@@ -367,7 +372,7 @@ class GatewaySession:
         self, call: InFlight, arguments: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         try:
-            record, _ = await self._lane.submit(
+            (record, _), events = await self._lane.submit(
                 services.permit_request,
                 held=True,
                 run_id=self.run_id,
@@ -391,6 +396,7 @@ class GatewaySession:
             raise ToolError(f"safestop refused the call: {error.detail}") from error
         except DomainError as error:
             raise RpcError(-32602, f"safestop refused the call: {error.detail}") from error
+        self._news.later(events)
         if record.execution_state != ExecutionState.AWAITING_APPROVAL:
             return arguments
         call.approval_id = record.approval.pk
@@ -508,11 +514,13 @@ class GatewaySession:
 
     async def _recorded(self, call: InFlight, recording: asyncio.Future[Any]) -> None:
         try:
-            await recording
+            _, events = await recording
         except DomainError:
             logger.exception(
                 "MCP session %s: result of %s refused", self.id[:12], call.tool_call_id
             )
+            return
+        self._news.now(events)
 
     # --- the client's side of the session: what the gateway sends it unasked ---------------
 
@@ -603,6 +611,7 @@ class GatewaySession:
             with contextlib.suppress(Exception):
                 await layer.group_discard(agent_group(self.run_id), self._channel)
                 await layer.group_discard(token_group(self.caller.token.pk), self._channel)
+        self._news.now()
         await _db(session_ended)(public_id=self.id, reason=reason)
         await self.link.close()
 
