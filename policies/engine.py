@@ -3,13 +3,14 @@
 Shared by enforcement (`policies.evaluate`) and the test against history
 (`policies.history`): a moment is one fact changing (a permit asked, a result, an outbox
 item, a batch's event, a tick); the context is built from only the names the team's policies
-read, and every policy is evaluated against one activation.
+read, and the policies that apply are evaluated together, as one CEL program, against one
+activation (`Together`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
@@ -20,7 +21,9 @@ from policies.language import (
     Program,
     activation,
     compile_expression,
+    compile_together,
     evaluate,
+    evaluate_together,
 )
 from policies.models import Policy
 
@@ -56,6 +59,10 @@ class Compiled:
     @property
     def names(self) -> tuple[str, ...]:
         return self.program.names if self.program else ()
+
+    @functools.cached_property
+    def key(self) -> tuple[int, datetime]:
+        return (self.id, self.updated_at)
 
     @functools.cached_property
     def reads_call(self) -> bool:
@@ -110,22 +117,24 @@ def compiled(row: tuple[Any, ...]) -> Compiled:
 class TeamPolicies:
     """A team's enabled policies, compiled, and the subsets each kind of check evaluates."""
 
-    all: tuple[Compiled, ...]
+    all: PolicySet
     # An events batch has no call: the policies that read none, and of those the ones that
     # read `event.type` (only they can answer differently for each type in the batch).
-    batch: tuple[Compiled, ...]
-    batch_typed: tuple[Compiled, ...]
+    batch: PolicySet
+    batch_typed: PolicySet
     # The periodic tick: the rules of time.
-    time: tuple[Compiled, ...]
+    time: PolicySet
 
     @classmethod
     def of(cls, policies: list[Compiled]) -> TeamPolicies:
         batch = tuple(policy for policy in policies if not policy.reads_call)
         return cls(
-            all=tuple(policies),
-            batch=batch,
-            batch_typed=tuple(policy for policy in batch if policy.reads_event_type),
-            time=tuple(policy for policy in policies if "run.elapsed_seconds" in policy.names),
+            all=PolicySet(tuple(policies)),
+            batch=PolicySet(batch),
+            batch_typed=PolicySet(tuple(policy for policy in batch if policy.reads_event_type)),
+            time=PolicySet(
+                tuple(policy for policy in policies if "run.elapsed_seconds" in policy.names)
+            ),
         )
 
 
@@ -194,32 +203,153 @@ def _call_values(moment: Moment) -> dict[str, Any]:
     }
 
 
+class _Group:
+    """Policies evaluated as one CEL program, a list of their booleans. When it cannot answer
+    for all of them (one expression failed, and CEL makes the whole list an error; or the
+    list does not compile: wrapping adds a level to the parser's recursion limit, the joined
+    text may pass its size limit), its halves answer, down to the policy that failed, which is
+    evaluated alone: its error and `on_error` are its own, and a policy that fails at every
+    call costs the others a few more evaluations, not one each. Each level is compiled the
+    first time it is needed."""
+
+    def __init__(self, policies: tuple[Compiled, ...]) -> None:
+        self.policies = policies
+
+    @functools.cached_property
+    def program(self) -> Any | None:
+        return compile_together([policy.expression for policy in self.policies])
+
+    @functools.cached_property
+    def halves(self) -> tuple[_Group, _Group]:
+        middle = len(self.policies) // 2
+        return _Group(self.policies[:middle]), _Group(self.policies[middle:])
+
+    def evaluate(self, bound: Any, matched: set[int], failed: dict[int, str]) -> None:
+        if len(self.policies) == 1:
+            policy = self.policies[0]
+            assert policy.program is not None
+            hit, error = evaluate(policy.program, bound)
+            if error:
+                failed[policy.id] = error
+            elif hit:
+                matched.add(policy.id)
+            return
+        program = self.program
+        flags = None if program is None else evaluate_together(program, bound)
+        if flags is None:
+            for half in self.halves:
+                half.evaluate(bound, matched, failed)
+        elif any(flags):
+            matched.update(p.id for p, hit in zip(self.policies, flags, strict=True) if hit)
+
+
+@dataclass(frozen=True)
+class Together:
+    """The policies that apply at a moment, evaluated as one CEL program (`_Group`): 50
+    evaluations cost about what one does, most of an evaluation being the crossing into the
+    runtime and back, and a moment where nothing matches builds nothing per policy."""
+
+    policies: tuple[Compiled, ...]
+    group: _Group | None
+    # The `run.*` names the policies read (each asked once per check).
+    run_names: tuple[str, ...]
+    # Some policy's stored expression no longer compiles: it is an error at every check.
+    any_broken: bool
+
+    @classmethod
+    def of(cls, policies: tuple[Compiled, ...]) -> Together:
+        names = {name for policy in policies for name in policy.names}
+        evaluable = tuple(policy for policy in policies if policy.program is not None)
+        return cls(
+            policies=policies,
+            group=_Group(evaluable) if evaluable else None,
+            run_names=tuple(name for name in sorted(names) if name.startswith("run.")),
+            any_broken=len(evaluable) < len(policies),
+        )
+
+    def results(self, bound: Any, data: dict[str, Any]) -> list[Result]:
+        """Matches and errors, in the policies' order (the order acting follows)."""
+        matched: set[int] = set()
+        failed: dict[int, str] = {}
+        if self.group is not None:
+            self.group.evaluate(bound, matched, failed)
+        if not matched and not failed and not self.any_broken:
+            return []
+        results = []
+        for policy in self.policies:
+            error = policy.compile_error if policy.program is None else failed.get(policy.id, "")
+            if error or policy.id in matched:
+                seen = {name: data[name] for name in policy.names}
+                results.append(Result(policy, not error, error, seen))
+        return results
+
+
+# The applying policies' keys → those policies together. Compiled once per process for each
+# set that applies (a team's whole set at a permit, the ones that read no call at a batch, …);
+# an edit changes a key, so the next check compiles the new set.
+_together: dict[tuple[tuple[int, datetime], ...], Together] = {}
+_TOGETHER_MAX = 1_000
+
+
+def _together_of(policies: tuple[Compiled, ...]) -> Together:
+    key = tuple(policy.key for policy in policies)
+    found = _together.get(key)
+    if found is None:
+        if len(_together) >= _TOGETHER_MAX:
+            _together.clear()
+        found = _together[key] = Together.of(policies)
+    return found
+
+
+class PolicySet:
+    """Policies a kind of check evaluates (a team's all, a batch's, the tick's), with the
+    programs of the policies that apply worked out once. Without an agent or tool glob, which
+    policies apply depends only on whether the moment has a call, so a check does nothing per
+    policy before the evaluation."""
+
+    def __init__(self, policies: tuple[Compiled, ...]) -> None:
+        self.policies = policies
+        self.scoped = any(not (policy.any_agent and policy.any_tool) for policy in policies)
+
+    def __bool__(self) -> bool:
+        return bool(self.policies)
+
+    def __iter__(self) -> Iterator[Compiled]:
+        return iter(self.policies)
+
+    @functools.cached_property
+    def _at_a_call(self) -> Together:
+        return _together_of(self.policies)
+
+    @functools.cached_property
+    def _away_from_a_call(self) -> Together | None:
+        applying = tuple(policy for policy in self.policies if not policy.reads_call)
+        return _together_of(applying) if applying else None
+
+    def applying(self, agent: Callable[[], str], moment: Moment) -> Together | None:
+        if not self.policies:
+            return None
+        if not self.scoped:
+            return self._at_a_call if moment.tool else self._away_from_a_call
+        applying = tuple(policy for policy in self.policies if policy.applies(agent, moment))
+        return _together_of(applying) if applying else None
+
+
 def check(
-    policies: Iterable[Compiled],
+    policies: PolicySet,
     *,
     agent: Callable[[], str],
     moment: Moment,
     run_value: Callable[[str], Any],
 ) -> list[Result]:
-    """Evaluate every policy that applies; `run_value(name)` gives a `run.*` value (asked once
-    per name, only for names some policy reads)."""
-    applying = [policy for policy in policies if policy.applies(agent, moment)]
-    if not applying:
+    """Evaluate every policy that applies, against one activation; `run_value(name)` gives a
+    `run.*` value (asked once per name, only for names some policy reads)."""
+    together = policies.applying(agent, moment)
+    if together is None:
         return []
-    names = {name for policy in applying for name in policy.names}
     data = _call_values(moment)
-    data.update((name, run_value(name)) for name in names if name.startswith("run."))
-    bound = activation(data)
-    results = []
-    for policy in applying:
-        if policy.program is None:
-            matched, error = False, policy.compile_error
-        else:
-            matched, error = evaluate(policy.program, bound)
-        if matched or error:
-            seen = {name: data[name] for name in policy.names}
-            results.append(Result(policy, matched, error, seen))
-    return results
+    data.update((name, run_value(name)) for name in together.run_names)
+    return together.results(activation(data), data)
 
 
 def describe_values(values: dict[str, Any]) -> str:

@@ -18,14 +18,22 @@ An evaluation error is counted on the policy and, in enforce mode, applies its `
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
 from datetime import datetime
 from typing import Any
 
 from django.db.models import F
 
 from policies import facts as aggregates
-from policies.engine import Compiled, Moment, Result, check, describe_values, team_policies
+from policies.engine import (
+    Compiled,
+    Moment,
+    PolicySet,
+    Result,
+    check,
+    describe_values,
+    team_policies,
+)
 from policies.models import (
     HitOutcome,
     Policy,
@@ -67,7 +75,10 @@ class LiveRun:
 
     def __init__(self, run: Run, reads: CheckReads, now: datetime) -> None:
         self.run, self.reads, self.now = run, reads, now
-        self._deferred = run.get_deferred_fields()
+
+    @functools.cached_property
+    def _deferred(self) -> set[str]:
+        return self.run.get_deferred_fields()
 
     def _column(self, name: str) -> Any:
         if name not in self._deferred:
@@ -284,7 +295,7 @@ def _moment_at(
     *,
     now: datetime,
     reads: CheckReads,
-    policies: Iterable[Compiled],
+    policies: PolicySet,
     facts_changed: bool = False,
 ) -> PolicyVerdict:
     """Evaluate `policies` at `moment` and act; save the run's facts if they moved
@@ -368,11 +379,11 @@ class Checks(PolicyChecks):
             _moment_at(run, moment, now=now, reads=reads, policies=policies.batch_typed)
 
 
-def time_policies(team_id: int) -> tuple[Compiled, ...]:
+def time_policies(team_id: int) -> PolicySet:
     return team_policies(team_id, policy_set_version(team_id)).time
 
 
-def tick_run(run: Run, policies: Iterable[Compiled], *, now: datetime) -> None:
+def tick_run(run: Run, policies: PolicySet, *, now: datetime) -> None:
     """A periodic look at a running run, for rules of time (`run.elapsed_seconds`)."""
     if run.status == RunStatus.RUNNING and policies:
         _moment_at(run, Moment("tick"), now=now, reads=read_for_checks(run), policies=policies)

@@ -135,6 +135,30 @@ def activation(data: dict[str, Any]) -> Any:
     return _ENV.Activation(data)
 
 
+def compile_together(texts: list[str]) -> Any | None:
+    """Several policies' expressions as one program, a CEL list of their booleans, or None
+    when the list does not compile (the parser's recursion limit, 32, counts the list as a
+    level; the joined text may pass CEL's size limit). One per line: an expression that ends
+    in a `//` comment does not swallow the next."""
+    try:
+        return _ENV.compile("[\n" + ",\n".join(texts) + "\n]")
+    except RuntimeError:
+        return None
+
+
+def evaluate_together(program: Any, bound: Any) -> list[bool] | None:
+    """Each expression's boolean, in order, or None when any of them failed: CEL makes the
+    whole list an error then, and the caller evaluates them one by one to learn which."""
+    try:
+        result = program.eval(bound)
+    except RuntimeError:
+        return None
+    if result.type() == _T.ERROR:
+        return None
+    flags = result.plain_value()
+    return flags if isinstance(flags, list) else None
+
+
 def evaluate(program: Program, bound: Any) -> tuple[bool, str]:
     """(matched, error): an evaluation error (a missing map key, an overflow) is an error, never
     a match or a miss; the caller applies the policy's `on_error`."""

@@ -259,3 +259,37 @@ def system_note_text(stored: Any) -> str:
         if found is not None:
             return str(rebuild(found))
     return text
+
+
+# The server's own actors (`Actor.system(...)`): stored in English like every record, named in
+# the reader's words. Any other actor — a person, a token, a dispatcher — is shown as stored.
+_SYSTEM_ACTORS: dict[str, Any] = {
+    "budget": _("budget"),
+    "approval-deadline": _("approval deadline"),
+    "approval-escalation": _("approval escalation"),
+    "drain-watchdog": _("drain watchdog"),
+    "lease-reaper": _("lease reaper"),
+    "outbox-reaper": _("outbox reaper"),
+    "reconciler": _("reconciler"),
+    "reprice": _("repricing"),
+    "demo-setup": _("demo setup"),
+}
+_POLICY_ACTOR = re.compile(r"policy:(?P<name>.+)", re.DOTALL)
+_SYSTEM_KIND = "system"  # runs.models.ActorKind.SYSTEM (labels stays free of model imports)
+
+
+def actor_text(name: Any, kind: Any = None) -> str:
+    """Who did it, in the reader's words when it was the server (a policy, the budget, a
+    reaper). With the actor's kind, only a system actor is translated. Without it (a run's
+    `stop_requested_by` keeps the name alone) the server's names are recognised by spelling:
+    a person whose username is exactly one of them would read as the server there; the
+    ledger, which keeps the kind, tells them apart."""
+    text = str(name or "")
+    if kind not in (None, "", _SYSTEM_KIND):
+        return text
+    if text in _SYSTEM_ACTORS:
+        return str(_SYSTEM_ACTORS[text])
+    found = _POLICY_ACTOR.fullmatch(text)
+    if found is not None:
+        return gettext("policy %(name)s") % {"name": found["name"]}
+    return text

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext, pgettext_lazy
 
-from runs.labels import approval_reason_text, label_for, system_note_text
+from runs.labels import actor_text, approval_reason_text, label_for, system_note_text
 
 register = template.Library()
 
@@ -160,6 +160,13 @@ def system_note(value: Any) -> str:
     """A note the server wrote on a stop (a budget's, a policy's) in the reader's words; a
     person's note as typed."""
     return system_note_text(value)
+
+
+@register.filter
+def actor(value: Any, kind: Any = None) -> str:
+    """Who did it: the server's own actors (a policy, the budget) in the reader's words, a
+    person or a token as stored."""
+    return actor_text(value, kind)
 
 
 @register.filter

@@ -89,13 +89,28 @@
     // A message (`data-flash`: "Approved as it was…") is the answer to what the person did: a
     // live refresh, rendered without it, must not take it away. A person's own next request
     // replaces its region and the message with it.
+    // A refresh that drops the message's container as a whole (the group whose last approval
+    // was just decided is no longer rendered) would take the message with it: the container
+    // stays, holding the message alone.
     Idiomorph.defaults.callbacks.beforeNodeRemoved = function (node) {
-      return !(liveSwap && node.nodeType === 1 && node.hasAttribute("data-flash"));
+      if (!liveSwap || node.nodeType !== 1) return true;
+      if (node.hasAttribute("data-flash")) return false;
+      if (!node.querySelector("[data-flash]")) return true;
+      keepOnlyFlash(node);
+      return false;
     };
     // An open confirmation or dialog stays open (the server renders it closed).
     Idiomorph.defaults.callbacks.beforeAttributeUpdated = function (name, node) {
       return !(liveSwap && name === "open" && /^(DETAILS|DIALOG)$/.test(node.tagName));
     };
+  }
+
+  function keepOnlyFlash(node) {
+    Array.prototype.slice.call(node.children).forEach(function (child) {
+      if (child.hasAttribute("data-flash")) return;
+      if (child.querySelector("[data-flash]")) keepOnlyFlash(child);
+      else child.remove();
+    });
   }
 
   // A filtered region (data-query-form="<form id>", the runs table) shows what that form asks

@@ -172,3 +172,33 @@ def test_the_inbox_and_needs_me_fit_390_px_and_show_the_time_left(
         assert overflow <= 1, overflow
     finally:
         narrow.close()
+
+
+def test_deciding_the_last_approval_keeps_its_answer_through_the_refresh_that_empties_the_group(
+    page: Page, live_stack, bob, agent_api
+) -> None:
+    approval, run_id, epoch = held_payment(agent_api)
+    login(page, live_stack.url, "bob")
+    page.goto(f"{live_stack.url}/needs-me/")
+    wait_live(page)
+    page.evaluate(COUNT_LIVE)
+    item = page.locator(f"#needs-approval-{approval}")
+    item.get_by_test_id("inline-reject-open").click()
+    item.get_by_label("Message to the agent").fill("Not this week.")
+    item.get_by_test_id("inline-reject-confirm").click()
+    note = page.locator(f"#decided-{approval}")
+    expect(note).to_contain_text("Rejected", timeout=LIVE_TIMEOUT)
+    expect(page.locator("#nav-needs-count")).to_have_text(re.compile(r"^0"), timeout=LIVE_TIMEOUT)
+
+    # Another refresh, and nothing of the kind waits any more: the approvals group is not
+    # rendered at all. The answer stays, alone.
+    before = page.evaluate("() => window.__liveSwaps")
+    done = agent_api.post(
+        f"/api/v1/runs/{run_id}/events/",
+        json={"epoch": epoch, "events": [{"event_id": "done", "type": "run.completed"}]},
+    )
+    assert done.status_code in (200, 201, 202), done.text
+    page.wait_for_function(f"() => window.__liveSwaps > {before}", timeout=LIVE_TIMEOUT)
+    expect(note).to_be_visible()
+    expect(note).to_contain_text("Rejected")
+    expect(page.locator("#needs-group-approval [data-decide-row]")).to_have_count(0)

@@ -254,3 +254,36 @@ def test_the_run_page_shows_a_policy_stop_note_in_chinese(
     assert shown is not None
     assert "策略 loop 命中" in shown.group(1)
     assert "policy loop matched" not in shown.group(1)  # the raw ledger payload keeps it
+
+
+def test_the_servers_own_actors_read_in_chinese_and_a_person_as_stored(
+    team: Team, alice: Any, bob: Any, reader_of_chinese: Client
+) -> None:
+    by_budget = scenarios.stopped_cleanly(team, by=Actor.system("budget"), title="Over budget")
+    by_policy = scenarios.stopped_cleanly(
+        team, by=Actor.system("policy:loop-guard"), title="Looping"
+    )
+    # A person whose username is spelled like a server actor: the ledger, with the kind,
+    # shows the name as stored.
+    namesake = Actor(kind="user", id=str(bob.pk), name="budget")
+    by_person = scenarios.stopped_cleanly(team, by=namesake, title="Stopped by a person")
+
+    page = lambda run: " ".join(  # noqa: E731
+        visible_texts(reader_of_chinese.get(reverse("console:run", args=[run.pk])).content.decode())
+    )
+    assert "用户停止 · 预算" in page(by_budget)
+    assert "用户停止 · 策略 loop-guard" in page(by_policy)
+    assert "policy:loop-guard" not in page(by_policy)
+    assert "用户停止 · budget" in page(by_person)
+    user_language_set(user=alice, language="zh-hans")
+    admin = Client()
+    admin.force_login(alice)
+    audit = " ".join(visible_texts(admin.get(reverse("console:audit")).content.decode()))
+    assert "策略 loop-guard" in audit and "policy:loop-guard" not in audit
+    assert by_person.stop_requested_by == "budget"  # stored as it was, the person's name
+    with translation.override("zh-hans"):
+        from runs.labels import actor_text
+
+        assert actor_text("budget", "user") == "budget"
+        assert actor_text("budget", "system") == "预算"
+        assert actor_text("alice") == "alice"
