@@ -275,6 +275,7 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
     commit_to_signal: list[float] = []
     commit_to_drained: list[float] = []
     request_to_signal: list[float] = []
+    answer_to_signal: list[float] = []
     request_to_drained: list[float] = []
     noticed_to_push_closed: list[float] = []
     push_closed_to_drained: list[float] = []
@@ -330,10 +331,12 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
                 run = leased_run(f"Draft contract #{index}")
                 requested = time.monotonic()
                 response = http.post(f"/api/v1/runs/{run.pk}/cancel/", json={"reason": "user_stop"})
+                answered = time.monotonic()
                 assert response.status_code == 202, response.text
                 answer = finished(run.pk)
                 if index >= warmup:
                     request_to_signal.append((answer["signal_at"] - requested) * 1000)
+                    answer_to_signal.append((answer["signal_at"] - answered) * 1000)
                     request_to_drained.append((answer["drained_at"] - requested) * 1000)
                     if answer.get("push_closed_at"):
                         noticed_to_push_closed.append(
@@ -366,6 +369,11 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
         ),
         latency_row("stop", "stop commit → worker drained (cooperating worker)", commit_to_drained),
         latency_row("stop", "POST /cancel/ → signal at the worker", request_to_signal),
+        latency_row(
+            "stop",
+            "  its answer → signal at the worker (negative: the signal came first)",
+            answer_to_signal,
+        ),
         latency_row(
             "stop",
             "POST /cancel/ → stopped_cleanly (worker's drained answer)",

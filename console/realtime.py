@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import dataclasses
 import json
 import logging
 import os
@@ -109,9 +111,10 @@ def publish(event: dict[str, Any]) -> None:
     """The listener of `runs.notify`: the worker's frames (`api.agent_sends`) first, then the
     browsers', all in one hop to the event loop."""
     sends = agent_sends(event)
+    workers = len(sends)
     if not for_agents_only(event):
         sends += viewer_sends(event)
-    _send(sends)
+    _send(sends, wait_for=workers)
 
 
 def viewer_sends(event: dict[str, Any]) -> list[tuple[Any, str, dict[str, Any]]]:
@@ -127,7 +130,14 @@ def viewer_sends(event: dict[str, Any]) -> list[tuple[Any, str, dict[str, Any]]]
     ]
 
 
-def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
+# How long a request thread waits for a worker's frame to reach the channel layer before it
+# answers anyway (the frame stays queued; the worker's next heartbeat carries a stop too).
+WORKER_FRAME_WAIT_SECONDS = 5.0
+
+
+def _send(sends: list[tuple[Any, str, dict[str, Any]]], *, wait_for: int = 0) -> None:
+    """Send in order. `wait_for`: how many of the first sends are a worker's frames (a stop
+    signal, an approval's decision, a revocation), which a daphne request thread waits for."""
     if not sends:
         return
     _route_detached_thread_to_bound_loop()
@@ -145,13 +155,26 @@ def _send(sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
         # the loop and the PUBLISHes' round trips held up every other request (the single-event
         # ingestion figure, docs/BENCHMARKS.md). Order is kept: one queue per loop, drained by
         # one task (`_LoopOutbox`).
-        _LoopOutbox.of(SyncToAsync.threadlocal.main_event_loop).post(sends)
+        #   A worker's frame is the exception: the thread waits until it is sent (not for the
+        # browsers' frames after it). Left to the loop while this thread went on building its
+        # answer (the loop's sends and this thread share one interpreter), a stop reached its
+        # worker after the answer to its POST (docs/BENCHMARKS.md, "its answer → signal").
+        sent = _LoopOutbox.of(SyncToAsync.threadlocal.main_event_loop).post(sends, wait_for)
+        if sent is not None:
+            _wait_for_worker_frames(sent)
     elif _has_loop_to_route_to() or in_memory:
         # The embedded process (in-memory layers) runs it on daphne's loop and waits: the
         # in-memory layer's queues must stay on the loop they were used from.
         async_to_sync(send_all)()
     else:
         asyncio.run_coroutine_threadsafe(send_all(), _publisher_loop()).result(timeout=10)
+
+
+def _wait_for_worker_frames(sent: concurrent.futures.Future[None]) -> None:
+    try:
+        sent.result(timeout=WORKER_FRAME_WAIT_SECONDS)
+    except concurrent.futures.TimeoutError:
+        logger.warning("a worker's frame is still queued after %ss", WORKER_FRAME_WAIT_SECONDS)
 
 
 def _routed_loop_runs() -> bool:
@@ -164,7 +187,8 @@ def _routed_loop_runs() -> bool:
 class _LoopOutbox:
     """The sends of one event loop's process, in the order they were committed: posted from
     any thread, sent one after another by one task on the loop (a stop signal before the
-    browser frames of the same change, and one change's frames before the next's)."""
+    browser frames of the same change, and one change's frames before the next's). A post may
+    ask to hear when its first sends (a worker's frames) have gone out."""
 
     _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopOutbox] = (
         weakref.WeakKeyDictionary()
@@ -173,7 +197,7 @@ class _LoopOutbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: collections.deque[list[tuple[Any, str, dict[str, Any]]]] = collections.deque()
+        self.queue: collections.deque[_Posted] = collections.deque()
         self.draining = False
 
     @classmethod
@@ -184,12 +208,20 @@ class _LoopOutbox:
                 outbox = cls._by_loop[loop] = cls(loop)
             return outbox
 
-    def post(self, sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
+    def post(
+        self, sends: list[tuple[Any, str, dict[str, Any]]], wait_for: int = 0
+    ) -> concurrent.futures.Future[None] | None:
+        """Queue `sends`; with `wait_for`, a future done once the first `wait_for` went out
+        (sent, or failed and logged)."""
+        sent: concurrent.futures.Future[None] | None = (
+            concurrent.futures.Future() if wait_for else None
+        )
         # call_soon_threadsafe runs callbacks in the order they were posted.
-        self.loop.call_soon_threadsafe(self._accept, sends)
+        self.loop.call_soon_threadsafe(self._accept, _Posted(sends, wait_for, sent))
+        return sent
 
-    def _accept(self, sends: list[tuple[Any, str, dict[str, Any]]]) -> None:
-        self.queue.append(sends)
+    def _accept(self, posted: _Posted) -> None:
+        self.queue.append(posted)
         if not self.draining:
             self.draining = True
             self.loop.create_task(self._drain())
@@ -197,14 +229,27 @@ class _LoopOutbox:
     async def _drain(self) -> None:
         try:
             while self.queue:
-                for layer, group, frame in self.queue.popleft():
+                posted = self.queue.popleft()
+                for index, (layer, group, frame) in enumerate(posted.sends, start=1):
                     try:
                         await layer.group_send(group, frame)
                     except Exception:  # committed already; a browser refetches at the seq gap,
                         # a worker hears of a stop at its next heartbeat
                         logger.exception("publishing to %s failed", group)
+                    if index == posted.wait_for and posted.sent is not None:
+                        posted.sent.set_result(None)
         finally:
             self.draining = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Posted:
+    """One change's sends, as posted to a loop's outbox."""
+
+    sends: list[tuple[Any, str, dict[str, Any]]]
+    # How many of the first sends the posting thread waits for, and what it waits on.
+    wait_for: int
+    sent: concurrent.futures.Future[None] | None
 
 
 # --- access changes -----------------------------------------------------------------------

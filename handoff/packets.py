@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from django.db.models import Count, F, Q, QuerySet, Sum
 
 from handoff.models import StopPacket
-from runs import frozen
+from runs import frozen, sql
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     Approval,
@@ -51,12 +52,20 @@ def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
     Called inside the settling transaction with the run row locked, so the snapshot is exactly
     the state the stop ended in.
     """
-    existing = _PACKET.rows(run.pk, run.stop_epoch)
+    # The look for an existing packet and the packet's reads go in one round trip: a second
+    # call is rare (a retried settle), and the run lock is held while they wait.
+    existing, *rows = sql.rows_of_each(
+        (_PACKET, (run.pk, run.stop_epoch)), *_stop_packet_reads(run, stop_request)
+    )
     if existing:
         return StopPacket.objects.get(pk=existing[0]["pk"])
-    return StopPacket.objects.create(
-        run=run, stop_epoch=run.stop_epoch, snapshot=stop_packet_snapshot(run, stop_request)
+    packet = StopPacket(
+        run=run,
+        stop_epoch=run.stop_epoch,
+        snapshot=_stop_packet_from(run, stop_request, _PacketRows(*rows)),
     )
+    sql.create(packet)  # its INSERT built once, as the reads are compiled once
+    return packet
 
 
 def stop_packet_for_settled_run(run: Run, stop_request: StopRequest) -> StopPacket:
@@ -216,11 +225,45 @@ _APPROVALS = OnceCompiled(_approvals_query, _SAMPLE_RUN, _SAMPLE_EPOCH)
 _USAGE = OnceCompiled(_usage_query, _SAMPLE_RUN, _SAMPLE_AT)
 
 
+@dataclass(frozen=True)
+class _PacketRows:
+    """What a stop packet reads, in `_stop_packet_reads`' order."""
+
+    steps: list[dict[str, Any]]
+    outbox: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+    leases: list[dict[str, Any]]
+    artifacts: list[dict[str, Any]]
+    steering: list[dict[str, Any]]
+    approvals: list[dict[str, Any]]
+    usage: list[dict[str, Any]]
+
+
+def _stop_packet_reads(
+    run: Run, stop_request: StopRequest
+) -> list[tuple[OnceCompiled, tuple[Any, ...]]]:
+    return [
+        (_STEPS, (run.pk,)),
+        (_OUTBOX, (run.pk,)),
+        (_CALLS, (run.pk,)),
+        (_LEASES, (run.pk, stop_request.epoch_before)),
+        (_ARTIFACTS, (run.pk,)),
+        (_STEERING, (run.pk,)),
+        # DESIGN §10: held at the stop, voided by it, never executed.
+        (_APPROVALS, (run.pk, stop_request.epoch_before)),
+        (_USAGE, (run.pk, stop_request.requested_at)),
+    ]
+
+
 def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
-    steps = _steps_part(run)
-    outbox = _outbox_part(run)
-    calls = _calls_part(run)
-    leases = _LEASES.rows(run.pk, stop_request.epoch_before)
+    rows = _PacketRows(*sql.rows_of_each(*_stop_packet_reads(run, stop_request)))
+    return _stop_packet_from(run, stop_request, rows)
+
+
+def _stop_packet_from(run: Run, stop_request: StopRequest, rows: _PacketRows) -> dict[str, Any]:
+    steps = _steps_part(rows.steps)
+    outbox = _outbox_part(run, rows.outbox)
+    calls = _calls_part(rows.calls)
     return {
         "run_id": run.pk,
         "title": run.title,
@@ -237,21 +280,21 @@ def stop_packet_snapshot(run: Run, stop_request: StopRequest) -> dict[str, Any]:
         "stopped_at": _iso(stop_request.stopped_at),
         "state": run.status,
         "dirty_reasons": list(stop_request.dirty_reasons),
-        **_leases_part(leases),
+        **_leases_part(rows.leases),
         "resume_from": run.resume_from or None,
         **outbox,
         **steps,
-        "artifacts": _artifacts_part(run),
+        "artifacts": _artifacts_part(rows.artifacts),
         **calls,
         "unapplied_steering": [
             {"id": message["pk"], "text": message["text"], "author": message["author"]}
-            for message in _STEERING.rows(run.pk)
+            for message in rows.steering
         ],
         # DESIGN §10: held at the stop, voided by it, never executed.
-        "approvals_void_at_stop": _approvals_void_at_stop(run, stop_request),
+        "approvals_void_at_stop": _approvals_void(rows.approvals),
         "reported_after_stop": list(run.late_reports),
         "late_writes_rejected": run.late_writes_rejected,
-        "cost": _cost_part(run, stop_request),
+        "cost": _cost_part(run, stop_request, rows.usage),
     }
 
 
@@ -259,11 +302,10 @@ def _usd(value: Decimal | None) -> float:
     return float(value or 0)
 
 
-def _cost_part(run: Run, stop_request: StopRequest) -> dict[str, Any]:
+def _cost_part(run: Run, stop_request: StopRequest, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What the run spent up to the stop request, and what was reported after it (late spend:
     calls already under way, or a worker that kept going). Unpriced tokens are counted apart:
     their cost is unknown, not 0. `budget` names the budget that stopped the run, if one did."""
-    rows = _USAGE.rows(run.pk, stop_request.requested_at)
     # The totals add the per-model sums: exact (numeric and integers), None when no row has one.
     totals = {
         name: _sum(row[name] for row in rows)
@@ -325,10 +367,10 @@ def interruption_packet(run: Run) -> dict[str, Any]:
     is resolved and what is not. The lists have the stop packet's shape (DESIGN §4).
     """
     point = dict(run.interruption or {})
-    steps = _steps_part(run)
-    outbox = _outbox_part(run, frozen_by_epoch=run.stop_epoch)
+    steps = _steps_part(_STEPS.rows(run.pk))
+    outbox = _outbox_part(run, _OUTBOX.rows(run.pk), frozen_by_epoch=run.stop_epoch)
     marked = set(point.get("calls_in_flight", []))
-    calls = _calls_part(run, also=marked)
+    calls = _calls_part(_CALLS.rows(run.pk), also=marked)
     in_flight = list(
         dict.fromkeys([*point.get("outbox_in_flight", []), *outbox["in_flight_outbox_ids"]])
     )
@@ -350,18 +392,18 @@ def interruption_packet(run: Run) -> dict[str, Any]:
         **outbox,
         "in_flight_outbox_ids": in_flight,
         **steps,
-        "artifacts": _artifacts_part(run),
+        "artifacts": _artifacts_part(_ARTIFACTS.rows(run.pk)),
         **calls,
         "late_writes_rejected": run.late_writes_rejected,
         # An interruption bumps no epoch: what it voided carries the run's current one.
-        "approvals_void_at_interruption": _approvals_void(run, epoch=run.stop_epoch),
+        "approvals_void_at_interruption": _approvals_void(_APPROVALS.rows(run.pk, run.stop_epoch)),
     }
 
 
-def _steps_part(run: Run) -> dict[str, list[dict[str, Any]]]:
+def _steps_part(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     completed_steps: list[dict[str, Any]] = []
     pending_steps: list[dict[str, Any]] = []
-    for row in _STEPS.rows(run.pk):
+    for row in rows:
         seq, key, name, status, finished_at, late = (row[field] for field in _STEP_FIELDS)
         if status == StepStatus.COMPLETED:
             completed_steps.append(
@@ -378,7 +420,9 @@ def _steps_part(run: Run) -> dict[str, list[dict[str, Any]]]:
     return {"completed_steps": completed_steps, "pending_steps": pending_steps}
 
 
-def _outbox_part(run: Run, *, frozen_by_epoch: int | None = None) -> dict[str, Any]:
+def _outbox_part(
+    run: Run, read: list[dict[str, Any]], *, frozen_by_epoch: int | None = None
+) -> dict[str, Any]:
     """The outbox lists. `frozen_ids` are the items frozen now, or with `frozen_by_epoch`, every
     item that epoch froze whatever became of it (an interruption's: released ones stay listed).
     An item the stop's epoch froze whose row is not relabelled yet is listed as the relabel will
@@ -386,7 +430,7 @@ def _outbox_part(run: Run, *, frozen_by_epoch: int | None = None) -> dict[str, A
     frozen_ids: list[str] = []
     in_flight_ids: list[str] = []
     outbox: list[dict[str, Any]] = []
-    rows = [tuple(row.values()) for row in _OUTBOX.rows(run.pk)]
+    rows = [tuple(row.values()) for row in read]
     stale = [row[-1] for row in rows if row[3] == OutboxStatus.PENDING and row[-1] < run.stop_epoch]
     stops = frozen.freezing_stops(run, above_epoch=min(stale)) if stale else []
     for row in rows:
@@ -419,12 +463,14 @@ def _outbox_part(run: Run, *, frozen_by_epoch: int | None = None) -> dict[str, A
     }
 
 
-def _calls_part(run: Run, *, also: set[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+def _calls_part(
+    rows: list[dict[str, Any]], *, also: set[str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Every call, and the unconfirmed writes; `also` names calls whose writes are listed there
     even once resolved or settled by a late fact (an interruption's: the calls it marked unknown)."""
     tool_calls: list[dict[str, Any]] = []
     unconfirmed: list[dict[str, Any]] = []
-    for record in _CALLS.rows(run.pk):
+    for record in rows:
         summary = _record_summary(record)
         tool_calls.append(summary)
         if is_unconfirmed_side_effect(
@@ -464,7 +510,7 @@ def _leases_part(leases: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _artifacts_part(run: Run) -> list[dict[str, Any]]:
+def _artifacts_part(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
             "id": pk,
@@ -476,17 +522,13 @@ def _artifacts_part(run: Run) -> list[dict[str, Any]]:
             "evidence": evidence,
         }
         for pk, name, kind, uri, checksum, reusable, evidence in (
-            tuple(row.values()) for row in _ARTIFACTS.rows(run.pk)
+            tuple(row.values()) for row in rows
         )
     ]
 
 
-def _approvals_void_at_stop(run: Run, stop_request: StopRequest) -> list[dict[str, Any]]:
-    return _approvals_void(run, epoch=stop_request.epoch_before)
-
-
-def _approvals_void(run: Run, *, epoch: int) -> list[dict[str, Any]]:
-    """The approvals a stop or an interruption voided at `epoch`: calls and items that were
+def _approvals_void(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The approvals a stop or an interruption voided (`_APPROVALS` at its epoch): calls and items that were
     waiting for a reviewer and will never run. A reviewer reading the packet must see them,
     or a held payment silently disappears from the story of the run."""
     return [
@@ -511,7 +553,7 @@ def _approvals_void(run: Run, *, epoch: int) -> list[dict[str, Any]]:
             "voided_by": approval["decided_by"] or None,
             "executed": False,
         }
-        for approval in _APPROVALS.rows(run.pk, epoch)
+        for approval in rows
     ]
 
 

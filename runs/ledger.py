@@ -187,9 +187,26 @@ def ledger_append(
     raise RuntimeError("could not append to the global ledger chain")
 
 
+# A run chain's head, read before every append of a transition: compiled once per process
+# (a transition may read it in a pipeline with its other reads: `chain_head_from`).
+RUN_CHAIN_HEAD = sql.OnceCompiled(
+    lambda run_id: (
+        LedgerEntry.objects.filter(run_id=run_id).order_by("-run_seq").values("run_seq", "hash")[:1]
+    ),
+    "run_sample_5afe",
+)
+
+
 def chain_head(run: Run | None) -> ChainHead:
-    last = LedgerEntry.objects.filter(run=run).order_by("-run_seq").only("run_seq", "hash").first()
+    if run is not None:
+        return chain_head_from(RUN_CHAIN_HEAD.rows(run.pk))
+    last = LedgerEntry.objects.filter(run=None).order_by("-run_seq").only("run_seq", "hash").first()
     return ChainHead(last.run_seq, last.hash) if last else EMPTY_CHAIN
+
+
+def chain_head_from(rows: list[dict[str, Any]]) -> ChainHead:
+    """`chain_head` from the rows of `RUN_CHAIN_HEAD`."""
+    return ChainHead(rows[0]["run_seq"], rows[0]["hash"]) if rows else EMPTY_CHAIN
 
 
 def _insert_entry(

@@ -53,6 +53,7 @@ from runs.models import (
     TeamBudget,
     Usage,
 )
+from runs.sql import OnceCompiled
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -384,16 +385,36 @@ def usage_by_step(*, run_id: str) -> QuerySet[Any, Any]:
 # reads the transitions share with their callers (the console's Resume, the sweeps)
 
 
+# In this order in the answer (the packet and the ledger keep it).
+DIRTY_REASONS = ("unconfirmed_side_effects", "outbox_in_flight", "worker_unconfirmed")
+
+
+def _dirty_reasons_query(run_id: str) -> QuerySet[Any]:
+    return (
+        Run.objects.filter(pk=run_id)
+        .annotate(
+            unconfirmed_side_effects=Exists(
+                ExecutionRecord.objects.filter(run_id=run_id).unconfirmed()
+            ),
+            outbox_in_flight=Exists(OutboxItem.objects.filter(run_id=run_id).unconfirmed()),
+            worker_unconfirmed=Exists(Lease.objects.filter(run_id=run_id, fenced_unconfirmed=True)),
+        )
+        .values(*DIRTY_REASONS)
+    )
+
+
+# One statement, compiled once per process: every settle asks it under the run lock.
+DIRTY_REASONS_READ = OnceCompiled(_dirty_reasons_query, "run_sample_5afe")
+
+
 def run_dirty_reasons(run: Run) -> list[str]:
     """What is still unknown about this run's side effects (empty means clean)."""
-    reasons = []
-    if ExecutionRecord.objects.filter(run=run).unconfirmed().exists():
-        reasons.append("unconfirmed_side_effects")
-    if OutboxItem.objects.filter(run=run).unconfirmed().exists():
-        reasons.append("outbox_in_flight")
-    if Lease.objects.filter(run=run, fenced_unconfirmed=True).exists():
-        reasons.append("worker_unconfirmed")
-    return reasons
+    return dirty_reasons_from(DIRTY_REASONS_READ.rows(run.pk))
+
+
+def dirty_reasons_from(rows: list[dict[str, Any]]) -> list[str]:
+    """`run_dirty_reasons` from the rows of `DIRTY_REASONS_READ`."""
+    return [reason for reason in DIRTY_REASONS if rows and rows[0][reason]]
 
 
 def resume_blocked_reason(status: str, reasons: list[str]) -> str:

@@ -7,16 +7,19 @@ migration adds is written too. PostgreSQL only (`prepared_statements`): the call
 ORM path for SQLite, the embedded database of `make run`.
 
 An instance written by `insert` goes through no `pre_save`/`post_save` signal: use it only for
-models no receiver listens to (StopRequest, LedgerEntry).
+models no receiver listens to (StopRequest, LedgerEntry). `save_fields` asks: a model with a
+receiver is saved by the ORM.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
-from django.db import connection, models
+from django.db import DatabaseError, connection, models
+from django.db.models.signals import post_save, pre_save
 
 Converter = Callable[[Any, Any, Any], Any]
 
@@ -80,6 +83,53 @@ def insert(instance: models.Model) -> None:
         cursor.execute(insert_statement(type(instance)), insert_params(instance))
         row = cursor.fetchone()
     saved_as(instance, row[0])
+
+
+def create(instance: models.Model) -> None:
+    """`instance.save(force_insert=True)` with its INSERT built once (`insert`); a model a signal
+    receiver listens to, or a database other than PostgreSQL, goes through `save` itself."""
+    if _saved_by_the_orm(type(instance)):
+        instance.save(force_insert=True)
+    else:
+        insert(instance)
+
+
+def _saved_by_the_orm(model: type[models.Model]) -> bool:
+    return (
+        not prepared_statements() or pre_save.has_listeners(model) or post_save.has_listeners(model)
+    )
+
+
+@functools.cache
+def update_statement(model: type[models.Model], names: tuple[str, ...]) -> str:
+    """UPDATE of the named columns of one row, found by its primary key."""
+    assignments = ", ".join(f"{column(model, name)} = %s" for name in names)
+    return f"UPDATE {table(model)} SET {assignments} WHERE {quoted(model._meta.pk)} = %s"
+
+
+def save_fields(instance: models.Model, names: Sequence[str]) -> None:
+    """`instance.save(update_fields=names)` with its UPDATE built once per model and list of
+    fields: the same values, prepared as `Model.save` prepares them (an `auto_now` column takes
+    the time now). Every transition saves the run and its lease or stop request this way, and
+    compiling those UPDATEs again each time was a third of a drained answer's CPU
+    (docs/BENCHMARKS.md). A model a signal receiver listens to, or a database other than
+    PostgreSQL, goes through `save` itself."""
+    model = type(instance)
+    if _saved_by_the_orm(model):
+        instance.save(update_fields=list(names))
+        return
+    params = [
+        field_of(model, name).get_db_prep_save(
+            field_of(model, name).pre_save(instance, False), connection
+        )
+        for name in names
+    ]
+    params.append(model._meta.pk.get_db_prep_value(instance.pk, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(update_statement(model, tuple(names)), params)
+        updated = cursor.rowcount
+    if updated == 0:  # as `Model.save` says it
+        raise DatabaseError("Save with update_fields did not affect any rows.")
 
 
 @functools.cache
@@ -157,13 +207,22 @@ class OnceCompiled:
     def rows(self, *args: Any) -> list[dict[str, Any]]:
         if not prepared_statements():
             return list(self._build(*args))
+        with connection.cursor() as cursor:
+            cursor.execute(*self.statement(*args))
+            fetched = cursor.fetchall()
+        return self.converted(fetched)
+
+    def statement(self, *args: Any) -> tuple[str, list[Any]]:
+        """The SQL and its parameters for these arguments (PostgreSQL), for `pipelined`."""
         if self._compiled is None:
             self._compiled = self._compile()
-        statement, bound, names, converters = self._compiled
-        params = [item.bind(args) if isinstance(item, _Slot) else item for item in bound]
-        with connection.cursor() as cursor:
-            cursor.execute(statement, params)
-            fetched = cursor.fetchall()
+        statement, bound, _names, _converters = self._compiled
+        return statement, [item.bind(args) if isinstance(item, _Slot) else item for item in bound]
+
+    def converted(self, fetched: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+        """`rows`' answer from the rows the statement fetched."""
+        assert self._compiled is not None
+        _statement, _bound, names, converters = self._compiled
         rows = []
         for values in fetched:
             row = list(values)
@@ -174,6 +233,54 @@ class OnceCompiled:
                 row[position] = value
             rows.append(dict(zip(names, row, strict=True)))
         return rows
+
+
+class OnceCompiledInstance(OnceCompiled):
+    """The first row of an ORM read compiled once per process, as a model instance (every
+    concrete column, converted as the ORM converts it), or None: a `.first()` without the
+    compiling. `build(*args)` makes the queryset, filtered and ordered."""
+
+    def __init__(self, model: type[models.Model], build: Callable[..., Any], *samples: Any):
+        self._model = model
+        self._names = [field.attname for field in model._meta.concrete_fields]
+        super().__init__(lambda *args: build(*args).values(*self._names)[:1], *samples)
+
+    def first(self, *args: Any) -> Any:
+        return self.instance(self.rows(*args))
+
+    def instance(self, rows: list[dict[str, Any]]) -> Any:
+        """The model instance of `rows`' first, or None."""
+        if not rows:
+            return None
+        row = rows[0]
+        return self._model.from_db(connection.alias, self._names, [row[n] for n in self._names])
+
+
+def pipelined(*statements: tuple[str, list[Any]]) -> list[list[tuple[Any, ...]]]:
+    """Each statement's rows, the statements sent in one round trip (PostgreSQL's pipeline
+    mode, which runs them in order, each seeing what the ones before it wrote): a transition
+    holds the run lock while its statements wait on their round trips."""
+    with ExitStack() as cursors:
+        opened = [cursors.enter_context(connection.cursor()) for _ in statements]
+        with connection.wrap_database_errors:
+            with connection.connection.pipeline():
+                for cursor, (statement, params) in zip(opened, statements, strict=True):
+                    cursor.execute(statement, params)
+            # The pipeline's end waited for every result: each cursor holds its own now.
+            return [_fetched(cursor) for cursor in opened]
+
+
+def rows_of_each(*reads: tuple[OnceCompiled, tuple[Any, ...]]) -> list[list[dict[str, Any]]]:
+    """`read.rows(*args)` of each, in one round trip on PostgreSQL (`pipelined`)."""
+    if not prepared_statements():
+        return [read.rows(*args) for read, args in reads]
+    fetched = pipelined(*(read.statement(*args) for read, args in reads))
+    return [read.converted(rows) for (read, _args), rows in zip(reads, fetched, strict=True)]
+
+
+def _fetched(cursor: Any) -> list[tuple[Any, ...]]:
+    # A statement that returns no rows (an UPDATE) has no result to fetch.
+    return cursor.fetchall() if cursor.description is not None else []
 
 
 class _Slot:

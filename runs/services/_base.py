@@ -14,7 +14,10 @@ row, as the first statement of its own durable transaction:
 1. `locked_run(run_id)`: the ORM's `lock_run_row` (the run and its team). Every transition but
    the three below, and handoff's own.
 2. the stop: `_stop_sql.locked_run_for_stop` → `_stop_sql.lock_run`, the same query as
-   `lock_run_row` built once per process (compiling it was most of a bulk stop's CPU).
+   `lock_run_row` built once per process (compiling it was most of a bulk stop's CPU); the
+   worker's acknowledgement opens the same way, and its drained answer with
+   `_stop_sql.locked_run_for_drain`: the lock, the lease it names, the current stop request
+   and the ledger head in one round trip.
 3. the events batch: `_events_sql.open_batch` sends the lock (the run's columns a batch reads,
    with the caller's token re-checked in the same statement) in one pipeline with the batch's
    receipts and steps, then builds the run from the row.
@@ -27,15 +30,16 @@ SQLite), 2 and 3 fall back to `lock_run_row` and the ORM.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
-from runs import notify
+from runs import notify, sql
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -43,7 +47,7 @@ from runs.errors import (
     RunNotRunning,
     StaleEpoch,
 )
-from runs.ledger import ledger_append
+from runs.ledger import ChainHead, ledger_append
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     ExecutionRecord,
@@ -55,7 +59,9 @@ from runs.models import (
     SideEffect,
     SideEffectState,
     StopRequest,
+    Team,
 )
+from runs.services._result_sql import write_result
 
 OPEN_EXECUTION_STATES = (ExecutionState.PERMITTED, ExecutionState.RUNNING)
 IN_FLIGHT_OUTBOX = OUTBOX_IN_FLIGHT_STATUSES
@@ -92,6 +98,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 def lock_run_row(run_id: str) -> Run:
     """The first query of every transition: the run row, locked, so transitions serialise."""
+    if sql.prepared_statements():
+        return _lock_run_prepared(run_id)
     try:
         return (
             Run.objects.select_for_update(no_key=True, of=("self",))
@@ -100,6 +108,32 @@ def lock_run_row(run_id: str) -> Run:
         )
     except Run.DoesNotExist:
         raise NotFound(f"run {run_id} does not exist") from None
+
+
+@functools.cache
+def _lock_statement() -> str:
+    """The ORM's lock query above (the run and its team, the run row locked), built once: it is
+    the first statement of every transition, and compiling it again each time was a fifth of the
+    CPU of an MCP gateway's tool call (a permit and a result: two locks)."""
+    return (
+        f"SELECT {sql.select_columns(Run)}, {sql.select_columns(Team)} "
+        f"FROM {sql.table(Run)} JOIN {sql.table(Team)} "
+        f"ON {sql.table(Team)}.{sql.column(Team, 'id')} = {sql.table(Run)}.{sql.column(Run, 'team')} "
+        f"WHERE {sql.table(Run)}.{sql.column(Run, 'id')} = %s "
+        f"FOR NO KEY UPDATE OF {sql.table(Run)}"
+    )
+
+
+def _lock_run_prepared(run_id: str) -> Run:
+    with connection.cursor() as cursor:
+        cursor.execute(_lock_statement(), [run_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    width = len(Run._meta.concrete_fields)
+    run: Run = sql.from_row(Run, row[:width])
+    run.team = sql.from_row(Team, row[width:])
+    return run
 
 
 @contextmanager
@@ -116,7 +150,7 @@ def locked_run(run_id: str) -> Iterator[Run]:
 def _bump_change_seq(run: Run, *fields: str) -> None:
     # Safe as a Python increment: every caller holds the run row lock.
     run.change_seq += 1
-    run.save(update_fields=[*fields, "change_seq", "updated_at"])
+    sql.save_fields(run, (*fields, "change_seq", "updated_at"))
 
 
 def run_move(
@@ -128,8 +162,12 @@ def run_move(
     reason: str = "",
     payload: dict[str, Any] | None = None,
     fields: tuple[str, ...] = (),
+    head: ChainHead | None = None,
 ) -> None:
-    """Change status (checked against TRANSITIONS), ledger it, and notify on commit."""
+    """Change status (checked against TRANSITIONS), ledger it, and notify on commit.
+
+    `head`: the run chain's head when the caller has read it under the same lock
+    (`ledger_append`; an entry this run object appended since still wins)."""
     before = run.status
     if to not in TRANSITIONS[before]:
         raise IllegalTransition.for_run(run, f"a {before} run cannot move to {to}")
@@ -141,6 +179,7 @@ def run_move(
         action=action,
         reason=reason,
         payload={"from": before, "to": to, "stop_epoch": run.stop_epoch, **(payload or {})},
+        head=head,
     )
     notify.run_changed(run, kind=action)
 
@@ -170,8 +209,31 @@ def reject_late_write(
     raise error
 
 
+# The reads every stop transition makes under the run lock, compiled once per process
+# (`runs.sql.OnceCompiledInstance`); the sample stands for a run id while they compile.
+_SAMPLE_RUN = "run_sample_5afe"
+_SAMPLE_TOKEN = "lease_token_sample_5afe"
+LIVE_LEASE = sql.OnceCompiledInstance(
+    Lease,
+    lambda run_id: Lease.objects.filter(run_id=run_id, released_at__isnull=True).order_by("pk"),
+    _SAMPLE_RUN,
+)
+LEASE_BY_TOKEN = sql.OnceCompiledInstance(
+    Lease,
+    lambda run_id, token: Lease.objects.filter(run_id=run_id, token=token).order_by("pk"),
+    _SAMPLE_RUN,
+    _SAMPLE_TOKEN,
+)
+CURRENT_STOP_REQUEST = sql.OnceCompiledInstance(
+    StopRequest,
+    lambda run_id: StopRequest.objects.filter(run_id=run_id).order_by("-epoch_after"),
+    _SAMPLE_RUN,
+)
+
+
 def live_lease(run: Run) -> Lease | None:
-    return Lease.objects.filter(run=run, released_at__isnull=True).first()
+    lease: Lease | None = LIVE_LEASE.first(run.pk)
+    return lease
 
 
 def _lease_is_current(lease: Lease | None, run: Run, now: datetime) -> bool:
@@ -204,18 +266,22 @@ def release_lease(lease: Lease, *, reason: str, now: datetime, fenced: bool = Fa
     lease.released_at = now
     lease.release_reason = reason
     lease.fenced_unconfirmed = fenced
-    lease.save(update_fields=["released_at", "release_reason", "fenced_unconfirmed"])
+    sql.save_fields(lease, ("released_at", "release_reason", "fenced_unconfirmed"))
 
 
 def find_lease(run: Run, lease_token: str) -> Lease:
-    lease = Lease.objects.filter(run=run, token=lease_token).first()
+    return lease_found(run, lease_token, LEASE_BY_TOKEN.first(run.pk, lease_token))
+
+
+def lease_found(run: Run, lease_token: str, lease: Lease | None) -> Lease:
+    """The lease `lease_token` names, as read under the run lock, or the refusal."""
     if lease is None:
         raise NotFound(f"lease {lease_token} does not belong to run {run.pk}")
     return lease
 
 
 def current_stop_request(run: Run) -> StopRequest:
-    stop_request = StopRequest.objects.filter(run=run).order_by("-epoch_after").first()
+    stop_request: StopRequest | None = CURRENT_STOP_REQUEST.first(run.pk)
     if stop_request is None:
         raise IllegalTransition.for_run(run, "the run has no stop request")
     return stop_request
@@ -252,7 +318,10 @@ def apply_tool_result(
     recovery_action: str,
     actor: Actor,
     now: datetime,
+    ledger_head: ChainHead | None = None,
 ) -> None:
+    """Record a reported outcome on `record` under the run lock. `ledger_head`: the run chain's
+    head when the caller has just read it under the same lock (`_result_sql.read_for_result`)."""
     after_stop = run.stop_epoch > record.permit_epoch
     keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved
     if keeps_state:
@@ -271,6 +340,7 @@ def apply_tool_result(
                 "side_effect_state": record.side_effect_state,
                 "ignored_observation": observation[:500],
             },
+            head=ledger_head,
         )
         run_mark_changed(run, kind="tool.result")
         return
@@ -288,7 +358,9 @@ def apply_tool_result(
         record.side_effect_state = _SIDE_EFFECT_AFTER[execution_state]
     if execution_state != ExecutionState.RUNNING:
         record.finished_at = now
-    record.save()
+    # Safe as a Python increment: the caller holds the run row lock.
+    run.change_seq += 1
+    write_result(run, record)  # the record and the run's counters, one statement
     ledger_append(
         run=run,
         actor=actor,
@@ -300,5 +372,6 @@ def apply_tool_result(
             "reported_after_stop": after_stop,
             "side_effect_state": record.side_effect_state,
         },
+        head=ledger_head,
     )
-    run_mark_changed(run, kind="tool.result")
+    notify.run_changed(run, kind="tool.result")

@@ -9,7 +9,8 @@ were most of what the gateway added to a call (docs/BENCHMARKS.md).
 Here the reads are one statement and the record with the run's counters another, both run
 after the run row is locked, in the permit's transaction (READ COMMITTED takes a new snapshot
 per statement: after the lock was granted). Rules are only read in full when the team has an
-enabled one, and a `tool_call_id` asked before takes the ORM path (a retry is rare).
+enabled one, the team's spend only when it has a budget, and a `tool_call_id` asked before
+takes the ORM path (a retry is rare).
 On SQLite (`make run`) each read and write goes through the ORM, one by one.
 """
 
@@ -32,6 +33,7 @@ from runs.models import (
     Run,
     Step,
     StepStatus,
+    TeamBudget,
 )
 from runs.services._base import live_lease
 
@@ -46,6 +48,8 @@ class PermitReads:
     step_id: int | None
     rules_exist: bool
     ledger_head: ChainHead
+    # The team has a daily or monthly budget: only then is its spend read (`team_budget_refusal`).
+    team_budget_set: bool
 
 
 @functools.cache
@@ -70,6 +74,12 @@ def _read_statement() -> str:
         f"WHERE {sql.column(ApprovalRule, 'team')} = %s "
         f"AND {sql.column(ApprovalRule, 'enabled')})"
     )
+    budget = (
+        f"EXISTS (SELECT 1 FROM {sql.table(TeamBudget)} "
+        f"WHERE {sql.column(TeamBudget, 'team')} = %s "
+        f"AND ({sql.column(TeamBudget, 'daily_usd')} IS NOT NULL "
+        f"OR {sql.column(TeamBudget, 'monthly_usd')} IS NOT NULL))"
+    )
     head = (
         f"SELECT {sql.column(LedgerEntry, 'run_seq')} AS run_seq, "
         f"{sql.column(LedgerEntry, 'hash')} AS hash FROM {sql.table(LedgerEntry)} "
@@ -78,7 +88,7 @@ def _read_statement() -> str:
     )
     lease_columns = ", ".join(f"lease.{sql.quoted(field)}" for field in Lease._meta.concrete_fields)
     return (
-        f"SELECT {lease_columns}, {asked}, {step}, {rules}, head.run_seq, head.hash "
+        f"SELECT {lease_columns}, {asked}, {step}, {rules}, {budget}, head.run_seq, head.hash "
         "FROM (SELECT 1) AS one "
         f"LEFT JOIN LATERAL ({lease}) AS lease ON true "
         f"LEFT JOIN LATERAL ({head}) AS head ON true"
@@ -96,6 +106,7 @@ def read_for_permit(run: Run, *, tool_call_id: str, step_key: str) -> PermitRead
         run.pk,
         StepStatus.RUNNING,
         run.team_id,
+        run.team_id,
         run.pk,
         run.pk,
     ]
@@ -103,13 +114,14 @@ def read_for_permit(run: Run, *, tool_call_id: str, step_key: str) -> PermitRead
         cursor.execute(_read_statement(), params)
         row = cursor.fetchone()
     width = len(Lease._meta.concrete_fields)
-    lease_values, (asked, step_id, rules, run_seq, digest) = row[:width], row[width:]
+    lease_values, (asked, step_id, rules, budget, run_seq, digest) = row[:width], row[width:]
     return PermitReads(
         lease=sql.from_row(Lease, lease_values) if lease_values[0] is not None else None,
         asked_before=asked,
         step_id=step_id,
         rules_exist=rules,
         ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
+        team_budget_set=budget,
     )
 
 
@@ -126,6 +138,7 @@ def _read_with_the_orm(run: Run, *, tool_call_id: str, step_key: str) -> PermitR
         step_id=step.values_list("pk", flat=True).first(),
         rules_exist=ApprovalRule.objects.filter(team_id=run.team_id, enabled=True).exists(),
         ledger_head=chain_head(run),
+        team_budget_set=True,  # `team_budget_refusal` reads it, as it always did
     )
 
 

@@ -25,26 +25,38 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Case, F, Value, When
 
 from runs import sql
 from runs.errors import NotFound
-from runs.ledger import EMPTY_CHAIN, ChainHead, chain_head
+from runs.ledger import EMPTY_CHAIN, RUN_CHAIN_HEAD, ChainHead, chain_head, chain_head_from
 from runs.models import (
     Approval,
     ApprovalStatus,
     ExecutionRecord,
+    ExecutionState,
     Lease,
     LedgerEntry,
     OutboxItem,
     OutboxStatus,
     RemoteCancelState,
     Run,
+    SideEffect,
+    SideEffectState,
     SteeringMessage,
     SteeringStatus,
     StopRequest,
     Team,
 )
-from runs.services._base import OPEN_EXECUTION_STATES, live_lease, lock_run_row
+from runs.selectors import DIRTY_REASONS_READ, dirty_reasons_from, run_dirty_reasons
+from runs.services._base import (
+    CURRENT_STOP_REQUEST,
+    LEASE_BY_TOKEN,
+    LIVE_LEASE,
+    OPEN_EXECUTION_STATES,
+    live_lease,
+    lock_run_row,
+)
 
 # What a stop changes on the run row, beside what `_bump_change_seq` always bumps.
 RUN_FIELDS = (
@@ -99,6 +111,52 @@ def lock_run(run_id: str) -> Run:
     with connection.cursor() as cursor:
         cursor.execute(_lock_statement(), [run_id])
         row = cursor.fetchone()
+    return _locked(run_id, row)
+
+
+@dataclass(frozen=True)
+class DrainOpening:
+    run: Run
+    # The lease the worker names (None: not this run's), and the run's current stop request.
+    lease: Lease | None
+    stop_request: StopRequest | None
+    ledger_head: ChainHead
+
+
+@contextmanager
+def locked_run_for_drain(run_id: str, lease_token: str) -> Iterator[DrainOpening]:
+    """`locked_run_for_stop` for the worker's drained answer: with its first reads."""
+    with transaction.atomic(durable=True):
+        yield _lock_run_for_drain(run_id, lease_token)
+
+
+def _lock_run_for_drain(run_id: str, lease_token: str) -> DrainOpening:
+    """The first query of the drained answer's transaction, `lock_run`, then (the lock held, so
+    each read is a fresh snapshot) the lease the worker names and the run's current stop
+    request and the ledger head: one round trip on PostgreSQL, BEGIN included."""
+    if not sql.prepared_statements():
+        run = lock_run_row(run_id)
+        return DrainOpening(
+            run,
+            LEASE_BY_TOKEN.first(run_id, lease_token),
+            CURRENT_STOP_REQUEST.first(run_id),
+            chain_head(run),
+        )
+    locked, lease, stop_request, head = sql.pipelined(
+        (_lock_statement(), [run_id]),
+        LEASE_BY_TOKEN.statement(run_id, lease_token),
+        CURRENT_STOP_REQUEST.statement(run_id),
+        RUN_CHAIN_HEAD.statement(run_id),
+    )
+    return DrainOpening(
+        _locked(run_id, locked[0] if locked else None),
+        LEASE_BY_TOKEN.instance(LEASE_BY_TOKEN.converted(lease)),
+        CURRENT_STOP_REQUEST.instance(CURRENT_STOP_REQUEST.converted(stop_request)),
+        chain_head_from(RUN_CHAIN_HEAD.converted(head)),
+    )
+
+
+def _locked(run_id: str, row: Any) -> Run:
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
     width = len(Run._meta.concrete_fields)
@@ -233,3 +291,85 @@ def _write_stop_with_the_orm(run: Run, stop_request: StopRequest, *, now: dateti
         ledger_head=chain_head(run),
         lease_expires_at=lease.expires_at if lease is not None else None,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the settle's calls in flight
+
+
+@functools.cache
+def _unknown_statement() -> str:
+    state = sql.column(ExecutionRecord, "side_effect_state")
+    return (
+        f"UPDATE {sql.table(ExecutionRecord)} SET "
+        f"{_set(ExecutionRecord, ('execution_state', 'observed_at', 'observation_source'))}, "
+        f"{state} = CASE WHEN {sql.column(ExecutionRecord, 'side_effect')} = %s THEN %s "
+        f"ELSE {state} END "
+        f"WHERE {sql.column(ExecutionRecord, 'run')} = %s "
+        f"AND {sql.column(ExecutionRecord, 'execution_state')} = ANY(%s)"
+    )
+
+
+@dataclass(frozen=True)
+class Settling:
+    """What a settle reads once the calls in flight are `unknown`."""
+
+    lease: Lease | None
+    # `run_dirty_reasons` as the run stands before the live lease (if any) is released.
+    dirty_reasons: list[str]
+    ledger_head: ChainHead
+
+
+def settle_open_calls(run: Run, *, now: datetime) -> Settling:
+    """`mark_open_calls_unknown`, then the live lease, the dirty reasons and the ledger head:
+    one round trip on PostgreSQL, in that order (a pipeline's statements each see what the ones
+    before wrote)."""
+    if not sql.prepared_statements():
+        mark_open_calls_unknown(run, now=now, source="stop")
+        return Settling(live_lease(run), run_dirty_reasons(run), chain_head(run))
+    _marked, lease, reasons, head = sql.pipelined(
+        (_unknown_statement(), _unknown_params(run, now=now, source="stop")),
+        LIVE_LEASE.statement(run.pk),
+        DIRTY_REASONS_READ.statement(run.pk),
+        RUN_CHAIN_HEAD.statement(run.pk),
+    )
+    return Settling(
+        LIVE_LEASE.instance(LIVE_LEASE.converted(lease)),
+        dirty_reasons_from(DIRTY_REASONS_READ.converted(reasons)),
+        chain_head_from(RUN_CHAIN_HEAD.converted(head)),
+    )
+
+
+def mark_open_calls_unknown(run: Run, *, now: datetime, source: str) -> int:
+    """Calls still permitted or running whose result never arrived become `unknown` (never
+    retried, never assumed failed); a write's side effect awaits verification. One UPDATE, not
+    a read of every open call and a save each; returns how many. Call it under the run lock."""
+    if not sql.prepared_statements():
+        return ExecutionRecord.objects.filter(
+            run=run, execution_state__in=OPEN_EXECUTION_STATES
+        ).update(
+            execution_state=ExecutionState.UNKNOWN,
+            observed_at=now,
+            observation_source=source,
+            side_effect_state=Case(
+                When(
+                    side_effect=SideEffect.WRITE, then=Value(SideEffectState.PENDING_VERIFICATION)
+                ),
+                default=F("side_effect_state"),
+            ),
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(_unknown_statement(), _unknown_params(run, now=now, source=source))
+        return int(cursor.rowcount)
+
+
+def _unknown_params(run: Run, *, now: datetime, source: str) -> list[Any]:
+    return [
+        ExecutionState.UNKNOWN,
+        _prepared(ExecutionRecord, "observed_at", now),
+        source,
+        SideEffect.WRITE,
+        SideEffectState.PENDING_VERIFICATION,
+        run.pk,
+        list(OPEN_EXECUTION_STATES),
+    ]

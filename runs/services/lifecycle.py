@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from runs import hooks, notify
+from runs import hooks, notify, sql
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -24,7 +24,7 @@ from runs.errors import (
     LeaseRevoked,
     StaleEpoch,
 )
-from runs.ledger import ledger_append
+from runs.ledger import ChainHead, ledger_append
 from runs.models import (
     STOPPABLE_STATUSES,
     STOPPED_STATUSES,
@@ -52,14 +52,20 @@ from runs.services._base import (
     TRANSITIONS,
     apply_tool_result,
     current_stop_request,
-    find_lease,
+    lease_found,
     live_lease,
     locked_run,
     release_lease,
     run_mark_changed,
     run_move,
 )
-from runs.services._stop_sql import FROZEN_COUNT_CAP, locked_run_for_stop, write_stop
+from runs.services._stop_sql import (
+    FROZEN_COUNT_CAP,
+    locked_run_for_drain,
+    locked_run_for_stop,
+    settle_open_calls,
+    write_stop,
+)
 from runs.services.approvals import (
     settle_approved_while_suspended_locked,
     void_waiting_approvals_locked,
@@ -252,7 +258,7 @@ def _drain_without_live_lease(run: Run, stop_request: StopRequest, *, now: datet
 
 def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -> Run:
     """The worker noticed the signal: cancel_requested → draining."""
-    with locked_run(run_id) as run:
+    with locked_run_for_stop(run_id) as run:
         if run.status == RunStatus.CANCEL_REQUESTED:
             acknowledge_stop_locked(
                 run, current_stop_request(run), actor=actor, now=timezone.now(), via=via
@@ -261,11 +267,18 @@ def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -
 
 
 def acknowledge_stop_locked(
-    run: Run, stop_request: StopRequest, *, actor: Actor, now: datetime, via: str
+    run: Run,
+    stop_request: StopRequest,
+    *,
+    actor: Actor,
+    now: datetime,
+    via: str,
+    head: ChainHead | None = None,
 ) -> None:
+    """`head`: the run chain's head when the caller has just read it under the same lock."""
     stop_request.acknowledged_at = now
     stop_request.signal_delivered_at = stop_request.signal_delivered_at or now
-    stop_request.save(update_fields=["acknowledged_at", "signal_delivered_at"])
+    sql.save_fields(stop_request, ("acknowledged_at", "signal_delivered_at"))
     run_move(
         run,
         RunStatus.DRAINING,
@@ -273,6 +286,7 @@ def acknowledge_stop_locked(
         action="run.draining",
         reason="worker_ack",
         payload={"via": via},
+        head=head,
     )
 
 
@@ -292,8 +306,9 @@ def run_drained(
     observations: list[dict[str, Any]] | None = None,
 ) -> Run:
     """The worker says it has stopped; its observations are recorded as facts, then settle."""
-    with locked_run(run_id) as run:
-        lease = find_lease(run, lease_token)
+    with locked_run_for_drain(run_id, lease_token) as opening:
+        run = opening.run
+        lease = lease_found(run, lease_token, opening.lease)
         if epoch != lease.epoch:
             raise StaleEpoch.for_run(
                 run, f"the lease was acquired at epoch {lease.epoch}, not {epoch}"
@@ -308,23 +323,41 @@ def run_drained(
             raise IllegalTransition.for_run(run, f"a {run.status} run has no stop to drain")
         if lease.released_at is not None and lease.fenced_unconfirmed:
             raise LeaseRevoked.for_run(run, "the lease was fenced off")
-        drained_locked(run, lease, observations=observations or [], actor=actor, now=timezone.now())
+        drained_locked(
+            run,
+            lease,
+            observations=observations or [],
+            actor=actor,
+            now=timezone.now(),
+            stop_request=opening.stop_request,
+            head=opening.ledger_head,
+        )
     return run
 
 
 def drained_locked(
-    run: Run, lease: Lease, *, observations: list[dict[str, Any]], actor: Actor, now: datetime
+    run: Run,
+    lease: Lease,
+    *,
+    observations: list[dict[str, Any]],
+    actor: Actor,
+    now: datetime,
+    stop_request: StopRequest | None = None,
+    head: ChainHead | None = None,
 ) -> None:
-    stop_request = current_stop_request(run)
+    """`stop_request` and `head` (the ledger's): as the caller has just read them under the
+    same lock."""
+    if stop_request is None:
+        stop_request = current_stop_request(run)
     for observation in observations:
         _apply_drain_observation(run, observation, actor=actor, now=now)
     stop_request.drained_at = now
     stop_request.drain_observations = observations[:200]
-    stop_request.save(update_fields=["drained_at", "drain_observations"])
+    sql.save_fields(stop_request, ("drained_at", "drain_observations"))
     if lease.released_at is None:
         release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
     if run.status == RunStatus.CANCEL_REQUESTED:
-        acknowledge_stop_locked(run, stop_request, actor=actor, now=now, via="drained")
+        acknowledge_stop_locked(run, stop_request, actor=actor, now=now, via="drained", head=head)
     settle_locked(run, actor=actor, now=now, stop_request=stop_request)
 
 
@@ -392,11 +425,8 @@ def settle_locked(
     """
     if stop_request is None:
         stop_request = current_stop_request(run)
-    open_calls = list(
-        ExecutionRecord.objects.filter(run=run, execution_state__in=OPEN_EXECUTION_STATES)
-    )
-    _mark_outcomes_unknown(open_calls, now=now, source="stop")
-    lease = live_lease(run)
+    settling = settle_open_calls(run, now=now)
+    lease = settling.lease
     if lease is not None:
         release_lease(
             lease,
@@ -406,7 +436,8 @@ def settle_locked(
         )
     if run.status == RunStatus.CANCEL_REQUESTED and not forced_dirty_reason:
         run_move(run, RunStatus.DRAINING, actor=actor, action="run.draining", reason="settling")
-    reasons = run_dirty_reasons(run)
+    # A lease released here may be fenced (`worker_unconfirmed`): then the reasons read again.
+    reasons = settling.dirty_reasons if lease is None else run_dirty_reasons(run)
     if forced_dirty_reason and forced_dirty_reason not in reasons:
         reasons.insert(0, forced_dirty_reason)
     to = RunStatus.STOPPED_DIRTY if reasons else RunStatus.STOPPED_CLEANLY
@@ -414,7 +445,7 @@ def settle_locked(
     stop_request.stopped_at = now
     stop_request.outcome_state = to
     stop_request.dirty_reasons = reasons
-    stop_request.save(update_fields=["stopped_at", "outcome_state", "dirty_reasons"])
+    sql.save_fields(stop_request, ("stopped_at", "outcome_state", "dirty_reasons"))
     run_move(
         run,
         to,
@@ -423,6 +454,7 @@ def settle_locked(
         reason=forced_dirty_reason or run.stop_reason,
         payload={"dirty_reasons": reasons, "stop_request_id": stop_request.pk},
         fields=("stopped_at",),
+        head=settling.ledger_head,
     )
     packet = hooks.stop_settled(run, stop_request)
     if to == RunStatus.STOPPED_CLEANLY and stop_request.takeover:

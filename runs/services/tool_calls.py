@@ -41,6 +41,7 @@ from runs.services._base import (
     reject_late_write,
 )
 from runs.services._permit_sql import PermitReads, read_for_permit, write_permit
+from runs.services._result_sql import read_for_result
 from runs.services.approval_gate import (
     ApprovalAsk,
     approval_gate,
@@ -134,7 +135,11 @@ def permit_request(
                 refuse_if_approval_closed(existing, run)
                 return existing, False
             budget_reason = budget_exceeded(run, now=now, adding_tool_call=True)
-            team_refusal = None if budget_reason else _team_budget_refusal_locked(run, now=now)
+            team_refusal = (
+                None
+                if budget_reason or not reads.team_budget_set
+                else _team_budget_refusal_locked(run, now=now)
+            )
             if team_refusal is not None:
                 refusal = team_refusal
             elif budget_reason:
@@ -305,7 +310,8 @@ def tool_result_report(
             f"execution_state must be one of {sorted(RESULT_STATES)}", field="execution_state"
         )
     with locked_run(run_id) as run:
-        record = ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first()
+        reads = read_for_result(run, tool_call_id=tool_call_id)
+        record = reads.record
         if record is None:
             raise NotFound(f"tool call {tool_call_id} was never permitted on run {run_id}")
         now = timezone.now()
@@ -321,6 +327,7 @@ def tool_result_report(
             recovery_action=recovery_action,
             actor=actor,
             now=now,
+            ledger_head=reads.ledger_head,
         )
         hooks.policies().tool_result(
             run, tool=record.tool, execution_state=record.execution_state, now=now

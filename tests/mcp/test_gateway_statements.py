@@ -198,3 +198,13 @@ def test_a_tools_call_costs_its_permit_and_its_result_only(
     assert [name for name, _, _ in order] == ["permit_request", "tool_result_report"] * 3
     for (_, _, result_ended), (_, next_started, _) in zip(order[1::2], order[2::2], strict=False):
         assert result_ended <= next_started
+    # Each of the two is four statements of its own, built once (`_permit_sql`, `_result_sql`):
+    # the run lock; one read (the permit: lease, retry, step, rules, whether the team has a
+    # budget, ledger head; the result: the record, ledger head); one write (the record with the
+    # run's counters); the ledger entry. The policies' own statements (`policies_*`) are theirs
+    # to count (tests/policies/test_cost_of_checking.py).
+    ours = [sql for sql in tally.statements if '"policies_' not in sql]
+    assert len(ours) == 3 * (4 + 4), ours
+    assert sum(sql.lstrip().startswith("SELECT") for sql in ours) == 3 * (2 + 2), ours
+    # A team without a budget has no spend to read: no statement names its budget row alone.
+    assert not any(sql.lstrip().startswith('SELECT "runs_teambudget"') for sql in ours), ours

@@ -1,9 +1,11 @@
 """The worker's drained answer stays lean and its stop packet stays what it was.
 
 `run_drained` settles the run and builds the stop packet under the run lock: every statement
-it sends is time between the worker's answer and `stopped_cleanly`. The packet's reads are
-compiled once per process (`runs.sql.OnceCompiled`); the packet they build must be the one the
-ORM builds, byte for byte.
+it sends, and every round trip it waits for, is time between the worker's answer and
+`stopped_cleanly`. Its reads and writes are built or compiled once per process
+(`runs.sql.OnceCompiled`, `runs.sql.save_fields`) and its independent reads share a round trip
+(`runs.sql.pipelined`); the packet they build must be the one the ORM builds, byte for byte, and
+the ORM path (SQLite) must settle the same way.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from handoff.packets import stop_packet_snapshot
 from runs import services, sql
 from runs.actors import Actor
 from runs.ledger import ledger_verify
-from runs.models import LedgerEntry, RunStatus, StopRequest
-from tests.support.scenarios import reload, running
+from runs.models import ExecutionRecord, LedgerEntry, RunStatus, StopRequest
+from tests.support.scenarios import reload, running, stopped_dirty
 
 pytestmark = pytest.mark.django_db
 
@@ -30,11 +32,17 @@ AGENT = Actor("api_client", "1", "agent-1")
 REVIEWER = Actor("user", "2", "bob")
 # The transaction's opening and end (a savepoint under the test's transaction), the lock, the
 # lease, the stop request, its drained and acknowledged updates, the lease release, two moves
-# (run update, ledger head, ledger insert each), the open calls, the live lease, three
-# dirty-reason checks, the stop request's outcome, then the packet: the existing one, nine
-# reads (one for the stops that froze the outbox item) and its insert. Was 33 before the stop
-# request was read once and the cost was one read.
-DRAINED_STATEMENTS = 31
+# (ledger head, run update, ledger insert each), the open calls made unknown, the live lease,
+# the dirty reasons (one statement), the stop request's outcome, then the packet: the existing
+# one, eight reads, the stops that froze the outbox item, and its insert.
+DRAINED_STATEMENTS = 29
+# What the run lock is held for: the savepoint; the lock with the lease, the stop request and
+# the ledger head (one pipeline); the stop request's two updates, the lease, the first move's
+# run update and ledger insert; the settle's UPDATE, two reads and the ledger head (one
+# pipeline); the stop request's outcome, the second move's two; the existing packet with the
+# packet's eight reads (one pipeline), the stops that froze the outbox item, the packet's
+# insert; the savepoint's release.
+DRAINED_ROUND_TRIPS = 15
 
 
 def _typical_stopped_run(team: Any) -> tuple[Any, Any]:
@@ -89,6 +97,72 @@ def _drain(run: Any, lease: Any) -> list[str]:
     with CaptureQueriesContext(connection) as queries:
         services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT)
     return [query["sql"] for query in queries.captured_queries]
+
+
+class RoundTrips:
+    """Counts what a caller waits for: each statement sent on its own, and each pipeline
+    (`runs.sql.pipelined`, whatever it holds) once."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.count = 0
+        self._in_pipeline = False
+        pipelined = sql.pipelined
+
+        def counted(*statements: Any) -> Any:
+            self.count += 1
+            self._in_pipeline = True
+            try:
+                return pipelined(*statements)
+            finally:
+                self._in_pipeline = False
+
+        monkeypatch.setattr(sql, "pipelined", counted)
+
+    def __call__(self, execute: Any, sql_: str, params: Any, many: bool, context: Any) -> Any:
+        if not self._in_pipeline:
+            self.count += 1
+        return execute(sql_, params, many, context)
+
+
+def test_a_drained_answer_waits_for_at_most_its_round_trips(team, monkeypatch):
+    run, lease = _typical_stopped_run(team)
+    round_trips = RoundTrips(monkeypatch)
+
+    with connection.execute_wrapper(round_trips):
+        statements = _drain(run, lease)
+
+    assert round_trips.count <= DRAINED_ROUND_TRIPS, "\n".join(statements)
+    assert reload(run).status == RunStatus.STOPPED_CLEANLY
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["postgresql", "orm-as-on-sqlite"])
+def test_a_write_in_flight_settles_dirty_the_same_way_on_both_paths(team, monkeypatch, prepared):
+    # SQLite (`make run`) takes the ORM path: the same effects, a statement each.
+    monkeypatch.setattr(sql, "prepared_statements", lambda: prepared)
+
+    run = stopped_dirty(team)
+
+    stop_request = StopRequest.objects.get(run=run)
+    assert run.status == RunStatus.STOPPED_DIRTY
+    assert stop_request.dirty_reasons == ["unconfirmed_side_effects"]
+    record = ExecutionRecord.objects.get(run=run, side_effect="write")
+    assert (record.execution_state, record.side_effect_state, record.observation_source) == (
+        "unknown",
+        "pending_verification",
+        "stop",
+    )
+    assert record.observed_at == stop_request.stopped_at
+    reads = ExecutionRecord.objects.filter(run=run).exclude(side_effect="write")
+    assert {(read.execution_state, read.side_effect_state) for read in reads} == {
+        ("succeeded", "none")
+    }
+    assert packet_of(run)["unconfirmed_side_effects"][0]["tool_call_id"] == record.tool_call_id
+    assert ledger_verify(run_id=run.pk)[1] is None
+
+
+def packet_of(run: Any) -> dict[str, Any]:
+    snapshot: dict[str, Any] = StopPacket.objects.get(run=run, stop_epoch=run.stop_epoch).snapshot
+    return snapshot
 
 
 def test_a_drained_answer_sends_at_most_its_statements_and_settles_the_run(team):

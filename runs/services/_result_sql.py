@@ -1,0 +1,127 @@
+"""A tool result's reads in one round trip and its writes in another, as statements built once.
+
+A result read its execution record, saved it (every column), read the ledger head, appended,
+and bumped the run's counters: five ORM statements, each compiled again on every call. The MCP
+gateway records one for every `tools/call`, and back to back an agent's next permit waits for
+it (the session's lane keeps them in order), so compiling them was a third of the gateway's CPU
+per call (docs/BENCHMARKS.md).
+
+Here the record and the ledger head are one statement, run after the run row is locked, in the
+result's transaction (READ COMMITTED: a new snapshot per statement, after the lock was
+granted); the record and the run's counters are written by another. On SQLite (`make run`)
+each read and write goes through the ORM, one by one.
+
+No `pre_save`/`post_save` signal is sent for the record or the run: no receiver listens to
+either (runs.sql).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+from runs import sql
+from runs.ledger import EMPTY_CHAIN, ChainHead, chain_head
+from runs.models import ExecutionRecord, LedgerEntry, Run
+
+# What a result changes on the run row (`_base.run_mark_changed`'s fields).
+RUN_FIELDS = ("change_seq", "updated_at")
+
+
+@dataclass(frozen=True)
+class ResultReads:
+    record: ExecutionRecord | None
+    ledger_head: ChainHead
+
+
+@functools.cache
+def _read_statement() -> str:
+    record = (
+        f"SELECT {sql.select_columns(ExecutionRecord)} FROM {sql.table(ExecutionRecord)} "
+        f"WHERE {sql.column(ExecutionRecord, 'run')} = %s "
+        f"AND {sql.column(ExecutionRecord, 'tool_call_id')} = %s "
+        # At most one: unique (run, tool_call_id); the ORM's `.first()` orders by the key.
+        f"ORDER BY {sql.column(ExecutionRecord, 'id')} LIMIT 1"
+    )
+    head = (
+        f"SELECT {sql.column(LedgerEntry, 'run_seq')} AS run_seq, "
+        f"{sql.column(LedgerEntry, 'hash')} AS hash FROM {sql.table(LedgerEntry)} "
+        f"WHERE {sql.column(LedgerEntry, 'run')} = %s "
+        f"ORDER BY {sql.column(LedgerEntry, 'run_seq')} DESC LIMIT 1"
+    )
+    columns = ", ".join(
+        f"record.{sql.quoted(field)}" for field in ExecutionRecord._meta.concrete_fields
+    )
+    return (
+        f"SELECT {columns}, head.run_seq, head.hash FROM (SELECT 1) AS one "
+        f"LEFT JOIN LATERAL ({record}) AS record ON true "
+        f"LEFT JOIN LATERAL ({head}) AS head ON true"
+    )
+
+
+def read_for_result(run: Run, *, tool_call_id: str) -> ResultReads:
+    """The call's record and the run's ledger head. Call it under the run lock, in the
+    result's transaction."""
+    if not sql.prepared_statements():
+        return ResultReads(
+            record=ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first(),
+            ledger_head=chain_head(run),
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(_read_statement(), [run.pk, tool_call_id, run.pk])
+        row = cursor.fetchone()
+    width = len(ExecutionRecord._meta.concrete_fields)
+    values, (run_seq, digest) = row[:width], row[width:]
+    record = sql.from_row(ExecutionRecord, values) if values[0] is not None else None
+    if record is not None:
+        record.run = run  # the locked run, as `filter(run=run)` would not load it again
+    return ResultReads(
+        record=record,
+        ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
+    )
+
+
+def _record_fields() -> list[Any]:
+    return sql.insert_fields(ExecutionRecord)  # every concrete column but the key
+
+
+@functools.cache
+def _write_statement() -> str:
+    moved = (
+        f"UPDATE {sql.table(Run)} SET "
+        f"{', '.join(f'{sql.column(Run, name)} = %s' for name in RUN_FIELDS)} "
+        f"WHERE {sql.column(Run, 'id')} = %s"
+    )
+    saved = (
+        f"UPDATE {sql.table(ExecutionRecord)} SET "
+        f"{', '.join(f'{sql.quoted(field)} = %s' for field in _record_fields())} "
+        f"WHERE {sql.quoted(ExecutionRecord._meta.pk)} = %s"
+    )
+    return f"WITH moved AS ({moved}) {saved}"
+
+
+def write_result(run: Run, record: ExecutionRecord) -> None:
+    """Save every column of `record` (as `record.save()` does) and the run's `change_seq` (already
+    bumped on `run`) with its `updated_at`. Call it under the run lock, in the result's
+    transaction."""
+    if not sql.prepared_statements():
+        record.save()
+        run.save(update_fields=list(RUN_FIELDS))
+        return
+    params = [
+        sql.field_of(Run, name).get_db_prep_save(
+            sql.field_of(Run, name).pre_save(run, False), connection
+        )
+        for name in RUN_FIELDS
+    ]
+    params.append(run.pk)
+    params += [
+        field.get_db_prep_save(field.pre_save(record, False), connection)
+        for field in _record_fields()
+    ]
+    params.append(record.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(_write_statement(), params)
