@@ -111,7 +111,7 @@ def lock_run_row(run_id: str) -> Run:
 
 
 @functools.cache
-def _lock_statement() -> str:
+def run_lock_statement() -> str:
     """The ORM's lock query above (the run and its team, the run row locked), built once: it is
     the first statement of every transition, and compiling it again each time was a fifth of the
     CPU of an MCP gateway's tool call (a permit and a result: two locks)."""
@@ -126,7 +126,7 @@ def _lock_statement() -> str:
 
 def _lock_run_prepared(run_id: str) -> Run:
     with connection.cursor() as cursor:
-        cursor.execute(_lock_statement(), [run_id])
+        cursor.execute(run_lock_statement(), [run_id])
         row = cursor.fetchone()
     if row is None:
         raise NotFound(f"run {run_id} does not exist")

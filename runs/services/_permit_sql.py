@@ -144,11 +144,7 @@ def _read_with_the_orm(run: Run, *, tool_call_id: str, step_key: str) -> PermitR
 
 @functools.cache
 def _write_statement() -> str:
-    moved = (
-        f"UPDATE {sql.table(Run)} SET "
-        f"{', '.join(f'{sql.column(Run, name)} = %s' for name in RUN_FIELDS)} "
-        f"WHERE {sql.column(Run, 'id')} = %s"
-    )
+    moved = sql.update_statement(Run, RUN_FIELDS)
     return f"WITH moved AS ({moved}) {sql.insert_statement(ExecutionRecord)}"
 
 

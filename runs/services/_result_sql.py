@@ -90,11 +90,7 @@ def _record_fields() -> list[Any]:
 
 @functools.cache
 def _write_statement() -> str:
-    moved = (
-        f"UPDATE {sql.table(Run)} SET "
-        f"{', '.join(f'{sql.column(Run, name)} = %s' for name in RUN_FIELDS)} "
-        f"WHERE {sql.column(Run, 'id')} = %s"
-    )
+    moved = sql.update_statement(Run, RUN_FIELDS)
     saved = (
         f"UPDATE {sql.table(ExecutionRecord)} SET "
         f"{', '.join(f'{sql.quoted(field)} = %s' for field in _record_fields())} "

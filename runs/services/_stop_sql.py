@@ -56,6 +56,7 @@ from runs.services._base import (
     OPEN_EXECUTION_STATES,
     live_lease,
     lock_run_row,
+    run_lock_statement,
 )
 
 # What a stop changes on the run row, beside what `_bump_change_seq` always bumps.
@@ -91,25 +92,12 @@ class StopWritten:
 # the run lock
 
 
-@functools.cache
-def _lock_statement() -> str:
-    """`_base.lock_run_row`'s query (the run and its team, the run row locked FOR NO KEY UPDATE),
-    built once."""
-    return (
-        f"SELECT {sql.select_columns(Run)}, {sql.select_columns(Team)} "
-        f"FROM {sql.table(Run)} JOIN {sql.table(Team)} "
-        f"ON {sql.table(Team)}.{sql.column(Team, 'id')} = {sql.table(Run)}.{sql.column(Run, 'team')} "
-        f"WHERE {sql.table(Run)}.{sql.column(Run, 'id')} = %s "
-        f"FOR NO KEY UPDATE OF {sql.table(Run)}"
-    )
-
-
 def lock_run(run_id: str) -> Run:
     """The first query of the stop's transaction: the run row, locked, with its team."""
     if not sql.prepared_statements():
         return lock_run_row(run_id)
     with connection.cursor() as cursor:
-        cursor.execute(_lock_statement(), [run_id])
+        cursor.execute(run_lock_statement(), [run_id])
         row = cursor.fetchone()
     return _locked(run_id, row)
 
@@ -143,7 +131,7 @@ def _lock_run_for_drain(run_id: str, lease_token: str) -> DrainOpening:
             chain_head(run),
         )
     locked, lease, stop_request, head = sql.pipelined(
-        (_lock_statement(), [run_id]),
+        (run_lock_statement(), [run_id]),
         LEASE_BY_TOKEN.statement(run_id, lease_token),
         CURRENT_STOP_REQUEST.statement(run_id),
         RUN_CHAIN_HEAD.statement(run_id),
