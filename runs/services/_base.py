@@ -11,10 +11,10 @@ locks the run row (`FOR NO KEY UPDATE`), so two transitions on one run are seria
 four ways in, one per path whose statement count matters; each takes the same lock, on the same
 row, as the first statement of its own durable transaction:
 
-1. `locked_run(run_id)`: the ORM's `lock_run_row` (the run and its team). Every transition but
-   the three below, and handoff's own.
-2. the stop: `_stop_sql.locked_run_for_stop` → `_stop_sql.lock_run`, the same query as
-   `lock_run_row` built once per process (compiling it was most of a bulk stop's CPU); the
+1. `locked_run(run_id)`: `lock_run_row` (the run and its team; on PostgreSQL the ORM's query
+   built once per process, `run_lock_statement`: compiling it was a fifth of an MCP tool call's
+   CPU and most of a bulk stop's). Every transition but the three below, and handoff's own.
+2. the stop: `_stop_sql.locked_run_for_stop`, the same lock in a transaction of its own; the
    worker's acknowledgement opens the same way, and its drained answer with
    `_stop_sql.locked_run_for_drain`: the lock, the lease it names, the current stop request
    and the ledger head in one round trip.
@@ -127,7 +127,11 @@ def run_lock_statement() -> str:
 def _lock_run_prepared(run_id: str) -> Run:
     with connection.cursor() as cursor:
         cursor.execute(run_lock_statement(), [run_id])
-        row = cursor.fetchone()
+        return run_from_lock_row(run_id, cursor.fetchone())
+
+
+def run_from_lock_row(run_id: str, row: Any) -> Run:
+    """The run (with its team) from a row of `run_lock_statement`; no row: it does not exist."""
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
     width = len(Run._meta.concrete_fields)

@@ -28,7 +28,6 @@ from django.db import connection, transaction
 from django.db.models import Case, F, Value, When
 
 from runs import sql
-from runs.errors import NotFound
 from runs.ledger import EMPTY_CHAIN, RUN_CHAIN_HEAD, ChainHead, chain_head, chain_head_from
 from runs.models import (
     Approval,
@@ -46,7 +45,6 @@ from runs.models import (
     SteeringMessage,
     SteeringStatus,
     StopRequest,
-    Team,
 )
 from runs.selectors import DIRTY_REASONS_READ, dirty_reasons_from, run_dirty_reasons
 from runs.services._base import (
@@ -56,6 +54,7 @@ from runs.services._base import (
     OPEN_EXECUTION_STATES,
     live_lease,
     lock_run_row,
+    run_from_lock_row,
     run_lock_statement,
 )
 
@@ -92,16 +91,6 @@ class StopWritten:
 # the run lock
 
 
-def lock_run(run_id: str) -> Run:
-    """The first query of the stop's transaction: the run row, locked, with its team."""
-    if not sql.prepared_statements():
-        return lock_run_row(run_id)
-    with connection.cursor() as cursor:
-        cursor.execute(run_lock_statement(), [run_id])
-        row = cursor.fetchone()
-    return _locked(run_id, row)
-
-
 @dataclass(frozen=True)
 class DrainOpening:
     run: Run
@@ -119,7 +108,7 @@ def locked_run_for_drain(run_id: str, lease_token: str) -> Iterator[DrainOpening
 
 
 def _lock_run_for_drain(run_id: str, lease_token: str) -> DrainOpening:
-    """The first query of the drained answer's transaction, `lock_run`, then (the lock held, so
+    """The first query of the drained answer's transaction, the run lock, then (the lock held, so
     each read is a fresh snapshot) the lease the worker names and the run's current stop
     request and the ledger head: one round trip on PostgreSQL, BEGIN included."""
     if not sql.prepared_statements():
@@ -137,20 +126,11 @@ def _lock_run_for_drain(run_id: str, lease_token: str) -> DrainOpening:
         RUN_CHAIN_HEAD.statement(run_id),
     )
     return DrainOpening(
-        _locked(run_id, locked[0] if locked else None),
+        run_from_lock_row(run_id, locked[0] if locked else None),
         LEASE_BY_TOKEN.instance(LEASE_BY_TOKEN.converted(lease)),
         CURRENT_STOP_REQUEST.instance(CURRENT_STOP_REQUEST.converted(stop_request)),
         chain_head_from(RUN_CHAIN_HEAD.converted(head)),
     )
-
-
-def _locked(run_id: str, row: Any) -> Run:
-    if row is None:
-        raise NotFound(f"run {run_id} does not exist")
-    width = len(Run._meta.concrete_fields)
-    run: Run = sql.from_row(Run, row[:width])
-    run.team = sql.from_row(Team, row[width:])
-    return run
 
 
 @contextmanager
@@ -158,7 +138,7 @@ def locked_run_for_stop(run_id: str) -> Iterator[Run]:
     """`_base.locked_run` with its lock query built once: a durable transaction whose first
     query locks the run."""
     with transaction.atomic(durable=True):
-        yield lock_run(run_id)
+        yield lock_run_row(run_id)
 
 
 # --------------------------------------------------------------------------------------------
