@@ -314,6 +314,16 @@ def _moment_at(
     return verdict
 
 
+def _never_had_policies(reads: CheckReads) -> bool:
+    """The team never had a policy: no version of its set was ever written (the first policy
+    writes one, and a version is never removed). Such a team's checks keep no facts: the
+    upsert of the facts row was a statement in every permit, result and outbox item of every
+    team, most of which have no policy. Facts start with the team's first policy (a run's
+    calls before it are not counted); a team whose policies were all deleted keeps its facts,
+    so a policy created again never reads facts that stopped moving."""
+    return not reads.version
+
+
 class Checks(PolicyChecks):
     """One statement reads what a check needs (`read_for_checks`), the team's compiled policies
     come from this process's cache while their version holds (`team_policies`), and one
@@ -323,6 +333,8 @@ class Checks(PolicyChecks):
         self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: datetime
     ) -> PolicyVerdict:
         reads = read_for_checks(run)
+        if _never_had_policies(reads):
+            return NO_VERDICT
         facts = reads.facts
         aggregates.record_call(
             facts, tool=tool, arguments=arguments, side_effect=side_effect, at=now.timestamp()
@@ -343,6 +355,8 @@ class Checks(PolicyChecks):
         self, run: Run, *, transport: str, destination: str, payload: dict[str, Any], now: datetime
     ) -> PolicyVerdict:
         reads = read_for_checks(run)
+        if _never_had_policies(reads):
+            return NO_VERDICT
         aggregates.record_side_effect(reads.facts, at=now.timestamp())
         moment = Moment(
             "outbox.enqueue",
@@ -357,6 +371,8 @@ class Checks(PolicyChecks):
 
     def tool_result(self, run: Run, *, tool: str, execution_state: str, now: datetime) -> None:
         reads = read_for_checks(run)
+        if _never_had_policies(reads):
+            return
         aggregates.record_result(reads.facts, execution_state=execution_state)
         if run.status != RunStatus.RUNNING:
             save_facts(reads.facts)

@@ -208,3 +208,8 @@ def test_a_tools_call_costs_its_permit_and_its_result_only(
     assert sum(sql.lstrip().startswith("SELECT") for sql in ours) == 3 * (2 + 2), ours
     # A team without a budget has no spend to read: no statement names its budget row alone.
     assert not any(sql.lstrip().startswith('SELECT "runs_teambudget"') for sql in ours), ours
+    # A team that never had a policy keeps no facts: its checks read the policy set's version
+    # (one statement in each permit and result) and write nothing.
+    theirs = [sql for sql in tally.statements if '"policies_' in sql]
+    assert len(theirs) == 3 * 2, theirs
+    assert all(sql.lstrip().startswith("SELECT") for sql in theirs), theirs

@@ -1,6 +1,7 @@
 """What checking costs (DESIGN §14), counted in SQL statements, not timed:
 50 policies cost a permit and an events batch the statements no policy costs, because a
-team's compiled set is cached per process under a version that every change replaces."""
+team's compiled set is cached per process under a version that every change replaces; and a
+team that never had a policy keeps no facts, one statement less in each permit and result."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from policies.models import PolicyHit, PolicySetVersion
+from policies.models import PolicyHit, PolicySetVersion, RunFacts
 from policies.services import policy_delete, policy_update
 from runs.errors import RunNotRunning
 from runs.models import RunStatus, Team
-from tests.support.policies import ADMIN, batch, permit, policy
+from tests.support.policies import ADMIN, batch, permit, policy, result
 from tests.support.scenarios import make_running, reload
 
 pytestmark = pytest.mark.django_db
@@ -57,8 +58,15 @@ def _events(tag: str) -> list[dict]:
     ]
 
 
+def _policies_all_deleted(team: Team) -> None:
+    """A team with no policy left, whose set has a version (it had one)."""
+    policy_delete(policy_id=policy(team, "gone", "call.repeats >= 1000").pk, actor=ADMIN)
+    assert PolicySetVersion.objects.filter(team_id=team.pk).exists()
+
+
 def test_a_permit_with_50_policies_costs_the_statements_of_one_with_none(team, other_team):
     _fifty(team)
+    _policies_all_deleted(other_team)
     run, _ = make_running(team)
     bare, _ = make_running(other_team)
     permit(run, "warm")  # this process compiles the team's set once
@@ -72,6 +80,7 @@ def test_a_permit_with_50_policies_costs_the_statements_of_one_with_none(team, o
 
 def test_an_events_batch_with_50_policies_costs_the_statements_of_one_with_none(team, other_team):
     _fifty(team)
+    _policies_all_deleted(other_team)
     run, _ = make_running(team)
     bare, _ = make_running(other_team)
     batch(run, *_events("warm"))
@@ -80,6 +89,40 @@ def test_an_events_batch_with_50_policies_costs_the_statements_of_one_with_none(
     without = _statements(lambda: batch(bare, *_events("b1")))
     assert len(with_policies) == len(without)
     assert _reads_policies(with_policies) == 0
+
+
+def test_a_team_that_never_had_a_policy_writes_no_facts(team, other_team):
+    _policies_all_deleted(other_team)
+    never, _ = make_running(team)
+    had, _ = make_running(other_team)
+    for run in (never, had):
+        permit(run, "warm")
+        result(run, "warm", "succeeded")
+    permits = [_statements(lambda r=r: permit(r, "c1", arguments={"q": 1})) for r in (never, had)]
+    results = [_statements(lambda r=r: result(r, "c1", "failed")) for r in (never, had)]
+    facts_upserts = [
+        sum('INSERT INTO "policies_runfacts"' in sql for sql in statements)
+        for statements in (*permits, *results)
+    ]
+    assert facts_upserts == [0, 1, 0, 1]
+    assert len(permits[0]) == len(permits[1]) - 1
+    assert len(results[0]) == len(results[1]) - 1
+    assert not RunFacts.objects.filter(run=never).exists()
+    assert RunFacts.objects.get(run=had).tool_failures_in_a_row == 1
+
+
+def test_facts_start_with_the_teams_first_policy(team):
+    run, _ = make_running(team)
+    for index in range(3):  # the same call three times before any policy: not counted
+        permit(run, f"before{index}")
+    policy(team, "loop", "call.repeats >= 3")
+    permit(run, "after0")
+    permit(run, "after1")
+    assert reload(run).status == RunStatus.RUNNING
+    assert RunFacts.objects.get(run=run).repeats == 2
+    with pytest.raises(RunNotRunning):
+        permit(run, "after2")
+    assert reload(run).stop_reason == "policy_violation"
 
 
 def test_every_change_to_a_teams_policies_writes_a_new_version(team):
