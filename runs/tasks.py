@@ -7,8 +7,9 @@ and that is safe, because the services re-check state under the run lock: a rede
 
 Tasks are `@shared_task`s: they bind to the project's Celery app (`console.celery`, loaded by
 `console.apps`) without runs importing the console. Work is woken by what needs it (DESIGN §6):
-`install_dispatch_kick` queues a dispatch the moment an enqueue commits, a stop's relabel
-shortly after it, and a `schedule_wake` after other changes; `wake` runs at the next deadline
+`install_dispatch_kick` wakes the committing process's own dispatcher the moment an enqueue
+commits (`runs.local_dispatch`; the worker gets a `dispatch_pending` only for what that leaves),
+queues a stop's relabel shortly after it, and a `schedule_wake` after other changes; `wake` runs at the next deadline
 (`runs.dispatch.next_deadline`: a lease expiry, a drain deadline, ...) and schedules the one
 after. Beat's schedule (`console.celery.beat_schedule`) is only the slow safety net.
 """
@@ -25,6 +26,7 @@ from celery import shared_task
 from django.conf import settings
 
 from runs import dispatch, notify, services
+from runs.local_dispatch import LocalDispatcher
 
 logger = logging.getLogger(__name__)
 
@@ -211,25 +213,32 @@ _kicker_lock = threading.Lock()
 _kicker: tuple[int, threading.Thread] | None = None  # (pid, thread): a forked child starts its own
 # What the kicker thread sends next, by key, so a burst coalesces: (task, apply_async options).
 _kicks: dict[Any, tuple[Any, dict[str, Any]]] = {}
+# The first dispatch of an enqueue happens in the process that committed it.
+local_dispatcher = LocalDispatcher()
 
 
 def _kick_dispatch(event: dict[str, Any]) -> None:
     """Called by `runs.notify` after a change committed (never inside the transaction).
 
-    It only records what to queue: publishing to the broker happens on a small daemon thread,
-    so a web request never waits on Redis (a broker that is down costs seconds per connection
-    attempt). A burst of changes coalesces into one or two kicks; beat's safety net covers the
-    rest, and whatever happens here, nothing is lost — the work is in PostgreSQL.
+    It only records what to do: an enqueue's dispatch happens on this process's dispatcher
+    thread (`local_dispatcher`), and publishing to the broker on a small daemon thread, so a web
+    request never waits on a claim or on Redis (a broker that is down costs seconds per
+    connection attempt). A burst of changes coalesces into one or two kicks; beat's safety net
+    covers the rest, and whatever happens here, nothing is lost — the work is in PostgreSQL.
     """
     kind = event.get("kind")
     wanted: dict[Any, tuple[Any, dict[str, Any]]] = {}
     # A shared task is looked up in the *current* Celery app, which Celery keeps per thread:
     # resolve it here, in the thread that committed, not on the kicker thread.
     if kind in KICK_KINDS:
-        wanted["dispatch"] = (
-            dispatch_pending._get_current_object(),  # type: ignore[attr-defined]
-            {"kwargs": {"limit": KICK_LIMIT}, "expires": 60},
-        )
+        dispatch_kick = {
+            "dispatch": (
+                dispatch_pending._get_current_object(),  # type: ignore[attr-defined]
+                {"kwargs": {"limit": KICK_LIMIT}, "expires": 60},
+            )
+        }
+        # This process claims it (runs.local_dispatch); the worker gets what it leaves.
+        local_dispatcher.wake(on_leftover=lambda: _queue_kicks(dispatch_kick))
     if kind == "run.stop_requested" and event.get("frozen_outbox"):
         wanted[("relabel", event.get("run_id"))] = (
             relabel_frozen_outbox._get_current_object(),  # type: ignore[attr-defined]
@@ -240,8 +249,11 @@ def _kick_dispatch(event: dict[str, Any]) -> None:
             schedule_wake._get_current_object(),  # type: ignore[attr-defined]
             {"expires": 60},
         )
-    if not wanted:
-        return
+    if wanted:
+        _queue_kicks(wanted)
+
+
+def _queue_kicks(wanted: dict[Any, tuple[Any, dict[str, Any]]]) -> None:
     with _kicker_lock:
         _kicks.update(wanted)
     _kick_wanted.set()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -159,38 +158,6 @@ def test_a_transport_timeout_leaves_the_item_unknown_never_resent_and_the_stop_d
     assert packet.snapshot["in_flight_outbox_ids"] == [item.public_id]
     assert "outbox_in_flight" in packet.snapshot["dirty_reasons"]
     assert receiver.count(item.idempotency_key) == 1
-
-
-def test_an_enqueue_kicks_a_celery_dispatch_after_commit_without_waiting_for_the_broker(
-    team,
-    receiver,
-    monkeypatch,
-) -> None:
-    queued: list[dict] = []
-    sent = threading.Event()
-
-    def slow_broker(**kwargs) -> None:
-        time.sleep(1.0)  # a broker that takes its time must not hold up the request
-        queued.append(kwargs)
-        sent.set()
-
-    monkeypatch.setattr(tasks.dispatch_pending, "apply_async", slow_broker)
-    run, _lease = make_running(team)
-    tasks.install_dispatch_kick()
-    try:
-        started = time.monotonic()
-        _enqueue_many(run, receiver, 2)
-        assert time.monotonic() - started < 1.5  # two blocking kicks would take 2 s
-        assert sent.wait(10)
-        time.sleep(1.2)  # let a second, coalesced kick finish if there is one
-        kicks = len(queued)
-        services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)  # a stop kicks nothing
-        time.sleep(0.3)
-    finally:
-        tasks.uninstall_dispatch_kick()
-    assert 1 <= kicks <= 2
-    assert len(queued) == kicks
-    assert queued[0] == {"kwargs": {"limit": tasks.KICK_LIMIT}, "retry": False, "expires": 60}
 
 
 def test_a_time_bounded_dispatch_leaves_the_rest_for_the_next_tick(team, receiver) -> None:

@@ -85,7 +85,7 @@ def test_one_wake_is_scheduled_at_a_time_however_many_changes_ask(
         client.close()
 
 
-def test_a_stop_that_froze_items_queues_a_relabel_and_busy_kinds_schedule_no_wake(
+def test_a_stop_that_froze_items_queues_a_relabel_and_an_enqueue_wakes_this_process(
     monkeypatch,
 ) -> None:
     queued: list[tuple[str, dict]] = []
@@ -101,6 +101,13 @@ def test_a_stop_that_froze_items_queues_a_relabel_and_busy_kinds_schedule_no_wak
         task = getattr(tasks, name)
         monkeypatch.setattr(task, "_get_current_object", lambda name=name: Recorder(name))
     monkeypatch.setattr(tasks, "_ensure_kicker", lambda: None)
+    woken: list[object] = []
+
+    class LocalDispatcher:
+        def wake(self, *, on_leftover) -> None:
+            woken.append(on_leftover)
+
+    monkeypatch.setattr(tasks, "local_dispatcher", LocalDispatcher())
     tasks._kicks.clear()
 
     tasks._kick_dispatch({"kind": "events", "run_id": "r"})
@@ -109,7 +116,12 @@ def test_a_stop_that_froze_items_queues_a_relabel_and_busy_kinds_schedule_no_wak
     tasks._kick_dispatch({"kind": "run.stop_requested", "run_id": "r", "frozen_outbox": 0})
     assert set(tasks._kicks) == {"wake"}
     tasks._kick_dispatch({"kind": "run.stop_requested", "run_id": "r", "frozen_outbox": 3})
+    assert woken == []
+    # An enqueue wakes this process's own dispatcher; Celery hears only of what it leaves.
     tasks._kick_dispatch({"kind": "outbox.enqueued", "run_id": "r"})
+    assert set(tasks._kicks) == {"wake", ("relabel", "r")}
+    [leftover] = woken
+    leftover()
     assert set(tasks._kicks) == {"wake", ("relabel", "r"), "dispatch"}
     relabel = tasks._kicks[("relabel", "r")][1]
     assert relabel == {"kwargs": {"run_id": "r"}, "countdown": tasks.RELABEL_DELAY_SECONDS}
