@@ -51,17 +51,22 @@ class LocalDispatcher:
         self._sending = threading.Lock()
         self._closing = False
         self._leftover: Leftover | None = None
+        # Items named by their wakes, claimed before the queue is scanned.
+        self._items: list[int] = []
         self._thread: tuple[int, threading.Thread] | None = (
             None  # (pid, thread): a fork starts its own
         )
         self.batches = 0
 
-    def wake(self, *, on_leftover: Leftover) -> None:
-        """Dispatch what is claimable now, on this process's thread. `on_leftover` hands what
+    def wake(self, *, on_leftover: Leftover, item_id: int | None = None) -> None:
+        """Dispatch what is claimable now, on this process's thread: `item_id` (the item just
+        enqueued) first, by its id, then whatever the queue holds. `on_leftover` hands what
         the thread will not get to soon to another dispatcher (it is called on that thread, or
         here when the thread is busy sending)."""
         with self._lock:
             self._leftover = on_leftover
+            if item_id is not None:
+                self._items.append(item_id)
         if self._sending.locked():
             on_leftover()
         self._wanted.set()
@@ -125,15 +130,21 @@ class LocalDispatcher:
         return self.batches >= count
 
     def _batch(self) -> bool:
-        """Claim and send, oldest first, until nothing is claimable (True), or the limit, the
-        time bound, an error or the exit cut it short (False)."""
+        """Claim and send the named items, then the queue's, oldest first, until nothing is
+        claimable (True), or the limit, the time bound, an error or the exit cut it short
+        (False). A named item is claimed through the same `outbox_claim` as the scan's, which
+        refuses it if it was claimed elsewhere or frozen meanwhile."""
         deadline = time.monotonic() + self.max_seconds
+        with self._lock:
+            named, self._items = self._items, []
         for _ in range(self.limit):
             if self._closing or time.monotonic() >= deadline:
                 return False
             with self._sending:
                 try:
-                    if dispatch.dispatch_pending(limit=1) == 0:
+                    if named:
+                        dispatch.dispatch_one(named.pop(0))
+                    elif dispatch.dispatch_pending(limit=1) == 0:
                         return True
                 except Exception:
                     logger.exception("dispatch in the committing process failed")

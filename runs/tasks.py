@@ -238,7 +238,9 @@ def _kick_dispatch(event: dict[str, Any]) -> None:
             )
         }
         # This process claims it (runs.local_dispatch); the worker gets what it leaves.
-        local_dispatcher.wake(on_leftover=lambda: _queue_kicks(dispatch_kick))
+        local_dispatcher.wake(
+            item_id=event.get("outbox_id"), on_leftover=lambda: _queue_kicks(dispatch_kick)
+        )
     if kind == "run.stop_requested" and event.get("frozen_outbox"):
         wanted[("relabel", event.get("run_id"))] = (
             relabel_frozen_outbox._get_current_object(),  # type: ignore[attr-defined]

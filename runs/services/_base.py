@@ -188,10 +188,11 @@ def run_move(
     notify.run_changed(run, kind=action)
 
 
-def run_mark_changed(run: Run, *, kind: str, fields: tuple[str, ...] = ()) -> None:
-    """A change to the run's children (no status change): bump the sequence and notify."""
+def run_mark_changed(run: Run, *, kind: str, fields: tuple[str, ...] = (), **extra: Any) -> None:
+    """A change to the run's children (no status change): bump the sequence and notify
+    (`extra` goes into the notification)."""
     _bump_change_seq(run, *fields)
-    notify.run_changed(run, kind=kind)
+    notify.run_changed(run, kind=kind, **extra)
 
 
 def _record_rejected_write(run: Run, *, kind: str, epoch: int, code: str) -> None:

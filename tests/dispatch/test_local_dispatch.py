@@ -139,7 +139,8 @@ def test_what_a_batch_cannot_finish_is_handed_to_the_celery_worker(
         tasks.uninstall_dispatch_kick()
         assert dispatcher.close(timeout=20)
 
-    assert receiver.keys() == ["rest-0", "rest-1"]
+    # The item its wake named first (by its id), then the queue's oldest.
+    assert receiver.keys() == ["rest-2", "rest-0"]
     assert OutboxItem.objects.filter(run=run, status=OutboxStatus.PENDING).count() == 1
     assert broker.wait_for_names(["dispatch_pending"])
     [(_name, options)] = broker.queued

@@ -104,7 +104,7 @@ def test_a_stop_that_froze_items_queues_a_relabel_and_an_enqueue_wakes_this_proc
     woken: list[object] = []
 
     class LocalDispatcher:
-        def wake(self, *, on_leftover) -> None:
+        def wake(self, *, on_leftover, item_id=None) -> None:
             woken.append(on_leftover)
 
     monkeypatch.setattr(tasks, "local_dispatcher", LocalDispatcher())
