@@ -5,10 +5,12 @@
    system, from /proc/<pid>/stat, what psutil's `cpu_times` reads) of each process tree, as a
    share of one core. Redis and the PostgreSQL server's own background processes serve every
    engineer on this machine: Redis is reported, not judged; only our database's backends count.
-2. Enqueue → dispatch — an outbox item enqueued in this process (the kick on commit queues a
-   dispatch), timed from its insert to the worker's claim (`claimed_at - created_at`, both
-   the server's clock). The items go to `hooks.bench.test`, which does not resolve: the claim
-   is what is timed, and the worker records `failed` at once.
+2. Enqueue → dispatch — an outbox item enqueued in this process, timed from its insert to its
+   claim (`claimed_at - created_at`, both the server's clock). The kick on commit wakes this
+   process's own dispatcher thread (`runs.local_dispatch`), as it does in a web process; the
+   Celery worker gets what that thread leaves. The row says who claimed how many. The items go
+   to `hooks.bench.test`, which does not resolve: the claim is what is timed, and the claimer
+   records `failed` at once.
 """
 
 from __future__ import annotations
@@ -174,12 +176,14 @@ def enqueue_to_dispatch(stack: Stack, *, items: int) -> list[Row]:
             break
         time.sleep(0.2)
     samples = [(claimed_at - created).total_seconds() * 1000 for created, claimed_at in claimed]
+    here = OutboxItem.objects.filter(pk__in=ids, claimed_by__contains=f":{os.getpid()}:").count()
     services.run_stop(run_id=run.pk, reason="user_stop", actor=system)
     services.run_drained(run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=system)
     return [
         latency_row(
             "idle",
-            f"enqueue → dispatch claim, idle worker (kick on commit; {len(samples)}/{items} claimed)",
+            f"enqueue → dispatch claim, idle worker ({len(samples)}/{items} claimed,"
+            f" {here} by the committing process)",
             samples,
             target_key="p99",
             target_ms=20,

@@ -38,6 +38,17 @@ SLOW_FIXTURES = frozenset(
 SLOW_FOLDERS = frozenset({"faults", "agent_e2e"})
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_dispatch_kick_unless_a_test_installs_it():
+    """With REDIS_URL in the environment `runs.apps` installs the kick on commit, and this
+    process's own dispatcher would claim what any test enqueues: where dispatch happens is each
+    test's choice (tests/dispatch/test_local_dispatch.py installs it), whatever the env says."""
+    from runs.tasks import uninstall_dispatch_kick
+
+    uninstall_dispatch_kick()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _no_token_guesser_blocked_after_the_test():
     """Every test client calls from one address: a test that guesses bearer tokens must not
