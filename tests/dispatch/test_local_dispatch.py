@@ -4,6 +4,7 @@ PostgreSQL, with no Celery worker running: the broker only hears of what it leav
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 from runs import dispatch, notify, services, tasks
 from runs.actors import Actor
 from runs.local_dispatch import LocalDispatcher
-from runs.models import OutboxItem, OutboxStatus
+from runs.models import LedgerEntry, OutboxItem, OutboxStatus
 from tests.support.scenarios import make_running, outbox_seen
 
 AGENT = Actor.system("agent")
@@ -218,3 +219,35 @@ def test_a_closed_dispatcher_claims_nothing_more(team, receiver, local) -> None:
     assert _claimed_by(item) == ""
     assert OutboxItem.objects.get(pk=item.pk).status == OutboxStatus.PENDING
     assert receiver.keys() == ["before-exit-1"]
+
+
+def test_an_enqueue_racing_a_stop_is_claimed_before_it_or_frozen_by_it(
+    team, receiver, local
+) -> None:
+    """The stop commits right after the enqueue, while this process's dispatcher claims: the
+    ledger, written under the run lock, shows every claim before its run's stop, and every item
+    not claimed is frozen and never received."""
+    rng = random.Random(7)
+    runs = []
+    for n in range(12):
+        run, _lease = make_running(team)
+        _enqueue(run, receiver, f"stop-race-{n}")
+        time.sleep(rng.random() * 0.01)  # the stop lands anywhere in the claim's window
+        services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
+        runs.append(run)
+    assert local.close(timeout=20)
+
+    claimed_keys = []
+    for run in runs:
+        actions = list(
+            LedgerEntry.objects.filter(run=run).order_by("run_seq").values_list("action", flat=True)
+        )
+        stop_at = actions.index("run.stop_requested")
+        assert "outbox.claimed" not in actions[stop_at:], actions
+        [item] = outbox_seen(run)
+        if "outbox.claimed" in actions:
+            claimed_keys.append(item.idempotency_key)
+        else:
+            assert item.status == OutboxStatus.FROZEN and item.claimed_at is None
+    assert sorted(receiver.keys()) == sorted(claimed_keys)
+    assert receiver.duplicates() == {}
