@@ -6,7 +6,8 @@ is open, answers `{"ready": run_id}`, then "works" in quanta of `--quantum` seco
 its cancel token at every boundary between quanta (the safe boundary). When the stop arrives
 it leaves the `with` block, which closes the listeners and reports `drained`, and answers:
 
-    {"run_id", "signal_at", "noticed_at", "drained_at"}   (time.monotonic() of this machine)
+    {"run_id", "signal_at", "noticed_at", "drained_sent_at", "drained_at", ...}
+                                                  (time.monotonic() of this machine)
 
 `signal_at` is taken inside `CancelToken.cancel`, the moment the pushed frame (or a heartbeat)
 set the token. CLOCK_MONOTONIC is system-wide on Linux, so the orchestrator compares these with
@@ -75,11 +76,20 @@ def serve_one(
             listener.stop = timed("push_closed_at", listener.stop)  # type: ignore[method-assign]
         if run._heartbeat is not None:  # noqa: SLF001
             run._heartbeat.stop = timed("heartbeat_stopped_at", run._heartbeat.stop)  # type: ignore[method-assign]  # noqa: SLF001
+        # When the block's exit sends `drained` (its answer is `drained_at`).
+        drained = run.client.drained
+
+        def drained_timed(*args: Any, **kwargs: Any) -> Any:
+            phases["drained_sent_at"] = time.monotonic()
+            return drained(*args, **kwargs)
+
+        run.client.drained = drained_timed  # type: ignore[method-assign]
         emit({"ready": run_id, "push_connected": bool(connected)})
         while not token.cancelled:
             time.sleep(quantum)  # one unit of work; the token is checked between units
         noticed_at = time.monotonic()
     drained_at = time.monotonic()
+    run.client.drained = drained  # type: ignore[method-assign]
     return {
         "run_id": run_id,
         "signal_at": token.cancelled_at,
