@@ -287,8 +287,8 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
     drained_sent_to_ack_locked: list[float] = []
     ack_locked_to_drained_locked: list[float] = []
     drained_locked_to_answer: list[float] = []
-    noticed_to_push_closed: list[float] = []
-    push_closed_to_drained: list[float] = []
+    noticed_to_drained_sent: list[float] = []
+    drained_sent_to_answer: list[float] = []
     server_request_to_stopped: list[float] = []
     not_clean: list[str] = []
 
@@ -362,16 +362,12 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
                     answer_to_signal.append((answer["signal_at"] - answered) * 1000)
                     request_to_drained.append((answer["drained_at"] - requested) * 1000)
                     answer_to_drained.append((answer["drained_at"] - answered) * 1000)
-                    if answer.get("push_closed_at"):
-                        noticed_to_push_closed.append(
-                            (answer["push_closed_at"] - answer["noticed_at"]) * 1000
+                    if answer.get("drained_sent_at"):
+                        noticed_to_drained_sent.append(
+                            (answer["drained_sent_at"] - answer["noticed_at"]) * 1000
                         )
-                        push_closed_to_drained.append(
-                            (
-                                answer["drained_at"]
-                                - answer.get("heartbeat_stopped_at", answer["push_closed_at"])
-                            )
-                            * 1000
+                        drained_sent_to_answer.append(
+                            (answer["drained_at"] - answer["drained_sent_at"]) * 1000
                         )
                     server_side(run.pk, answer)
     finally:
@@ -430,10 +426,6 @@ def bench_stop_end_to_end(stack: Stack) -> list[Row]:
             "  server: the drained answer holds the lock → its answer at the worker",
             drained_locked_to_answer,
         ),
-        latency_row("stop", "  worker: noticed → push socket closed", noticed_to_push_closed),
-        latency_row(
-            "stop",
-            "  worker: listeners stopped → drained answer (POST /drained/)",
-            push_closed_to_drained,
-        ),
+        latency_row("stop", "  worker: noticed → POST /drained/ sent", noticed_to_drained_sent),
+        latency_row("stop", "  worker: POST /drained/ sent → its answer", drained_sent_to_answer),
     ]
