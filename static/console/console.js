@@ -15,8 +15,8 @@
  * A region with data-live-via="<id>" data-live-part="<name>" is not fetched on its own: it rides
  * out of band on the response of region <id> (the run's actions change with its summary).
  * Each region fetches itself with htmx (hx-get, hx-trigger="safestop:refresh", hx-sync="this:queue
- * last"): at most one request per region is in flight, frames arriving meanwhile coalesce into
- * one trailing fetch, so a burst of changes costs two requests and the last state still wins.
+ * last"): frames arriving while a request is in flight coalesce into one trailing fetch, so a
+ * burst of changes costs two requests (a filtered region orders its answers itself, below).
  * Frames are at most once (Redis Pub/Sub, console/settings.py): when a run's `seq` skips a
  * number, a frame was lost, and every region showing that run refetches whatever the frame says.
  * After a reconnect every region is refetched (frames sent while offline are not replayed).
