@@ -53,10 +53,8 @@ from runs.services._base import (
     LIVE_LEASE,
     OPEN_EXECUTION_STATES,
     live_lease,
-    lock_run_row,
-    run_from_lock_row,
-    run_lock_statement,
 )
+from runs.services._run_lock import lock_run_row, run_from_lock_row, run_lock_statement
 
 # What a stop changes on the run row, beside what `_bump_change_seq` always bumps.
 RUN_FIELDS = (
