@@ -601,14 +601,16 @@ class DrainedView(ApiView):
     def post(self, request: Request, run_id: str) -> Response:
         run_id = self.work_run_id(run_id)
         data = self.parse(s.DrainedIn)
-        services.run_drained(
+        # The answer is the run as the service left it, locked and settled: reading it again
+        # after the commit cost the worker a round trip before `stopped_cleanly` reached it.
+        run = services.run_drained(
             run_id=run_id,
             lease_token=data["lease_id"],
             epoch=data["epoch"],
             observations=data.get("observations", []),
             actor=self.caller.actor,
         )
-        return Response(s.RunOut(self.run(run_id, Capability.READ)).data)
+        return Response(s.RunOut(run).data)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ is open, answers `{"ready": run_id}`, then "works" in quanta of `--quantum` seco
 its cancel token at every boundary between quanta (the safe boundary). When the stop arrives
 it leaves the `with` block, which closes the listeners and reports `drained`, and answers:
 
-    {"run_id", "signal_at", "noticed_at", "drained_at"}   (time.monotonic() of this machine)
+    {"run_id", "signal_at", "noticed_at", "drained_sent_at", "drained_at", ...}
+                                                  (time.monotonic() of this machine)
 
 `signal_at` is taken inside `CancelToken.cancel`, the moment the pushed frame (or a heartbeat)
 set the token. CLOCK_MONOTONIC is system-wide on Linux, so the orchestrator compares these with
@@ -58,33 +59,34 @@ def serve_one(
     run = AgentRun(client, run_id, worker_id, ttl_seconds=120, token=token)
     phases: dict[str, float] = {}
 
-    def timed(name: str, fn: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                phases[name] = time.monotonic()
-
-        return wrapper
-
     with run:
         listener = run._listener  # noqa: SLF001  (the bench waits for the socket, as tests do)
         connected = listener is not None and listener.connected.wait(10)
-        # Where the time between "noticed" and "drained" goes (the block's own exit does these).
-        if listener is not None:
-            listener.stop = timed("push_closed_at", listener.stop)  # type: ignore[method-assign]
-        if run._heartbeat is not None:  # noqa: SLF001
-            run._heartbeat.stop = timed("heartbeat_stopped_at", run._heartbeat.stop)  # type: ignore[method-assign]  # noqa: SLF001
+        # When the block's exit sends `drained`, and when its answer (`stopped_cleanly`) came.
+        drained = run.client.drained
+
+        def drained_timed(*args: Any, **kwargs: Any) -> Any:
+            phases["drained_sent_at"] = time.monotonic()
+            try:
+                return drained(*args, **kwargs)
+            finally:
+                phases["drained_answered_at"] = time.monotonic()
+
+        run.client.drained = drained_timed  # type: ignore[method-assign]
         emit({"ready": run_id, "push_connected": bool(connected)})
         while not token.cancelled:
             time.sleep(quantum)  # one unit of work; the token is checked between units
         noticed_at = time.monotonic()
-    drained_at = time.monotonic()
+    left_at = time.monotonic()
+    run.client.drained = drained  # type: ignore[method-assign]
     return {
         "run_id": run_id,
         "signal_at": token.cancelled_at,
         "noticed_at": noticed_at,
-        "drained_at": drained_at,
+        # The drained answer (the server's `stopped_cleanly`), not the block's end: the block
+        # closes its listeners after it.
+        "drained_at": phases.pop("drained_answered_at", left_at),
+        "left_at": left_at,
         "reason": token.reason,
         **phases,
     }

@@ -142,6 +142,34 @@ async def _stop_latency(base_url: str, token: str, reviewer_token: str, count: i
     return samples
 
 
+def _py_spy(pid: int) -> subprocess.Popen[bytes] | None:
+    """With BENCH_MCP_PYSPY=<file>, py-spy samples daphne's threads (CPU only) over the timed
+    gateway calls and writes collapsed stacks there (`pip install py-spy` into .venv)."""
+    out = os.environ.get("BENCH_MCP_PYSPY")
+    if not out:
+        return None
+    spy = subprocess.Popen(
+        [
+            str(ROOT / ".venv/bin/py-spy"),
+            "record",
+            "-p",
+            str(pid),
+            "-f",
+            "raw",
+            "-o",
+            out,
+            "-r",
+            "500",
+            "--threads",
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # attached before the first timed call
+    return spy
+
+
 def run(stack: Any) -> list[Row]:
     from gateway.models import McpUpstream
     from gateway.services import upstream_create
@@ -175,6 +203,7 @@ def run(stack: Any) -> list[Row]:
             _over_http(f"http://127.0.0.1:{port}/mcp", count, cpu_pid=node.pid)
         )
         load = os.getloadavg()[0]
+        spy = _py_spy(stack.daphne.pid)
         gateway, daphne_cpu = asyncio.run(
             _over_http(
                 f"{stack.base_url}/mcp/everything/",
@@ -183,6 +212,9 @@ def run(stack: Any) -> list[Row]:
                 cpu_pid=stack.daphne.pid,
             )
         )
+        if spy is not None:
+            spy.send_signal(2)  # py-spy writes its profile on SIGINT
+            spy.wait(timeout=60)
         paced_direct, _ = asyncio.run(
             _over_http(f"http://127.0.0.1:{port}/mcp", count, pause=PAUSE_SECONDS)
         )

@@ -4,6 +4,7 @@ over many calls of one run, one after another, in-process (no HTTP, no gateway).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/profile_permit.py
     #   PROFILE_PERMIT_CALLS=300
+    #   PROFILE_PERMIT_CPROFILE=1 also prints where a permit's and a result's CPU goes
 
 Runs on a test database of its own (SAFESTOP_TEST_DB_NAME, default
 `test_safestop_profile_permit`). Prints the p50 and p95 wall time of each, with the 1-minute load
@@ -22,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CALLS = int(os.environ.get("PROFILE_PERMIT_CALLS", 300))
+CPROFILE = os.environ.get("PROFILE_PERMIT_CPROFILE") == "1"
 
 
 def _statements(what: str, call: Callable[[], Any]) -> None:
@@ -89,6 +91,23 @@ def profile(team: Any) -> None:
     print(f"{CALLS} permit_request: {permits}")
     print(f"{CALLS} tool_result_report: {reports}")
     print(f"load average {load:.2f} → {os.getloadavg()[0]:.2f}")
+    if CPROFILE:
+        _cpu_profile("permit_request", [lambda i=i: permit(i) for i in range(CALLS, 2 * CALLS)])
+        _cpu_profile("tool_result_report", [lambda i=i: report(i) for i in range(CALLS, 2 * CALLS)])
+
+
+def _cpu_profile(what: str, calls: list[Callable[[], Any]]) -> None:
+    """Where the CPU goes, on a CPU clock: waits on PostgreSQL do not count."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.enable()
+    for call in calls:
+        call()
+    profiler.disable()
+    print(f"--- {what}, {len(calls)} calls, CPU")
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
 
 
 def main() -> None:

@@ -324,15 +324,31 @@ def _never_had_policies(reads: CheckReads) -> bool:
     return not reads.version
 
 
+def _reads(run: Run, read: Sequence[Any] | None) -> CheckReads:
+    """What a check decides on: the row its transition read for it (`Checks.read`), or a read of
+    its own."""
+    return check_reads_of(run, read) if read is not None else read_for_checks(run)
+
+
 class Checks(PolicyChecks):
     """One statement reads what a check needs (`read_for_checks`), the team's compiled policies
     come from this process's cache while their version holds (`team_policies`), and one
     statement writes the facts when they moved: 50 policies cost the statements 0 do."""
 
+    def read(self, run_id: str) -> tuple[str, list[Any]] | None:
+        return read_for_checks_statement(run_id) if sql.prepared_statements() else None
+
     def permit(
-        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: datetime
+        self,
+        run: Run,
+        *,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effect: str,
+        now: datetime,
+        read: Sequence[Any] | None = None,
     ) -> PolicyVerdict:
-        reads = read_for_checks(run)
+        reads = _reads(run, read)
         if _never_had_policies(reads):
             return NO_VERDICT
         facts = reads.facts
@@ -369,8 +385,16 @@ class Checks(PolicyChecks):
         policies = team_policies(run.team_id, reads.version).all
         return _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
 
-    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: datetime) -> None:
-        reads = read_for_checks(run)
+    def tool_result(
+        self,
+        run: Run,
+        *,
+        tool: str,
+        execution_state: str,
+        now: datetime,
+        read: Sequence[Any] | None = None,
+    ) -> None:
+        reads = _reads(run, read)
         if _never_had_policies(reads):
             return
         aggregates.record_result(reads.facts, execution_state=execution_state)
@@ -380,9 +404,6 @@ class Checks(PolicyChecks):
         policies = team_policies(run.team_id, reads.version).all
         moment = Moment("tool.result", tool=tool)
         _moment_at(run, moment, now=now, reads=reads, policies=policies, facts_changed=True)
-
-    def events_read(self, run: Run) -> tuple[str, list[Any]] | None:
-        return read_for_checks_statement(run) if sql.prepared_statements() else None
 
     def events(
         self,
@@ -397,7 +418,7 @@ class Checks(PolicyChecks):
         types = list(dict.fromkeys(event_types))
         if not types:
             return
-        reads = check_reads_of(run, read) if read is not None else read_for_checks(run)
+        reads = _reads(run, read)
         policies = team_policies(run.team_id, reads.version)
         if not policies.batch:
             return

@@ -86,17 +86,17 @@ def read_for_checks(run: Run) -> CheckReads:
     it is seen by this check."""
     if not sql.prepared_statements():
         return _read_with_the_orm(run)
-    statement, params = read_for_checks_statement(run)
+    statement, params = read_for_checks_statement(run.pk)
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         row = cursor.fetchone()
     return check_reads_of(run, row)
 
 
-def read_for_checks_statement(run: Run) -> tuple[str, list[Any]]:
+def read_for_checks_statement(run_id: str) -> tuple[str, list[Any]]:
     """`read_for_checks`' statement (PostgreSQL), for a caller that sends it in a pipeline of
-    its own and hands the row to `check_reads_of`: the events batch sends it after its writes."""
-    return _read_statement(), [run.pk]
+    its own and hands the row to `check_reads_of` (`runs.hooks.PolicyChecks.read`)."""
+    return _read_statement(), [run_id]
 
 
 def check_reads_of(run: Run, row: Sequence[Any]) -> CheckReads:

@@ -166,8 +166,22 @@ class PolicyChecks:
     Each check runs inside the runs transaction that changes the fact, after its lock, and
     acts only through runs services (the stop, the approval gate, the ledger)."""
 
+    def read(self, run_id: str) -> tuple[str, list[Any]] | None:
+        """A statement (and its parameters) whose row the checks of `run_id` need: a transition
+        sends it in a round trip of its own (a permit and a result with their opening reads, an
+        events batch after its writes) and passes the row on as `read`. None: each check reads
+        for itself."""
+        return None
+
     def permit(
-        self, run: Run, *, tool: str, arguments: dict[str, Any], side_effect: str, now: datetime
+        self,
+        run: Run,
+        *,
+        tool: str,
+        arguments: dict[str, Any],
+        side_effect: str,
+        now: datetime,
+        read: Sequence[Any] | None = None,
     ) -> PolicyVerdict:
         return NO_VERDICT
 
@@ -176,13 +190,15 @@ class PolicyChecks:
     ) -> PolicyVerdict:
         return NO_VERDICT
 
-    def tool_result(self, run: Run, *, tool: str, execution_state: str, now: datetime) -> None:
-        return None
-
-    def events_read(self, run: Run) -> tuple[str, list[Any]] | None:
-        """A statement (and its parameters) whose row `events` needs: the batch sends it after
-        its writes, in the same round trip, and passes the row on as `read`. None: `events`
-        reads for itself."""
+    def tool_result(
+        self,
+        run: Run,
+        *,
+        tool: str,
+        execution_state: str,
+        now: datetime,
+        read: Sequence[Any] | None = None,
+    ) -> None:
         return None
 
     def events(

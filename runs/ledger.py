@@ -219,6 +219,79 @@ def _insert_entry(
     team_slug: str,
     head: ChainHead | None = None,
 ) -> LedgerEntry:
+    pending = _new_entry(
+        run=run,
+        actor=actor,
+        action=action,
+        reason=reason,
+        payload=payload,
+        team_slug=team_slug,
+        head=head,
+    )
+    # Every transition appends: its INSERT is built once, not compiled by the ORM each time.
+    if sql.prepared_statements():
+        sql.insert(pending.entry)
+    else:
+        pending.entry.save(force_insert=True)
+    pending.written(pending.entry.pk)
+    return pending.entry
+
+
+@dataclass(frozen=True)
+class PendingEntry:
+    """A run's next entry, hashed but not written: for a transition that sends its INSERT in the
+    same round trip as its own write (`sql.pipelined`), then calls `written` with the key."""
+
+    entry: LedgerEntry
+    run: Run | None
+
+    def statement(self) -> tuple[str, list[Any]]:
+        return sql.insert_statement(LedgerEntry), sql.insert_params(self.entry)
+
+    def written(self, pk: int) -> None:
+        sql.saved_as(self.entry, pk)
+        if self.run is not None:
+            self.run._ledger_appended = ChainHead(  # type: ignore[attr-defined]
+                self.entry.run_seq, self.entry.hash
+            )
+        # Same transaction as the entry: what listeners write (notification rows) commits with it.
+        hooks.entry_appended(self.entry, self.run)
+
+
+def ledger_entry_pending(
+    *,
+    run: Run,
+    actor: Actor,
+    action: str,
+    payload: dict[str, Any],
+    head: ChainHead | None = None,
+) -> PendingEntry | None:
+    """`ledger_append`'s entry of `run`, not yet written, or None where it must go through the
+    ORM (SQLite, a `pre_save`/`post_save` listener): the caller then calls `ledger_append`. Call
+    it under the run lock, and write the entry before anything else appends to the chain."""
+    if sql.prepared_statements():
+        return _new_entry(
+            run=run,
+            actor=actor,
+            action=action,
+            reason="",
+            payload=_canonical(payload),
+            team_slug=run.team.slug,
+            head=head,
+        )
+    return None
+
+
+def _new_entry(
+    *,
+    run: Run | None,
+    actor: Actor,
+    action: str,
+    reason: str,
+    payload: Any,
+    team_slug: str,
+    head: ChainHead | None = None,
+) -> PendingEntry:
     head = head or chain_head(run)
     # A head read early in a transition (the permit reads it with its other reads) goes stale
     # when something in between appends to the same chain under the same lock (a policy's
@@ -261,16 +334,7 @@ def _insert_entry(
         hash_version=KEYED_HASH,
         key_id=key.id,
     )
-    # Every transition appends: its INSERT is built once, not compiled by the ORM each time.
-    if sql.prepared_statements():
-        sql.insert(entry)
-    else:
-        entry.save(force_insert=True)
-    if run is not None:
-        run._ledger_appended = ChainHead(run_seq, digest)  # type: ignore[attr-defined]
-    # Same transaction as the entry: what listeners write (notification rows) commits with it.
-    hooks.entry_appended(entry, run)
-    return entry
+    return PendingEntry(entry, run)
 
 
 @dataclass(frozen=True)

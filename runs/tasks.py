@@ -201,6 +201,12 @@ NO_WAKE_KINDS = frozenset(
         "outbox.claimed",
         "outbox.sent",
         "outbox.failed",
+        # A stop's deadline (the drain's) was made by `run.stop_requested`; the worker's ack and
+        # a clean settle only end deadlines, and they fall in the moment the worker drains,
+        # where a wake's reads took the CPU the drained answer waits for (docs/BENCHMARKS.md).
+        # A dirty settle notifies a person: its delivery is due at once, so it wakes.
+        "run.draining",
+        "run.stopped_cleanly",
     }
 )
 KICK_LIMIT = 100

@@ -333,23 +333,34 @@ class AgentRun:
             self._listener.start()
 
     def finish(self) -> None:
-        """Stop listening, then say `drained` if the run was stopped, else release the lease."""
-        if self._listener is not None:
-            self._listener.stop(timeout=2)
-        if self._heartbeat is not None:
-            self._heartbeat.stop(timeout=2)
-        if self.lease_id is None:
-            return
+        """Say `drained` if the run was stopped, else release the lease; stop listening.
+
+        `drained` goes before the listeners stop: closing the push socket waits for the
+        server's closing handshake and a heartbeat in flight, time the run's `stopped_cleanly`
+        waited for. A frame or a heartbeat that comes in between finds the token set already.
+        A release stops listening first, so no stop signal arrives for a lease given back.
+        """
         try:
-            if self.token.cancelled:
-                if not self.drained_sent:
-                    self.drained(self.default_observations())
-            else:
-                self._release()
+            if self.lease_id is not None and self.token.cancelled and not self.drained_sent:
+                self.drained(self.default_observations())
         except (ApiError, httpx.TransportError) as error:
             # Never mask the block's own exception; the server's drain deadline
             # and lease expiry settle a worker that could not say goodbye.
             log.warning("safestop: could not finish lease on %s: %s", self.run_id, error)
+        finally:
+            self._stop_listening()
+        if self.lease_id is None or self.token.cancelled:
+            return
+        try:
+            self._release()
+        except (ApiError, httpx.TransportError) as error:
+            log.warning("safestop: could not finish lease on %s: %s", self.run_id, error)
+
+    def _stop_listening(self) -> None:
+        if self._listener is not None:
+            self._listener.stop(timeout=2)
+        if self._heartbeat is not None:
+            self._heartbeat.stop(timeout=2)
 
     def release(self, *, suspend: bool = False, reason: str = "waiting_for_approval") -> None:
         """Give the lease back now; the lease block then has nothing left to finish.
@@ -363,10 +374,7 @@ class AgentRun:
         """
         lease_id, epoch = self._require_lease()
         self.token.raise_if_cancelled()
-        if self._listener is not None:
-            self._listener.stop(timeout=2)
-        if self._heartbeat is not None:
-            self._heartbeat.stop(timeout=2)
+        self._stop_listening()
         try:
             answer = self.client.release_lease(
                 self.run_id, lease_id=lease_id, epoch=epoch, suspend=suspend, reason=reason

@@ -21,22 +21,26 @@ row, as the first statement of its own durable transaction:
 3. the events batch: `_events_sql.open_batch` sends the lock (the run's columns a batch reads,
    with the caller's token re-checked in the same statement) in one pipeline with the batch's
    receipts and steps, then builds the run from the row.
-4. the permit: `locked_run`, then `_permit_sql.read_for_permit` reads the lease, the retry, the
-   step, the rules and the ledger head in one statement after the lock.
+4. a tool call's permit and its result: `_permit_sql.locked_run_for_permit` and
+   `_result_sql.locked_run_for_result` send the lock in one pipeline with what each decides on
+   (the lease, the retry, the step, the rules and the ledger head; the record and the head) and
+   the row the team's policies check against.
+
+The lock's statement and the run built from its row are in `_run_lock`, which the openings of
+2–4 import.
 
 On a database other than PostgreSQL (`runs.sql.prepared_statements()` is false: the embedded
-SQLite), 2 and 3 fall back to `lock_run_row` and the ORM.
+SQLite), 2–4 fall back to `lock_run_row` and the ORM.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 
 from runs import notify, sql
@@ -47,7 +51,7 @@ from runs.errors import (
     RunNotRunning,
     StaleEpoch,
 )
-from runs.ledger import ChainHead, ledger_append
+from runs.ledger import ChainHead, ledger_append, ledger_entry_pending
 from runs.models import (
     OUTBOX_IN_FLIGHT_STATUSES,
     ExecutionRecord,
@@ -59,9 +63,9 @@ from runs.models import (
     SideEffect,
     SideEffectState,
     StopRequest,
-    Team,
 )
 from runs.services._result_sql import write_result
+from runs.services._run_lock import lock_run_row
 
 OPEN_EXECUTION_STATES = (ExecutionState.PERMITTED, ExecutionState.RUNNING)
 IN_FLIGHT_OUTBOX = OUTBOX_IN_FLIGHT_STATUSES
@@ -94,50 +98,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELLED: frozenset(),
 }
-
-
-def lock_run_row(run_id: str) -> Run:
-    """The first query of every transition: the run row, locked, so transitions serialise."""
-    if sql.prepared_statements():
-        return _lock_run_prepared(run_id)
-    try:
-        return (
-            Run.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("team")
-            .get(pk=run_id)
-        )
-    except Run.DoesNotExist:
-        raise NotFound(f"run {run_id} does not exist") from None
-
-
-@functools.cache
-def run_lock_statement() -> str:
-    """The ORM's lock query above (the run and its team, the run row locked), built once: it is
-    the first statement of every transition, and compiling it again each time was a fifth of the
-    CPU of an MCP gateway's tool call (a permit and a result: two locks)."""
-    return (
-        f"SELECT {sql.select_columns(Run)}, {sql.select_columns(Team)} "
-        f"FROM {sql.table(Run)} JOIN {sql.table(Team)} "
-        f"ON {sql.table(Team)}.{sql.column(Team, 'id')} = {sql.table(Run)}.{sql.column(Run, 'team')} "
-        f"WHERE {sql.table(Run)}.{sql.column(Run, 'id')} = %s "
-        f"FOR NO KEY UPDATE OF {sql.table(Run)}"
-    )
-
-
-def _lock_run_prepared(run_id: str) -> Run:
-    with connection.cursor() as cursor:
-        cursor.execute(run_lock_statement(), [run_id])
-        return run_from_lock_row(run_id, cursor.fetchone())
-
-
-def run_from_lock_row(run_id: str, row: Any) -> Run:
-    """The run (with its team) from a row of `run_lock_statement`; no row: it does not exist."""
-    if row is None:
-        raise NotFound(f"run {run_id} does not exist")
-    width = len(Run._meta.concrete_fields)
-    run: Run = sql.from_row(Run, row[:width])
-    run.team = sql.from_row(Team, row[width:])
-    return run
 
 
 @contextmanager
@@ -326,7 +286,7 @@ def apply_tool_result(
     ledger_head: ChainHead | None = None,
 ) -> None:
     """Record a reported outcome on `record` under the run lock. `ledger_head`: the run chain's
-    head when the caller has just read it under the same lock (`_result_sql.read_for_result`)."""
+    head when the caller has just read it under the same lock (`_result_sql.locked_run_for_result`)."""
     after_stop = run.stop_epoch > record.permit_epoch
     keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved
     if keeps_state:
@@ -365,18 +325,18 @@ def apply_tool_result(
         record.finished_at = now
     # Safe as a Python increment: the caller holds the run row lock.
     run.change_seq += 1
-    write_result(run, record)  # the record and the run's counters, one statement
-    ledger_append(
-        run=run,
-        actor=actor,
-        action="tool.result",
-        payload={
-            "tool_call_id": record.tool_call_id,
-            "reported": execution_state,
-            "kept": record.execution_state,
-            "reported_after_stop": after_stop,
-            "side_effect_state": record.side_effect_state,
-        },
-        head=ledger_head,
+    payload = {
+        "tool_call_id": record.tool_call_id,
+        "reported": execution_state,
+        "kept": record.execution_state,
+        "reported_after_stop": after_stop,
+        "side_effect_state": record.side_effect_state,
+    }
+    entry = ledger_entry_pending(
+        run=run, actor=actor, action="tool.result", payload=payload, head=ledger_head
     )
+    # The record and the run's counters in one statement, with the entry in one round trip.
+    write_result(run, record, entry=entry)
+    if entry is None:
+        ledger_append(run=run, actor=actor, action="tool.result", payload=payload, head=ledger_head)
     notify.run_changed(run, kind="tool.result")

@@ -1,30 +1,34 @@
-"""A permit's reads in one round trip and its writes in another, as statements built once.
+"""A permit in three round trips: its opening, its writes, its commit; statements built once.
 
 A permit read the live lease, looked for a record of the same `tool_call_id`, read the team's
 approval rules, found the running step, inserted the record, bumped the run's counters, read
-the ledger head and appended: nine ORM statements, each compiled again on every call. Every
-tool call an agent makes through the MCP gateway waits for its permit, so those round trips
-were most of what the gateway added to a call (docs/BENCHMARKS.md).
+the ledger head and appended: nine ORM statements, each compiled again on every call, each a
+round trip. Every tool call an agent makes through the MCP gateway waits for its permit, so
+those round trips were most of what the gateway added to a call (docs/BENCHMARKS.md).
 
-Here the reads are one statement and the record with the run's counters another, both run
-after the run row is locked, in the permit's transaction (READ COMMITTED takes a new snapshot
-per statement: after the lock was granted). Rules are only read in full when the team has an
-enabled one, the team's spend only when it has a budget, and a `tool_call_id` asked before
-takes the ORM path (a retry is rare).
+Here the opening is one pipeline (`runs.sql.pipelined`): BEGIN, the run lock, then — the lock
+held, and READ COMMITTED taking a new snapshot per statement — the permit's reads in one
+statement and the row the team's policies check against (`hooks.PolicyChecks.read`). The
+writes are a second pipeline: the record with the run's counters in one statement, and the
+ledger entry, hashed beforehand (`runs.ledger.ledger_entry_pending`). Rules are only read in
+full when the team has an enabled one, the team's spend only when it has a budget, and a
+`tool_call_id` asked before takes the ORM path (a retry is rare).
 On SQLite (`make run`) each read and write goes through the ORM, one by one.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
-from runs import sql
-from runs.ledger import EMPTY_CHAIN, ChainHead, chain_head
+from runs import hooks, sql
+from runs.ledger import EMPTY_CHAIN, ChainHead, PendingEntry, chain_head
 from runs.models import (
     ApprovalRule,
     ExecutionRecord,
@@ -36,6 +40,7 @@ from runs.models import (
     TeamBudget,
 )
 from runs.services._base import live_lease
+from runs.services._run_lock import lock_run_row, run_from_lock_row, run_lock_statement
 
 # What a permit changes on the run row.
 RUN_FIELDS = ("tool_calls_count", "change_seq", "updated_at")
@@ -54,6 +59,11 @@ class PermitReads:
 
 @functools.cache
 def _read_statement() -> str:
+    # The run's team from its row, so that the statement needs the run's id alone: it is sent
+    # with the run lock, before the run is known.
+    team = (
+        f"SELECT {sql.column(Run, 'team')} FROM {sql.table(Run)} WHERE {sql.column(Run, 'id')} = %s"
+    )
     lease = (
         f"SELECT {sql.select_columns(Lease)} FROM {sql.table(Lease)} "
         f"WHERE {sql.column(Lease, 'run')} = %s AND {sql.column(Lease, 'released_at')} IS NULL "
@@ -71,12 +81,12 @@ def _read_statement() -> str:
     )
     rules = (
         f"EXISTS (SELECT 1 FROM {sql.table(ApprovalRule)} "
-        f"WHERE {sql.column(ApprovalRule, 'team')} = %s "
+        f"WHERE {sql.column(ApprovalRule, 'team')} = ({team}) "
         f"AND {sql.column(ApprovalRule, 'enabled')})"
     )
     budget = (
         f"EXISTS (SELECT 1 FROM {sql.table(TeamBudget)} "
-        f"WHERE {sql.column(TeamBudget, 'team')} = %s "
+        f"WHERE {sql.column(TeamBudget, 'team')} = ({team}) "
         f"AND ({sql.column(TeamBudget, 'daily_usd')} IS NOT NULL "
         f"OR {sql.column(TeamBudget, 'monthly_usd')} IS NOT NULL))"
     )
@@ -95,27 +105,42 @@ def _read_statement() -> str:
     )
 
 
-def read_for_permit(run: Run, *, tool_call_id: str, step_key: str) -> PermitReads:
-    """What a permit decides on. Call it under the run lock, in the permit's transaction."""
+@dataclass(frozen=True)
+class PermitOpening:
+    run: Run
+    reads: PermitReads
+    # The row the team's policies check against (`hooks.PolicyChecks.read`); None: they read it.
+    checks_read: Sequence[Any] | None
+
+
+@contextmanager
+def locked_run_for_permit(
+    run_id: str, *, tool_call_id: str, step_key: str
+) -> Iterator[PermitOpening]:
+    """`_base.locked_run` for a permit: a durable transaction whose first query locks the run,
+    with what the permit decides on."""
+    with transaction.atomic(durable=True):
+        yield _open(run_id, tool_call_id=tool_call_id, step_key=step_key)
+
+
+def _open(run_id: str, *, tool_call_id: str, step_key: str) -> PermitOpening:
     if not sql.prepared_statements() or step_key:
-        return _read_with_the_orm(run, tool_call_id=tool_call_id, step_key=step_key)
+        run = lock_run_row(run_id)
+        return PermitOpening(
+            run, _read_with_the_orm(run, tool_call_id=tool_call_id, step_key=step_key), None
+        )
+    checks = hooks.policies().read(run_id)
     # In the statement's order: the columns' subqueries, then the lease's and the head's joins.
-    params: list[Any] = [
-        run.pk,
-        tool_call_id,
-        run.pk,
-        StepStatus.RUNNING,
-        run.team_id,
-        run.team_id,
-        run.pk,
-        run.pk,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(_read_statement(), params)
-        row = cursor.fetchone()
+    params = [run_id, tool_call_id, run_id, StepStatus.RUNNING, run_id, run_id, run_id, run_id]
+    locked, (row, *_), *checked = sql.pipelined(
+        (run_lock_statement(), [run_id]),
+        (_read_statement(), params),
+        *([checks] if checks else []),
+    )
+    run = run_from_lock_row(run_id, locked[0] if locked else None)
     width = len(Lease._meta.concrete_fields)
     lease_values, (asked, step_id, rules, budget, run_seq, digest) = row[:width], row[width:]
-    return PermitReads(
+    reads = PermitReads(
         lease=sql.from_row(Lease, lease_values) if lease_values[0] is not None else None,
         asked_before=asked,
         step_id=step_id,
@@ -123,6 +148,7 @@ def read_for_permit(run: Run, *, tool_call_id: str, step_key: str) -> PermitRead
         ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
         team_budget_set=budget,
     )
+    return PermitOpening(run, reads, checked[0][0] if checked else None)
 
 
 def _read_with_the_orm(run: Run, *, tool_call_id: str, step_key: str) -> PermitReads:
@@ -148,9 +174,12 @@ def _write_statement() -> str:
     return f"WITH moved AS ({moved}) {sql.insert_statement(ExecutionRecord)}"
 
 
-def write_permit(run: Run, record: ExecutionRecord, *, now: datetime) -> None:
+def write_permit(
+    run: Run, record: ExecutionRecord, *, now: datetime, entry: PendingEntry | None
+) -> None:
     """Insert `record` (its pk is set) and write the run's counters (already set on `run`,
-    but for `updated_at`, set here). Call it under the run lock, in the permit's transaction."""
+    but for `updated_at`, set here), with the permit's ledger `entry` in the same round trip.
+    Call it under the run lock, in the permit's transaction."""
     run.updated_at = now
     if not sql.prepared_statements():
         record.save(force_insert=True)
@@ -161,7 +190,9 @@ def write_permit(run: Run, record: ExecutionRecord, *, now: datetime) -> None:
         for name in RUN_FIELDS
     ]
     params += [run.pk, *sql.insert_params(record)]
-    with connection.cursor() as cursor:
-        cursor.execute(_write_statement(), params)
-        row = cursor.fetchone()
-    sql.saved_as(record, row[0])
+    written, *entries = sql.pipelined(
+        (_write_statement(), params), *([entry.statement()] if entry else [])
+    )
+    sql.saved_as(record, written[0][0])
+    if entry is not None:
+        entry.written(entries[0][0][0])

@@ -1,15 +1,17 @@
-"""A tool result's reads in one round trip and its writes in another, as statements built once.
+"""A tool result in three round trips: its opening, its writes, its commit; statements built once.
 
 A result read its execution record, saved it (every column), read the ledger head, appended,
-and bumped the run's counters: five ORM statements, each compiled again on every call. The MCP
-gateway records one for every `tools/call`, and back to back an agent's next permit waits for
-it (the session's lane keeps them in order), so compiling them was a third of the gateway's CPU
-per call (docs/BENCHMARKS.md).
+and bumped the run's counters: five ORM statements, each compiled again on every call, each a
+round trip. The MCP gateway records one for every `tools/call`, and back to back an agent's
+next permit waits for it (the session's lane keeps them in order), so compiling them was a
+third of the gateway's CPU per call (docs/BENCHMARKS.md).
 
-Here the record and the ledger head are one statement, run after the run row is locked, in the
-result's transaction (READ COMMITTED: a new snapshot per statement, after the lock was
-granted); the record and the run's counters are written by another. On SQLite (`make run`)
-each read and write goes through the ORM, one by one.
+Here the opening is one pipeline (`runs.sql.pipelined`): BEGIN, the run lock, then — the lock
+held, READ COMMITTED taking a new snapshot per statement — the record and the ledger head in
+one statement, and the row the team's policies check against (`hooks.PolicyChecks.read`:
+nothing the result writes is in it). The writes are a second pipeline: the record and the
+run's counters in one statement, and the ledger entry, hashed beforehand. On SQLite
+(`make run`) each read and write goes through the ORM, one by one.
 
 No `pre_save`/`post_save` signal is sent for the record or the run: no receiver listens to
 either (runs.sql).
@@ -18,14 +20,17 @@ either (runs.sql).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
-from runs import sql
-from runs.ledger import EMPTY_CHAIN, ChainHead, chain_head
+from runs import hooks, sql
+from runs.ledger import EMPTY_CHAIN, ChainHead, PendingEntry, chain_head
 from runs.models import ExecutionRecord, LedgerEntry, Run
+from runs.services._run_lock import lock_run_row, run_from_lock_row, run_lock_statement
 
 # What a result changes on the run row (`_base.run_mark_changed`'s fields).
 RUN_FIELDS = ("change_seq", "updated_at")
@@ -62,26 +67,47 @@ def _read_statement() -> str:
     )
 
 
-def read_for_result(run: Run, *, tool_call_id: str) -> ResultReads:
-    """The call's record and the run's ledger head. Call it under the run lock, in the
-    result's transaction."""
+@dataclass(frozen=True)
+class ResultOpening:
+    run: Run
+    reads: ResultReads
+    # The row the team's policies check against (`hooks.PolicyChecks.read`); None: they read it.
+    checks_read: Sequence[Any] | None
+
+
+@contextmanager
+def locked_run_for_result(run_id: str, *, tool_call_id: str) -> Iterator[ResultOpening]:
+    """`_base.locked_run` for a tool's result: a durable transaction whose first query locks the
+    run, with the call's record and the ledger head."""
+    with transaction.atomic(durable=True):
+        yield _open(run_id, tool_call_id=tool_call_id)
+
+
+def _open(run_id: str, *, tool_call_id: str) -> ResultOpening:
     if not sql.prepared_statements():
-        return ResultReads(
+        run = lock_run_row(run_id)
+        reads = ResultReads(
             record=ExecutionRecord.objects.filter(run=run, tool_call_id=tool_call_id).first(),
             ledger_head=chain_head(run),
         )
-    with connection.cursor() as cursor:
-        cursor.execute(_read_statement(), [run.pk, tool_call_id, run.pk])
-        row = cursor.fetchone()
+        return ResultOpening(run, reads, None)
+    checks = hooks.policies().read(run_id)
+    locked, (row, *_), *checked = sql.pipelined(
+        (run_lock_statement(), [run_id]),
+        (_read_statement(), [run_id, tool_call_id, run_id]),
+        *([checks] if checks else []),
+    )
+    run = run_from_lock_row(run_id, locked[0] if locked else None)
     width = len(ExecutionRecord._meta.concrete_fields)
     values, (run_seq, digest) = row[:width], row[width:]
     record = sql.from_row(ExecutionRecord, values) if values[0] is not None else None
     if record is not None:
         record.run = run  # the locked run, as `filter(run=run)` would not load it again
-    return ResultReads(
+    reads = ResultReads(
         record=record,
         ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
     )
+    return ResultOpening(run, reads, checked[0][0] if checked else None)
 
 
 def _record_fields() -> list[Any]:
@@ -99,10 +125,10 @@ def _write_statement() -> str:
     return f"WITH moved AS ({moved}) {saved}"
 
 
-def write_result(run: Run, record: ExecutionRecord) -> None:
+def write_result(run: Run, record: ExecutionRecord, *, entry: PendingEntry | None) -> None:
     """Save every column of `record` (as `record.save()` does) and the run's `change_seq` (already
-    bumped on `run`) with its `updated_at`. Call it under the run lock, in the result's
-    transaction."""
+    bumped on `run`) with its `updated_at`, with the result's ledger `entry` in the same round
+    trip. Call it under the run lock, in the result's transaction."""
     if not sql.prepared_statements():
         record.save()
         run.save(update_fields=list(RUN_FIELDS))
@@ -119,5 +145,8 @@ def write_result(run: Run, record: ExecutionRecord) -> None:
         for field in _record_fields()
     ]
     params.append(record.pk)
-    with connection.cursor() as cursor:
-        cursor.execute(_write_statement(), params)
+    _written, *entries = sql.pipelined(
+        (_write_statement(), params), *([entry.statement()] if entry else [])
+    )
+    if entry is not None:
+        entry.written(entries[0][0][0])

@@ -53,10 +53,8 @@ from runs.services._base import (
     LIVE_LEASE,
     OPEN_EXECUTION_STATES,
     live_lease,
-    lock_run_row,
-    run_from_lock_row,
-    run_lock_statement,
 )
+from runs.services._run_lock import lock_run_row, run_from_lock_row, run_lock_statement
 
 # What a stop changes on the run row, beside what `_bump_change_seq` always bumps.
 RUN_FIELDS = (
@@ -131,6 +129,36 @@ def _lock_run_for_drain(run_id: str, lease_token: str) -> DrainOpening:
         CURRENT_STOP_REQUEST.instance(CURRENT_STOP_REQUEST.converted(stop_request)),
         chain_head_from(RUN_CHAIN_HEAD.converted(head)),
     )
+
+
+@dataclass(frozen=True)
+class AckOpening:
+    run: Run
+    stop_request: StopRequest | None
+    ledger_head: ChainHead
+
+
+@contextmanager
+def locked_run_for_ack(run_id: str) -> Iterator[AckOpening]:
+    """`locked_run_for_stop` for the worker's ack: the lock, the current stop request and the
+    ledger head in one round trip on PostgreSQL, BEGIN included. A worker that drains at once
+    sends its `drained` a few milliseconds after its ack, and the drained answer waits for the
+    run lock the ack holds: every round trip of the ack is one of the drained answer's."""
+    with transaction.atomic(durable=True):
+        if not sql.prepared_statements():
+            run = lock_run_row(run_id)
+            yield AckOpening(run, CURRENT_STOP_REQUEST.first(run_id), chain_head(run))
+            return
+        locked, stop_request, head = sql.pipelined(
+            (run_lock_statement(), [run_id]),
+            CURRENT_STOP_REQUEST.statement(run_id),
+            RUN_CHAIN_HEAD.statement(run_id),
+        )
+        yield AckOpening(
+            run_from_lock_row(run_id, locked[0] if locked else None),
+            CURRENT_STOP_REQUEST.instance(CURRENT_STOP_REQUEST.converted(stop_request)),
+            chain_head_from(RUN_CHAIN_HEAD.converted(head)),
+        )
 
 
 @contextmanager

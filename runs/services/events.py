@@ -156,9 +156,7 @@ def events_ingest(
         # What the team's policies read goes with the batch's writes, after them: one round
         # trip, where it was one more of its own (docs/BENCHMARKS.md, single events).
         read = (
-            checks.events_read(run)
-            if touch and not note and run.status == RunStatus.RUNNING
-            else None
+            checks.read(run.pk) if touch and not note and run.status == RunStatus.RUNNING else None
         )
         checked = batch.flush(touch=touch, read=read)
         if touch:

@@ -61,6 +61,7 @@ from runs.services._base import (
 )
 from runs.services._stop_sql import (
     FROZEN_COUNT_CAP,
+    locked_run_for_ack,
     locked_run_for_drain,
     locked_run_for_stop,
     settle_open_calls,
@@ -258,10 +259,16 @@ def _drain_without_live_lease(run: Run, stop_request: StopRequest, *, now: datet
 
 def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -> Run:
     """The worker noticed the signal: cancel_requested → draining."""
-    with locked_run_for_stop(run_id) as run:
+    with locked_run_for_ack(run_id) as opening:
+        run = opening.run
         if run.status == RunStatus.CANCEL_REQUESTED:
             acknowledge_stop_locked(
-                run, current_stop_request(run), actor=actor, now=timezone.now(), via=via
+                run,
+                opening.stop_request or current_stop_request(run),
+                actor=actor,
+                now=timezone.now(),
+                via=via,
+                head=opening.ledger_head,
             )
     return run
 

@@ -21,7 +21,7 @@ from runs.errors import (
     StaleEpoch,
     ToolCallConflict,
 )
-from runs.ledger import ledger_append
+from runs.ledger import ledger_append, ledger_entry_pending
 from runs.models import (
     Approval,
     ExecutionRecord,
@@ -37,11 +37,10 @@ from runs.services._base import (
     RESULT_STATES,
     apply_tool_result,
     check_work_may_start,
-    locked_run,
     reject_late_write,
 )
-from runs.services._permit_sql import PermitReads, read_for_permit, write_permit
-from runs.services._result_sql import read_for_result
+from runs.services._permit_sql import PermitReads, locked_run_for_permit, write_permit
+from runs.services._result_sql import locked_run_for_result
 from runs.services.approval_gate import (
     ApprovalAsk,
     approval_gate,
@@ -115,9 +114,11 @@ def permit_request(
     )
     tool_call_id, tool, arguments = request.tool_call_id, request.tool, request.arguments
     refusal: StaleEpoch | RunNotRunning | BudgetExhausted | None = None
-    with locked_run(run_id) as run:
+    with locked_run_for_permit(
+        run_id, tool_call_id=tool_call_id, step_key=request.step_key
+    ) as opening:
+        run, reads = opening.run, opening.reads
         now = timezone.now()
-        reads = read_for_permit(run, tool_call_id=tool_call_id, step_key=request.step_key)
         refusal = check_work_may_start(run, epoch, now=now, lease=reads.lease)
         if refusal is None:
             existing = (
@@ -155,7 +156,12 @@ def permit_request(
                 )
             elif (
                 verdict := hooks.policies().permit(
-                    run, tool=tool, arguments=arguments, side_effect=request.side_effect, now=now
+                    run,
+                    tool=tool,
+                    arguments=arguments,
+                    side_effect=request.side_effect,
+                    now=now,
+                    read=opening.checks_read,
                 )
             ).stopped:
                 refusal = RunNotRunning.for_run(run, verdict.stopped)
@@ -270,21 +276,20 @@ def _create_permit(
     run.tool_calls_count += 1
     # Safe as a Python increment: the caller holds the run row lock.
     run.change_seq += 1
-    write_permit(run, record, now=now)
     action = "tool.held" if held else "tool.permitted"
-    notify.run_changed(run, kind=action)
-    ledger_append(
-        run=run,
-        actor=actor,
-        action=action,
-        payload={
-            "tool_call_id": request.tool_call_id,
-            "tool": request.tool,
-            "side_effect": side_effect,
-            "epoch": epoch,
-        },
-        head=reads.ledger_head,
+    payload = {
+        "tool_call_id": request.tool_call_id,
+        "tool": request.tool,
+        "side_effect": side_effect,
+        "epoch": epoch,
+    }
+    entry = ledger_entry_pending(
+        run=run, actor=actor, action=action, payload=payload, head=reads.ledger_head
     )
+    write_permit(run, record, now=now, entry=entry)  # with the entry, in one round trip
+    if entry is None:
+        ledger_append(run=run, actor=actor, action=action, payload=payload, head=reads.ledger_head)
+    notify.run_changed(run, kind=action)
     return record
 
 
@@ -309,8 +314,8 @@ def tool_result_report(
         raise InvalidInput(
             f"execution_state must be one of {sorted(RESULT_STATES)}", field="execution_state"
         )
-    with locked_run(run_id) as run:
-        reads = read_for_result(run, tool_call_id=tool_call_id)
+    with locked_run_for_result(run_id, tool_call_id=tool_call_id) as opening:
+        run, reads = opening.run, opening.reads
         record = reads.record
         if record is None:
             raise NotFound(f"tool call {tool_call_id} was never permitted on run {run_id}")
@@ -330,7 +335,11 @@ def tool_result_report(
             ledger_head=reads.ledger_head,
         )
         hooks.policies().tool_result(
-            run, tool=record.tool, execution_state=record.execution_state, now=now
+            run,
+            tool=record.tool,
+            execution_state=record.execution_state,
+            now=now,
+            read=opening.checks_read,
         )
         settle_dirty_if_resolved(run, actor=Actor.system("reconciler"), now=now)
     return record

@@ -410,3 +410,54 @@ def test_a_tool_call_conflict_reports_nothing_onto_the_first_calls_record(
     assert body_ran is False
     assert caught.value.body["first_tool"] == "send_email"
     assert results_for(fake_api, "call_1") == []
+
+
+def test_a_stopped_worker_says_drained_before_it_stops_listening(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    """Closing the listeners waits for the push socket's closing handshake and a heartbeat in
+    flight: the run's `stopped_cleanly` does not wait for them."""
+    order: list[str] = []
+
+    def drained(request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        order.append("drained")
+        return fake_api.default_answer("drained/", body)
+
+    fake_api.overrides["drained/"] = drained
+    with leased(client) as run:
+        assert run._heartbeat is not None
+        stop_heartbeat = run._heartbeat.stop
+
+        def stopped(timeout: float | None = None) -> None:
+            order.append("listening stopped")
+            stop_heartbeat(timeout)
+
+        run._heartbeat.stop = stopped  # type: ignore[method-assign]
+        run.handle_stop_signal({"type": "cancel_requested", "stop_epoch": 4})
+
+    assert order == ["drained", "listening stopped"]
+    assert fake_api.sent("lease/release/") == []
+
+
+def test_a_worker_that_gives_its_lease_back_stops_listening_first(
+    client: SafestopClient, fake_api: FakeApi
+) -> None:
+    order: list[str] = []
+
+    def released(request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        order.append("released")
+        return fake_api.default_answer("lease/release/", body)
+
+    fake_api.overrides["lease/release/"] = released
+    with leased(client) as run:
+        assert run._heartbeat is not None
+        stop_heartbeat = run._heartbeat.stop
+
+        def stopped(timeout: float | None = None) -> None:
+            order.append("listening stopped")
+            stop_heartbeat(timeout)
+
+        run._heartbeat.stop = stopped  # type: ignore[method-assign]
+
+    assert order == ["listening stopped", "released"]
+    assert fake_api.sent("drained/") == []

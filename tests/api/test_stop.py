@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from runs.models import LedgerEntry, StopRequest
@@ -133,6 +134,39 @@ def test_drained_settles_the_stop_and_a_retry_is_harmless(api, team, agent_token
     again = api.post(url(run, "drained/"), lease_body(lease), agent_token)
     assert first.status_code == again.status_code == 200
     assert first.json()["status"] == again.json()["status"] == "stopped_cleanly"
+
+
+@pytest.mark.parametrize("write_in_flight", [False, True], ids=["clean", "dirty"])
+def test_drained_answers_the_run_as_a_read_after_it_shows_it(
+    api, team, agent_token, reviewer_token, write_in_flight
+):
+    run, lease = make_running(team)
+    if write_in_flight:
+        api.post(
+            url(run, "permits/"),
+            {"epoch": 1, "tool_call_id": "c1", "tool": "deploy", "side_effect": "write"},
+            agent_token,
+        )
+    api.post(url(run, "cancel/"), {"reason": "user_stop"}, reviewer_token)
+
+    statements: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        answer = api.post(url(run, "drained/"), lease_body(lease), agent_token).json()
+    again = api.post(url(run, "drained/"), lease_body(lease), agent_token).json()
+    read = api.get(url(run), agent_token).json()
+
+    assert answer["status"] == ("stopped_dirty" if write_in_flight else "stopped_cleanly")
+    assert answer == again == {key: read[key] for key in answer}
+    # Nothing is read once the settle's transaction ended: the answer is the settled run.
+    ended = max(
+        index for index, sql in enumerate(statements) if sql.startswith("RELEASE SAVEPOINT")
+    )
+    assert statements[ended + 1 :] == []
 
 
 def test_drained_with_observations_records_them(api, team, agent_token, reviewer_token):

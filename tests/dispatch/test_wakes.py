@@ -4,6 +4,7 @@ only a slow safety net. Counted in queries and scheduled wakes, never timed."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -21,6 +22,7 @@ from tests.support.scenarios import make_running, reload
 pytestmark = pytest.mark.django_db
 
 AGENT = Actor("api_client", "1", "agent-1")
+REVIEWER = Actor("user", "2", "bob")
 REVIEWER = Actor("user", "2", "bob")
 
 
@@ -171,3 +173,64 @@ def test_a_granted_permit_and_its_result_schedule_no_wake_a_held_call_does(team)
     assert granted and held
     assert not any(kind not in tasks.NO_WAKE_KINDS for kind in granted), granted
     assert any(kind not in tasks.NO_WAKE_KINDS for kind in held), held
+
+
+def _kinds_of(action: Callable[[], object]) -> list[str]:
+    from runs import notify
+
+    kinds: list[str] = []
+
+    def listen(event: dict) -> None:
+        kinds.append(event.get("kind", ""))
+
+    notify.subscribe(listen)
+    try:
+        action()
+    finally:
+        notify.unsubscribe(listen)
+    return kinds
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_wakes_once_its_ack_and_clean_drain_do_not(team) -> None:
+    """The stop makes the drain deadline; what follows while the worker drains only ends it, so
+    it costs no wake (a wake's reads ran beside the drained answer and slowed it)."""
+    run, lease = make_running(team)
+    stopped = _kinds_of(
+        lambda: services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
+    )
+    acknowledged = _kinds_of(
+        lambda: services.run_acknowledge_stop(run_id=run.pk, actor=AGENT, via="websocket")
+    )
+    drained = _kinds_of(
+        lambda: services.run_drained(
+            run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT
+        )
+    )
+
+    assert reload(run).status == "stopped_cleanly"
+    assert any(kind not in tasks.NO_WAKE_KINDS for kind in stopped), stopped
+    assert acknowledged and drained
+    assert not any(kind not in tasks.NO_WAKE_KINDS for kind in acknowledged + drained), (
+        acknowledged,
+        drained,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dirty_drain_wakes_for_the_person_it_notifies(team) -> None:
+    run, lease = make_running(team)
+    services.permit_request(
+        run_id=run.pk, epoch=1, tool_call_id="w1", tool="charge", side_effect="write", actor=AGENT
+    )
+    services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
+
+    drained = _kinds_of(
+        lambda: services.run_drained(
+            run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=AGENT
+        )
+    )
+
+    assert reload(run).status == "stopped_dirty"
+    assert "run.stopped_dirty" in drained
+    assert any(kind not in tasks.NO_WAKE_KINDS for kind in drained), drained

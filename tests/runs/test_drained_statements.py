@@ -211,3 +211,38 @@ def test_the_once_compiled_packet_is_the_orms_byte_for_byte(team, monkeypatch):
     assert snapshots[True] == snapshots[False]
     stored = StopPacket.objects.get(run=run, stop_epoch=stopped.stop_epoch).snapshot
     assert json.loads(snapshots[True]) == stored
+
+
+# The worker's ack, which a worker that drains at once sends just before its `drained` (and
+# the drained answer waits for its run lock): the savepoint; the lock with the stop request and
+# the ledger head (one pipeline); the stop request's update, the run's, the ledger insert; the
+# savepoint's release.
+ACK_ROUND_TRIPS = 6
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["postgresql", "orm-as-on-sqlite"])
+def test_an_ack_waits_for_at_most_its_round_trips_and_moves_the_run(team, monkeypatch, prepared):
+    monkeypatch.setattr(sql, "prepared_statements", lambda: prepared)
+    run, lease = running(team)
+    services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
+    round_trips = RoundTrips(monkeypatch)
+
+    with connection.execute_wrapper(round_trips):
+        acknowledged = services.run_acknowledge_stop(run_id=run.pk, actor=AGENT)
+
+    if prepared:
+        assert round_trips.count <= ACK_ROUND_TRIPS
+    stop_request = StopRequest.objects.get(run=run)
+    assert acknowledged.status == reload(run).status == RunStatus.DRAINING
+    assert stop_request.acknowledged_at is not None
+    assert stop_request.signal_delivered_at == stop_request.acknowledged_at
+    entry = LedgerEntry.objects.filter(run=run).order_by("-run_seq").first()
+    assert (entry.action, entry.reason, entry.payload["via"]) == (
+        "run.draining",
+        "worker_ack",
+        "websocket",
+    )
+    assert ledger_verify(run_id=run.pk)[1] is None
+    # A second ack finds the run draining already and changes nothing.
+    services.run_acknowledge_stop(run_id=run.pk, actor=AGENT)
+    assert LedgerEntry.objects.filter(run=run, action="run.draining").count() == 1

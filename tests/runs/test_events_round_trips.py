@@ -9,18 +9,16 @@ Counted, never timed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from policies.reads import read_for_checks_statement
 from runs.actors import Actor
 from runs.models import EventReceipt, RunStatus, Step, StopReason, StopRequest
 from runs.services import events as event_services
 from tests.support.policies import policy
+from tests.support.round_trips import RoundTrips
 from tests.support.scenarios import make_running, reload
 
 # Real transactions: in a test's own transaction the batch's would be a savepoint, and the
@@ -33,54 +31,6 @@ SINGLE_EVENT_STATEMENTS = 7
 SINGLE_EVENT_PIPELINES = 2
 # The two pipelines and the COMMIT (BEGIN goes in the first pipeline).
 SINGLE_EVENT_ROUND_TRIPS = 3
-
-
-class RoundTrips:
-    """The statements sent, and how: inside a psycopg pipeline (one round trip per pipeline)
-    or alone (one each); and the commits."""
-
-    def __init__(self) -> None:
-        self.pipelines = 0
-        self.commits = 0
-        self.in_pipelines: list[str] = []
-        self.alone: list[str] = []
-        self._depth = 0
-
-    @property
-    def count(self) -> int:
-        return self.pipelines + len(self.alone) + self.commits
-
-    def statement(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        (self.in_pipelines if self._depth else self.alone).append(sql)
-        return execute(sql, params, many, context)
-
-    @contextmanager
-    def counting(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[RoundTrips]:
-        connection.ensure_connection()
-        raw = connection.connection
-        pipeline = raw.pipeline
-
-        @contextmanager
-        def counted_pipeline() -> Iterator[Any]:
-            self.pipelines += 1
-            self._depth += 1
-            try:
-                with pipeline() as opened:
-                    yield opened
-            finally:
-                self._depth -= 1
-
-        commit = raw.commit
-
-        def counted_commit() -> None:
-            self.commits += 1
-            commit()
-
-        monkeypatch.setattr(raw, "pipeline", counted_pipeline)
-        monkeypatch.setattr(raw, "commit", counted_commit)
-        with connection.execute_wrapper(self.statement):
-            yield self
-        monkeypatch.undo()
 
 
 def _ingest(run: Any, token: Any, events: list[dict[str, Any]]) -> list[str]:
@@ -159,6 +109,6 @@ def test_the_policies_read_in_the_pipeline_sees_the_batchs_writes(warm, monkeypa
     assert reload(run).status != RunStatus.RUNNING
     assert StopRequest.objects.get(run=run).reason == StopReason.POLICY_VIOLATION
     # The policies' read is in the second pipeline, not a round trip of its own.
-    read, _params = read_for_checks_statement(run)
+    read, _params = read_for_checks_statement(run.pk)
     assert read in trips.in_pipelines
     assert read not in trips.alone
