@@ -174,9 +174,10 @@ def outbox_enqueue(
                 },
             )
             # The committing process's dispatcher claims a dispatchable item by its id, without
-            # scanning the queue for it (runs.local_dispatch).
-            dispatchable = {"outbox_id": item.pk} if gate is None else {}
-            run_mark_changed(run, kind="outbox.enqueued", **dispatchable)
+            # scanning the queue for it (runs.local_dispatch); a held one it leaves alone.
+            run_mark_changed(
+                run, kind="outbox.enqueued", outbox_id=item.pk if gate is None else None
+            )
             hold_for_approval(run, gate, item, ask=ask, actor=actor, now=now)
             return item, True
     reject_late_write(run_id, kind="outbox", epoch=epoch, error=refusal)
