@@ -262,6 +262,8 @@ def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -
     with locked_run_for_ack(run_id) as opening:
         run = opening.run
         if run.status == RunStatus.CANCEL_REQUESTED:
+            # The stop request's update, the run's and the ledger entry: one round trip.
+            writes = sql.Deferred()
             acknowledge_stop_locked(
                 run,
                 opening.stop_request or current_stop_request(run),
@@ -269,7 +271,9 @@ def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -
                 now=timezone.now(),
                 via=via,
                 head=opening.ledger_head,
+                writes=writes,
             )
+            writes.send()
     return run
 
 

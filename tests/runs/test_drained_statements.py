@@ -216,9 +216,9 @@ def test_the_once_compiled_packet_is_the_orms_byte_for_byte(team, monkeypatch):
 
 # The worker's ack, which a worker that drains at once sends just before its `drained` (and
 # the drained answer waits for its run lock): the savepoint; the lock with the stop request and
-# the ledger head (one pipeline); the stop request's update, the run's, the ledger insert; the
-# savepoint's release.
-ACK_ROUND_TRIPS = 6
+# the ledger head (one pipeline); the stop request's update, the run's, the ledger insert (one
+# pipeline); the savepoint's release.
+ACK_ROUND_TRIPS = 4
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["postgresql", "orm-as-on-sqlite"])
