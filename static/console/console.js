@@ -15,8 +15,8 @@
  * A region with data-live-via="<id>" data-live-part="<name>" is not fetched on its own: it rides
  * out of band on the response of region <id> (the run's actions change with its summary).
  * Each region fetches itself with htmx (hx-get, hx-trigger="safestop:refresh", hx-sync="this:queue
- * last"): at most one request per region is in flight, frames arriving meanwhile coalesce into
- * one trailing fetch, so a burst of changes costs two requests and the last state still wins.
+ * last"): frames arriving while a request is in flight coalesce into one trailing fetch, so a
+ * burst of changes costs two requests (a filtered region orders its answers itself, below).
  * Frames are at most once (Redis Pub/Sub, console/settings.py): when a run's `seq` skips a
  * number, a frame was lost, and every region showing that run refetches whatever the frame says.
  * After a reconnect every region is refetched (frames sent while offline are not replayed).
@@ -117,13 +117,19 @@
   // for, and the form is the one place the query lives:
   // - every GET that swaps the region carries the form's current values (a live refresh, the
   //   pager; the form's own request serialises itself); a changed filter drops the page cursor;
-  // - only the answer to the newest GET issued for the region is swapped in: an older one that
-  //   lands late (a refresh that left before the person typed) is dropped, and the newest is
-  //   swapped into the region as it is now, even if an older answer replaced it meanwhile;
-  // - a live fetch waits while a person's own GET for the region is in flight (that answer is
-  //   the one that also updates the address bar).
+  // - the answer to a person's newest GET is always swapped in: it is what they asked for (the
+  //   query and the page), and its swap is what puts that query in the address bar;
+  // - any other answer is swapped only if it left after that GET and nothing newer is shown:
+  //   one that left before carries an older query or page, one older than the rows on screen
+  //   would move the table back. Dropping is by that order alone, never "only the newest
+  //   issued": `queue last` does not keep a region to one request in flight (a morph that
+  //   changes the region's hx-get re-initialises it and htmx forgets the request under way),
+  //   so refreshes overlap, and under a steady stream of frames every answer would be
+  //   overtaken before it landed and the table would never change again;
+  // - a live fetch waits while a person's own GET for the region is in flight.
   var PAGE_PARAMS = ["after", "before"];
   var issued = {}; // region id -> number of the newest GET issued for it
+  var shown = {}; // region id -> number of the GET whose answer the region shows
   var userGets = {}; // region id -> GETs a person started, in flight
   var heldLive = {}; // region id -> a live fetch waits for them
   var newestUser = {}; // region id -> the issue number of the newest GET a person started
@@ -179,29 +185,27 @@
     var xhr = evt.detail.xhr;
     var id = xhr && xhr.safestopRegion;
     if (!id) return;
-    if (xhr.safestopIssued !== issued[id]) {
+    var n = xhr.safestopIssued;
+    var isNewestUser = n === newestUser[id];
+    if (n < (newestUser[id] || 0) || (!isNewestUser && n < (shown[id] || 0))) {
       evt.detail.shouldSwap = false;
-      keepAddressOfDroppedAnswer(evt.detail, id);
       return;
     }
-    var current = document.getElementById(id);
-    if (current) evt.detail.target = current;
+    if (evt.detail.shouldSwap) shown[id] = n;
   });
 
-  // A live refresh issued while a person's filter GET was in flight makes that answer stale, and
-  // htmx pushes a URL only with a swap: the table shows the filter (the live fetch carries the
-  // form's query) but the address bar would stay one step behind. The newest person's GET still
-  // owns the address.
-  function keepAddressOfDroppedAnswer(detail, id) {
-    var xhr = detail.xhr;
-    if (!xhr.safestopUser || xhr.safestopIssued !== newestUser[id]) return;
-    var elt = detail.requestConfig && detail.requestConfig.elt;
-    var pusher = elt && elt.closest && elt.closest("[hx-push-url]");
-    if (!pusher || pusher.getAttribute("hx-push-url") !== "true") return;
-    var info = detail.pathInfo || {};
-    var path = info.finalRequestPath || info.requestPath;
-    if (path && path !== location.pathname + location.search) history.pushState({ htmx: true }, "", path);
-  }
+  // Only the person's newest GET for a query region moves the address bar. Its answer is always
+  // swapped (above), so htmx pushes its URL; every other answer must not. The check above cannot
+  // stop all of those: an answer aimed at a region a later answer replaced fires htmx:beforeSwap
+  // on the detached node, which never reaches the document, and htmx would still push its URL
+  // (a pager click overtaken by a search). This event is fired on <body> for every push.
+  document.addEventListener("htmx:beforeHistoryUpdate", function (evt) {
+    var xhr = evt.detail.xhr;
+    var id = xhr && xhr.safestopRegion;
+    if (!id || (xhr.safestopUser && xhr.safestopIssued === newestUser[id])) return;
+    evt.detail.history.type = "replace";
+    evt.detail.history.path = location.pathname + location.search + location.hash;
+  });
 
   document.addEventListener("htmx:afterRequest", function (evt) {
     var xhr = evt.detail.xhr;

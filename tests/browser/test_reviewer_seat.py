@@ -10,7 +10,6 @@ import csv
 import io
 import re
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,14 @@ from playwright.sync_api import Page, expect
 from runs import services
 from runs.actors import Actor
 from runs.models import Run, RunStatus, StopRequest
-from tests.support.browser import collect_errors, create_run, in_thread, login, wait_live
+from tests.support.browser import (
+    COUNT_LIVE,
+    collect_errors,
+    create_run,
+    in_thread,
+    login,
+    wait_live,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -53,6 +59,7 @@ def test_a_search_typed_while_runs_update_keeps_the_table_filtered(
     errors = collect_errors(page)
     login(page, live_stack.url, "bob")
     wait_live(page)
+    page.evaluate(COUNT_LIVE)
     stop = threading.Event()
     churn = threading.Thread(
         target=_churn, args=(live_stack.url, dict(agent_api.headers), stop), daemon=True
@@ -78,7 +85,14 @@ def test_a_search_typed_while_runs_update_keeps_the_table_filtered(
                 pytest.fail(
                     f"try {attempt}: the table shows {len(titles)} rows {titles[:4]}, url {page.url}, box {box.input_value()!r}"
                 )
-            time.sleep(0.6)  # a few more live refreshes land: each must keep the filter
+            # A live refresh carries the form's query, so the rows may show before the search
+            # itself has been sent (input waits 300 ms): its answer is what moves the address.
+            expect(page).to_have_url(re.compile(r"q=needle"), timeout=LIVE_TIMEOUT)
+            # A few more live refreshes land: each must keep the filter and the address.
+            landed = page.evaluate("window.__liveSwaps")
+            page.wait_for_function(
+                f"() => window.__liveSwaps >= {landed + 3}", timeout=LIVE_TIMEOUT
+            )
             titles = page.evaluate(SHOWN_TITLES)
             assert len(titles) == 3 and all("needle" in t for t in titles), (attempt, titles)
             assert "q=needle" in page.url, (attempt, page.url)
