@@ -46,16 +46,19 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value else None
 
 
-def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
+def stop_packet_build(
+    *, run: Run, stop_request: StopRequest, after: sql.Deferred | None = None
+) -> StopPacket:
     """Build the packet once for this epoch; a second call returns the first, unchanged.
 
     Called inside the settling transaction with the run row locked, so the snapshot is exactly
-    the state the stop ended in.
+    the state the stop ended in. `after`: the settle's writes held back, sent first in the
+    round trip of the packet's reads (which read what they wrote).
     """
     # The look for an existing packet and the packet's reads go in one round trip: a second
     # call is rare (a retried settle), and the run lock is held while they wait.
     existing, *rows = sql.rows_of_each(
-        (_PACKET, (run.pk, run.stop_epoch)), *_stop_packet_reads(run, stop_request)
+        (_PACKET, (run.pk, run.stop_epoch)), *_stop_packet_reads(run, stop_request), after=after
     )
     if existing:
         return StopPacket.objects.get(pk=existing[0]["pk"])
@@ -68,9 +71,11 @@ def stop_packet_build(*, run: Run, stop_request: StopRequest) -> StopPacket:
     return packet
 
 
-def stop_packet_for_settled_run(run: Run, stop_request: StopRequest) -> StopPacket:
+def stop_packet_for_settled_run(
+    run: Run, stop_request: StopRequest, writes: sql.Deferred
+) -> StopPacket:
     """`runs.hooks` stop_settled: the packet of the stop that just settled."""
-    return stop_packet_build(run=run, stop_request=stop_request)
+    return stop_packet_build(run=run, stop_request=stop_request, after=writes)
 
 
 # Only the columns the packet keeps are read: the packet is built inside the settling

@@ -30,6 +30,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from runs import sql
 from runs.actors import Actor
 from runs.models import LedgerEntry, Run, StopRequest
 
@@ -44,8 +45,9 @@ class HandoffOpened:
     accepted: bool = False
 
 
-StopSettled = Callable[[Run, StopRequest], Any]
-"""Build the packet of the run's current stop epoch; returns it, opaque to runs."""
+StopSettled = Callable[[Run, StopRequest, sql.Deferred], Any]
+"""Build the packet of the run's current stop epoch; returns it, opaque to runs. The settle's
+writes are held back in the `sql.Deferred`: sent first, in the round trip of the packet's reads."""
 
 HandOff = Callable[[Run, StopRequest, Actor, str, Any], HandoffOpened]
 """Open a handoff for a clean takeover: (run, stop_request, actor, note, packet or None)."""
@@ -77,8 +79,8 @@ def _registered() -> Hooks:
     return _hooks
 
 
-def stop_settled(run: Run, stop_request: StopRequest) -> Any:
-    return _registered().stop_settled(run, stop_request)
+def stop_settled(run: Run, stop_request: StopRequest, writes: sql.Deferred) -> Any:
+    return _registered().stop_settled(run, stop_request, writes)
 
 
 def hand_off(

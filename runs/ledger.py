@@ -265,6 +265,7 @@ def ledger_entry_pending(
     action: str,
     payload: dict[str, Any],
     head: ChainHead | None = None,
+    reason: str = "",
 ) -> PendingEntry | None:
     """`ledger_append`'s entry of `run`, not yet written, or None where it must go through the
     ORM (SQLite, a `pre_save`/`post_save` listener): the caller then calls `ledger_append`. Call
@@ -274,7 +275,7 @@ def ledger_entry_pending(
             run=run,
             actor=actor,
             action=action,
-            reason="",
+            reason=reason,
             payload=_canonical(payload),
             team_slug=run.team.slug,
             head=head,

@@ -118,6 +118,15 @@ def save_fields(instance: models.Model, names: Sequence[str]) -> None:
     if _saved_by_the_orm(model):
         instance.save(update_fields=list(names))
         return
+    with connection.cursor() as cursor:
+        cursor.execute(update_statement(model, tuple(names)), _save_params(instance, names))
+        updated = cursor.rowcount
+    if updated == 0:
+        _not_saved()
+
+
+def _save_params(instance: models.Model, names: Sequence[str]) -> list[Any]:
+    model = type(instance)
     params = [
         field_of(model, name).get_db_prep_save(
             field_of(model, name).pre_save(instance, False), connection
@@ -125,11 +134,63 @@ def save_fields(instance: models.Model, names: Sequence[str]) -> None:
         for name in names
     ]
     params.append(model._meta.pk.get_db_prep_value(instance.pk, connection))
-    with connection.cursor() as cursor:
-        cursor.execute(update_statement(model, tuple(names)), params)
-        updated = cursor.rowcount
-    if updated == 0:  # as `Model.save` says it
-        raise DatabaseError("Save with update_fields did not affect any rows.")
+    return params
+
+
+def _not_saved() -> None:
+    raise DatabaseError("Save with update_fields did not affect any rows.")  # as `Model.save`
+
+
+def _saved_one(rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        _not_saved()
+
+
+class Deferred:
+    """Writes held back to be sent in one round trip with the statements after them.
+
+    A transition holds the run lock while each of its statements waits on its round trip, and
+    most of its writes depend on nothing it reads next: they can go at the head of its next
+    pipeline (`pipelined`, which runs them in order, each seeing what the ones before wrote).
+    `save_fields` and `add` hold a write back; `pipelined` sends what is held, then the
+    statements given, and answers for those only; `send` sends what is held. A write that must
+    go through the ORM (SQLite, a model with a signal receiver) is made at once: the order of
+    the writes within the transaction is all that changes, and nothing in between reads them.
+    """
+
+    def __init__(self) -> None:
+        self._held: list[tuple[tuple[str, list[Any]], Callable[[list[Any]], None] | None]] = []
+
+    def add(
+        self, statement: tuple[str, list[Any]], then: Callable[[list[Any]], None] | None = None
+    ) -> None:
+        """Hold `statement` back; `then` is called with its rows once it is sent."""
+        self._held.append((statement, then))
+
+    def save_fields(self, instance: models.Model, names: Sequence[str]) -> None:
+        """`save_fields(instance, names)`, held back; its values are taken now."""
+        model = type(instance)
+        if _saved_by_the_orm(model):
+            instance.save(update_fields=list(names))
+            return
+        statement = update_statement(model, tuple(names))
+        returning = f"{statement} RETURNING {quoted(model._meta.pk)}"  # no row: not saved
+        self.add((returning, _save_params(instance, names)), then=_saved_one)
+
+    def pipelined(self, *statements: tuple[str, list[Any]]) -> list[list[tuple[Any, ...]]]:
+        held, self._held = self._held, []
+        if not held and not statements:
+            return []
+        if not held:
+            return pipelined(*statements)
+        fetched = pipelined(*(statement for statement, _then in held), *statements)
+        for (_statement, then), rows in zip(held, fetched, strict=False):
+            if then is not None:
+                then(rows)
+        return fetched[len(held) :]
+
+    def send(self) -> None:
+        self.pipelined()
 
 
 @functools.cache
@@ -270,11 +331,17 @@ def pipelined(*statements: tuple[str, list[Any]]) -> list[list[tuple[Any, ...]]]
             return [_fetched(cursor) for cursor in opened]
 
 
-def rows_of_each(*reads: tuple[OnceCompiled, tuple[Any, ...]]) -> list[list[dict[str, Any]]]:
-    """`read.rows(*args)` of each, in one round trip on PostgreSQL (`pipelined`)."""
+def rows_of_each(
+    *reads: tuple[OnceCompiled, tuple[Any, ...]], after: Deferred | None = None
+) -> list[list[dict[str, Any]]]:
+    """`read.rows(*args)` of each, in one round trip on PostgreSQL (`pipelined`), after the
+    writes `after` holds back (sent in the same round trip)."""
     if not prepared_statements():
+        if after is not None:
+            after.send()
         return [read.rows(*args) for read, args in reads]
-    fetched = pipelined(*(read.statement(*args) for read, args in reads))
+    statements = [read.statement(*args) for read, args in reads]
+    fetched = after.pipelined(*statements) if after is not None else pipelined(*statements)
     return [read.converted(rows) for (read, _args), rows in zip(reads, fetched, strict=True)]
 
 

@@ -127,25 +127,63 @@ def run_move(
     payload: dict[str, Any] | None = None,
     fields: tuple[str, ...] = (),
     head: ChainHead | None = None,
+    writes: sql.Deferred | None = None,
 ) -> None:
     """Change status (checked against TRANSITIONS), ledger it, and notify on commit.
 
     `head`: the run chain's head when the caller has read it under the same lock
-    (`ledger_append`; an entry this run object appended since still wins)."""
+    (`ledger_append`; an entry this run object appended since still wins). `writes`: hold the
+    run's UPDATE and the entry's INSERT back, to go in the round trip of the caller's next
+    statements (`runs.sql.Deferred`)."""
     before = run.status
     if to not in TRANSITIONS[before]:
         raise IllegalTransition.for_run(run, f"a {before} run cannot move to {to}")
     run.status = to
-    _bump_change_seq(run, "status", *fields)
-    ledger_append(
-        run=run,
-        actor=actor,
-        action=action,
-        reason=reason,
-        payload={"from": before, "to": to, "stop_epoch": run.stop_epoch, **(payload or {})},
-        head=head,
-    )
+    entry_payload = {"from": before, "to": to, "stop_epoch": run.stop_epoch, **(payload or {})}
+    if writes is None:
+        _bump_change_seq(run, "status", *fields)
+        ledger_append(
+            run=run, actor=actor, action=action, reason=reason, payload=entry_payload, head=head
+        )
+    else:
+        # Safe as a Python increment: every caller holds the run row lock.
+        run.change_seq += 1
+        writes.save_fields(run, ("status", *fields, "change_seq", "updated_at"))
+        _ledger_append_held(
+            writes,
+            run=run,
+            actor=actor,
+            action=action,
+            reason=reason,
+            payload=entry_payload,
+            head=head,
+        )
     notify.run_changed(run, kind=action)
+
+
+def _ledger_append_held(
+    writes: sql.Deferred,
+    *,
+    run: Run,
+    actor: Actor,
+    action: str,
+    reason: str,
+    payload: dict[str, Any],
+    head: ChainHead | None,
+) -> None:
+    """`ledger_append`, its INSERT held back in `writes`."""
+    entry = ledger_entry_pending(
+        run=run, actor=actor, action=action, reason=reason, payload=payload, head=head
+    )
+    if entry is None:  # through the ORM, now
+        ledger_append(
+            run=run, actor=actor, action=action, reason=reason, payload=payload, head=head
+        )
+        return
+    # The chain's next entry links to this one though it is not written yet: both INSERTs are
+    # held in order, and the run lock keeps every other writer off the chain meanwhile.
+    run._ledger_appended = ChainHead(entry.entry.run_seq, entry.entry.hash)  # type: ignore[attr-defined]
+    writes.add(entry.statement(), then=lambda rows: entry.written(rows[0][0]))
 
 
 def run_mark_changed(run: Run, *, kind: str, fields: tuple[str, ...] = (), **extra: Any) -> None:
@@ -227,11 +265,23 @@ def check_work_may_start(
     return None
 
 
-def release_lease(lease: Lease, *, reason: str, now: datetime, fenced: bool = False) -> None:
+def release_lease(
+    lease: Lease,
+    *,
+    reason: str,
+    now: datetime,
+    fenced: bool = False,
+    writes: sql.Deferred | None = None,
+) -> None:
+    """`writes`: hold the UPDATE back (`runs.sql.Deferred`)."""
     lease.released_at = now
     lease.release_reason = reason
     lease.fenced_unconfirmed = fenced
-    sql.save_fields(lease, ("released_at", "release_reason", "fenced_unconfirmed"))
+    fields = ("released_at", "release_reason", "fenced_unconfirmed")
+    if writes is None:
+        sql.save_fields(lease, fields)
+    else:
+        writes.save_fields(lease, fields)
 
 
 def find_lease(run: Run, lease_token: str) -> Lease:

@@ -316,14 +316,15 @@ class Settling:
     ledger_head: ChainHead
 
 
-def settle_open_calls(run: Run, *, now: datetime) -> Settling:
-    """`mark_open_calls_unknown`, then the live lease, the dirty reasons and the ledger head:
-    one round trip on PostgreSQL, in that order (a pipeline's statements each see what the ones
-    before wrote)."""
+def settle_open_calls(run: Run, *, now: datetime, after: sql.Deferred) -> Settling:
+    """The writes `after` holds back (the drained answer's), `mark_open_calls_unknown`, then the
+    live lease, the dirty reasons and the ledger head: one round trip on PostgreSQL, in that
+    order (a pipeline's statements each see what the ones before wrote)."""
     if not sql.prepared_statements():
+        after.send()
         mark_open_calls_unknown(run, now=now, source="stop")
         return Settling(live_lease(run), run_dirty_reasons(run), chain_head(run))
-    _marked, lease, reasons, head = sql.pipelined(
+    _marked, lease, reasons, head = after.pipelined(
         (_unknown_statement(), _unknown_params(run, now=now, source="stop")),
         LIVE_LEASE.statement(run.pk),
         DIRTY_REASONS_READ.statement(run.pk),

@@ -262,6 +262,8 @@ def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -
     with locked_run_for_ack(run_id) as opening:
         run = opening.run
         if run.status == RunStatus.CANCEL_REQUESTED:
+            # The stop request's update, the run's and the ledger entry: one round trip.
+            writes = sql.Deferred()
             acknowledge_stop_locked(
                 run,
                 opening.stop_request or current_stop_request(run),
@@ -269,7 +271,9 @@ def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -
                 now=timezone.now(),
                 via=via,
                 head=opening.ledger_head,
+                writes=writes,
             )
+            writes.send()
     return run
 
 
@@ -281,11 +285,17 @@ def acknowledge_stop_locked(
     now: datetime,
     via: str,
     head: ChainHead | None = None,
+    writes: sql.Deferred | None = None,
 ) -> None:
-    """`head`: the run chain's head when the caller has just read it under the same lock."""
+    """`head`: the run chain's head when the caller has just read it under the same lock.
+    `writes`: hold the writes back, for the caller's next round trip (`runs.sql.Deferred`)."""
     stop_request.acknowledged_at = now
     stop_request.signal_delivered_at = stop_request.signal_delivered_at or now
-    sql.save_fields(stop_request, ("acknowledged_at", "signal_delivered_at"))
+    fields = ("acknowledged_at", "signal_delivered_at")
+    if writes is None:
+        sql.save_fields(stop_request, fields)
+    else:
+        writes.save_fields(stop_request, fields)
     run_move(
         run,
         RunStatus.DRAINING,
@@ -294,6 +304,7 @@ def acknowledge_stop_locked(
         reason="worker_ack",
         payload={"via": via},
         head=head,
+        writes=writes,
     )
 
 
@@ -358,14 +369,19 @@ def drained_locked(
         stop_request = current_stop_request(run)
     for observation in observations:
         _apply_drain_observation(run, observation, actor=actor, now=now)
+    # Nothing below reads what these write before the settle does: they are held back and sent
+    # at the head of the settle's first round trip, which reads after them.
+    writes = sql.Deferred()
     stop_request.drained_at = now
     stop_request.drain_observations = observations[:200]
-    sql.save_fields(stop_request, ("drained_at", "drain_observations"))
+    writes.save_fields(stop_request, ("drained_at", "drain_observations"))
     if lease.released_at is None:
-        release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now)
+        release_lease(lease, reason=LeaseReleaseReason.RELEASED, now=now, writes=writes)
     if run.status == RunStatus.CANCEL_REQUESTED:
-        acknowledge_stop_locked(run, stop_request, actor=actor, now=now, via="drained", head=head)
-    settle_locked(run, actor=actor, now=now, stop_request=stop_request)
+        acknowledge_stop_locked(
+            run, stop_request, actor=actor, now=now, via="drained", head=head, writes=writes
+        )
+    settle_locked(run, actor=actor, now=now, stop_request=stop_request, writes=writes)
 
 
 def _apply_drain_observation(
@@ -419,6 +435,7 @@ def settle_locked(
     now: datetime,
     forced_dirty_reason: str = "",
     stop_request: StopRequest | None = None,
+    writes: sql.Deferred | None = None,
 ) -> None:
     """The clean/dirty decision, then the stop packet (and the handoff for a takeover).
 
@@ -429,10 +446,15 @@ def settle_locked(
     4. the packet is built once for this epoch; a clean takeover ends in handed_off.
 
     `stop_request`: the run's current one, when the caller has just read it under the same lock.
+    `writes`: the caller's writes held back (`runs.sql.Deferred`), sent with the settle's first
+    reads. The settle holds its own writes back too, up to the packet's reads: the packet is
+    still built inside this transaction from what it wrote (DESIGN §4).
     """
     if stop_request is None:
         stop_request = current_stop_request(run)
-    settling = settle_open_calls(run, now=now)
+    if writes is None:
+        writes = sql.Deferred()
+    settling = settle_open_calls(run, now=now, after=writes)
     lease = settling.lease
     if lease is not None:
         release_lease(
@@ -440,11 +462,23 @@ def settle_locked(
             reason=LeaseReleaseReason.REVOKED_BY_STOP,
             now=now,
             fenced=bool(forced_dirty_reason),
+            writes=writes,
         )
     if run.status == RunStatus.CANCEL_REQUESTED and not forced_dirty_reason:
-        run_move(run, RunStatus.DRAINING, actor=actor, action="run.draining", reason="settling")
+        run_move(
+            run,
+            RunStatus.DRAINING,
+            actor=actor,
+            action="run.draining",
+            reason="settling",
+            writes=writes,
+        )
     # A lease released here may be fenced (`worker_unconfirmed`): then the reasons read again.
-    reasons = settling.dirty_reasons if lease is None else run_dirty_reasons(run)
+    if lease is None:
+        reasons = settling.dirty_reasons
+    else:
+        writes.send()
+        reasons = run_dirty_reasons(run)
     if forced_dirty_reason and forced_dirty_reason not in reasons:
         reasons.insert(0, forced_dirty_reason)
     to = RunStatus.STOPPED_DIRTY if reasons else RunStatus.STOPPED_CLEANLY
@@ -452,7 +486,7 @@ def settle_locked(
     stop_request.stopped_at = now
     stop_request.outcome_state = to
     stop_request.dirty_reasons = reasons
-    sql.save_fields(stop_request, ("stopped_at", "outcome_state", "dirty_reasons"))
+    writes.save_fields(stop_request, ("stopped_at", "outcome_state", "dirty_reasons"))
     run_move(
         run,
         to,
@@ -462,8 +496,11 @@ def settle_locked(
         payload={"dirty_reasons": reasons, "stop_request_id": stop_request.pk},
         fields=("stopped_at",),
         head=settling.ledger_head,
+        writes=writes,
     )
-    packet = hooks.stop_settled(run, stop_request)
+    # The packet's reads go in the round trip of the writes held back, after them.
+    packet = hooks.stop_settled(run, stop_request, writes)
+    writes.send()  # whatever the packet builder did not send (nothing, as built here)
     if to == RunStatus.STOPPED_CLEANLY and stop_request.takeover:
         _hand_off_locked(run, stop_request, actor=Actor.system(), now=now, packet=packet)
 

@@ -38,11 +38,12 @@ REVIEWER = Actor("user", "2", "bob")
 DRAINED_STATEMENTS = 29
 # What the run lock is held for: the savepoint; the lock with the lease, the stop request and
 # the ledger head (one pipeline); the stop request's two updates, the lease, the first move's
-# run update and ledger insert; the settle's UPDATE, two reads and the ledger head (one
-# pipeline); the stop request's outcome, the second move's two; the existing packet with the
-# packet's eight reads (one pipeline), the stops that froze the outbox item, the packet's
-# insert; the savepoint's release.
-DRAINED_ROUND_TRIPS = 15
+# run update and ledger insert, held back (`runs.sql.Deferred`) and sent ahead of the settle's
+# UPDATE, two reads and the ledger head (one pipeline); the stop request's outcome and the
+# second move's two, held back and sent ahead of the existing packet and the packet's eight
+# reads (one pipeline); the stops that froze the outbox item, the packet's insert; the
+# savepoint's release.
+DRAINED_ROUND_TRIPS = 7
 
 
 def _typical_stopped_run(team: Any) -> tuple[Any, Any]:
@@ -215,9 +216,9 @@ def test_the_once_compiled_packet_is_the_orms_byte_for_byte(team, monkeypatch):
 
 # The worker's ack, which a worker that drains at once sends just before its `drained` (and
 # the drained answer waits for its run lock): the savepoint; the lock with the stop request and
-# the ledger head (one pipeline); the stop request's update, the run's, the ledger insert; the
-# savepoint's release.
-ACK_ROUND_TRIPS = 6
+# the ledger head (one pipeline); the stop request's update, the run's, the ledger insert (one
+# pipeline); the savepoint's release.
+ACK_ROUND_TRIPS = 4
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["postgresql", "orm-as-on-sqlite"])
