@@ -130,3 +130,8 @@ class NoPermit(Exception):
     def __init__(self, answer: Any) -> None:
         super().__init__(f"no permit_id in the permit answer: {answer!r}"[:500])
         self.answer = answer
+
+
+class ClientDisconnected(RuntimeError):
+    """This client's connections were closed (`WireClient.disconnect`) and a request came after:
+    a heartbeat thread or a listener still running when its owner shut the client down."""

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from ._version import USER_AGENT, VERSION_HEADER, __version__
-from .errors import ApiError
+from .errors import ApiError, ClientDisconnected
 
 log = logging.getLogger("safestop_agent")
 
@@ -82,6 +82,11 @@ class HeartbeatLoop:
         """One renewal; False once the lease is lost and beating further is pointless."""
         try:
             answer = self._beat()
+        except ClientDisconnected:
+            # Its owner shut the client down while this thread was between two beats (a
+            # simulator's exit, a lease block whose stop's join timed out): nothing to renew.
+            log.info("safestop heartbeat: the client was disconnected; stopping")
+            return False
         except ApiError as error:
             if error.status_code in (404, 409, 410):
                 self._on_lease_lost(error.code, error.stop_epoch)

@@ -21,7 +21,14 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 import httpx
 
 from ._version import USER_AGENT, VERSION_HEADER, __version__
-from .errors import REFUSAL_CODES, ApiError, ClientTooOld, Refused, ToolCallConflict
+from .errors import (
+    REFUSAL_CODES,
+    ApiError,
+    ClientDisconnected,
+    ClientTooOld,
+    Refused,
+    ToolCallConflict,
+)
 
 SideEffect = Literal["none", "write"]
 ExecutionState = Literal["running", "succeeded", "failed", "not_started", "unknown"]
@@ -552,7 +559,14 @@ class WireClient:
         json: Any = None,
         params: Mapping[str, Any] | None = None,
     ) -> Any:
-        response = self._http.request(method, path, json=json, params=params)
+        try:
+            response = self._http.request(method, path, json=json, params=params)
+        except RuntimeError as error:  # httpx refuses a request on a closed client this way
+            if self._http.is_closed:
+                raise ClientDisconnected(
+                    f"{method} {path}: this client was disconnected"
+                ) from error
+            raise
         if response.is_success:
             return _decode_json(response)
         raise error_from_response(response)

@@ -429,3 +429,27 @@ def test_iter_ledger_follows_pages_with_the_filters() -> None:
 def test_which_409_codes_are_refusals(code: str, refused: bool) -> None:
     response = httpx.Response(409, json={"error": code, "detail": "no"})
     assert isinstance(error_from_response(response), Refused) is refused
+
+
+def test_a_request_after_disconnect_says_so_and_ends_a_heartbeat_quietly() -> None:
+    # A heartbeat thread still running when its owner shuts the client down (a simulator's
+    # exit) must end, not die with httpx's bare RuntimeError in its thread.
+    from safestop_agent.errors import ClientDisconnected
+    from safestop_agent.signals import HeartbeatLoop
+
+    client = SafestopClient(
+        "http://test", "tok", transport=httpx.MockTransport(lambda r: httpx.Response(200, json={}))
+    )
+    client.disconnect()
+    with pytest.raises(ClientDisconnected):
+        client.heartbeat("run_1", lease_id=1, epoch=1)
+    lost: list[str] = []
+    beats = HeartbeatLoop(
+        beat=lambda: client.heartbeat("run_1", lease_id=1, epoch=1),
+        interval=60,
+        ttl_seconds=30,
+        on_signal=lambda signal: None,
+        on_lease_lost=lambda code, epoch: lost.append(code),
+    )
+    assert beats.beat_once() is False
+    assert lost == []  # not a lost lease: the owner is gone
