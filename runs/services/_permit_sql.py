@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from runs import hooks, sql
+from runs import sql
 from runs.ledger import EMPTY_CHAIN, ChainHead, PendingEntry, chain_head
 from runs.models import (
     ApprovalRule,
@@ -40,7 +40,7 @@ from runs.models import (
     TeamBudget,
 )
 from runs.services._base import live_lease
-from runs.services._run_lock import lock_run_row, run_from_lock_row, run_lock_statement
+from runs.services._run_lock import lock_run_row, lock_with_read
 
 # What a permit changes on the run row.
 RUN_FIELDS = ("tool_calls_count", "change_seq", "updated_at")
@@ -129,15 +129,9 @@ def _open(run_id: str, *, tool_call_id: str, step_key: str) -> PermitOpening:
         return PermitOpening(
             run, _read_with_the_orm(run, tool_call_id=tool_call_id, step_key=step_key), None
         )
-    checks = hooks.policies().read(run_id)
     # In the statement's order: the columns' subqueries, then the lease's and the head's joins.
     params = [run_id, tool_call_id, run_id, StepStatus.RUNNING, run_id, run_id, run_id, run_id]
-    locked, (row, *_), *checked = sql.pipelined(
-        (run_lock_statement(), [run_id]),
-        (_read_statement(), params),
-        *([checks] if checks else []),
-    )
-    run = run_from_lock_row(run_id, locked[0] if locked else None)
+    run, row, checks_read = lock_with_read(run_id, (_read_statement(), params))
     width = len(Lease._meta.concrete_fields)
     lease_values, (asked, step_id, rules, budget, run_seq, digest) = row[:width], row[width:]
     reads = PermitReads(
@@ -148,7 +142,7 @@ def _open(run_id: str, *, tool_call_id: str, step_key: str) -> PermitOpening:
         ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
         team_budget_set=budget,
     )
-    return PermitOpening(run, reads, checked[0][0] if checked else None)
+    return PermitOpening(run, reads, checks_read)
 
 
 def _read_with_the_orm(run: Run, *, tool_call_id: str, step_key: str) -> PermitReads:

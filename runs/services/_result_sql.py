@@ -27,10 +27,10 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from runs import hooks, sql
+from runs import sql
 from runs.ledger import EMPTY_CHAIN, ChainHead, PendingEntry, chain_head
 from runs.models import ExecutionRecord, LedgerEntry, Run
-from runs.services._run_lock import lock_run_row, run_from_lock_row, run_lock_statement
+from runs.services._run_lock import lock_run_row, lock_with_read
 
 # What a result changes on the run row (`_base.run_mark_changed`'s fields).
 RUN_FIELDS = ("change_seq", "updated_at")
@@ -91,13 +91,9 @@ def _open(run_id: str, *, tool_call_id: str) -> ResultOpening:
             ledger_head=chain_head(run),
         )
         return ResultOpening(run, reads, None)
-    checks = hooks.policies().read(run_id)
-    locked, (row, *_), *checked = sql.pipelined(
-        (run_lock_statement(), [run_id]),
-        (_read_statement(), [run_id, tool_call_id, run_id]),
-        *([checks] if checks else []),
+    run, row, checks_read = lock_with_read(
+        run_id, (_read_statement(), [run_id, tool_call_id, run_id])
     )
-    run = run_from_lock_row(run_id, locked[0] if locked else None)
     width = len(ExecutionRecord._meta.concrete_fields)
     values, (run_seq, digest) = row[:width], row[width:]
     record = sql.from_row(ExecutionRecord, values) if values[0] is not None else None
@@ -107,7 +103,7 @@ def _open(run_id: str, *, tool_call_id: str) -> ResultOpening:
         record=record,
         ledger_head=ChainHead(run_seq, digest) if run_seq is not None else EMPTY_CHAIN,
     )
-    return ResultOpening(run, reads, checked[0][0] if checked else None)
+    return ResultOpening(run, reads, checks_read)
 
 
 def _record_fields() -> list[Any]:

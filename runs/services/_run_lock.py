@@ -8,11 +8,12 @@ them `_base` itself imports.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection
 
-from runs import sql
+from runs import hooks, sql
 from runs.errors import NotFound
 from runs.models import Run, Team
 
@@ -59,3 +60,18 @@ def run_from_lock_row(run_id: str, row: Any) -> Run:
     run: Run = sql.from_row(Run, row[:width])
     run.team = sql.from_row(Team, row[width:])
     return run
+
+
+def lock_with_read(
+    run_id: str, read: tuple[str, list[Any]]
+) -> tuple[Run, Sequence[Any], Sequence[Any] | None]:
+    """The run lock, then `read` (a statement answering one row) and the row the team's
+    policies check against (`hooks.PolicyChecks.read`; None when they read for themselves):
+    one pipeline, BEGIN included. The lock held, each read is a fresh snapshot (READ
+    COMMITTED). PostgreSQL only (`sql.prepared_statements()`)."""
+    checks = hooks.policies().read(run_id)
+    locked, (row, *_), *checked = sql.pipelined(
+        (run_lock_statement(), [run_id]), read, *([checks] if checks else [])
+    )
+    run = run_from_lock_row(run_id, locked[0] if locked else None)
+    return run, row, checked[0][0] if checked else None
