@@ -201,6 +201,14 @@ def postgres_database(url: str) -> dict[str, Any]:
             "max_size": int(os.environ.get("SAFESTOP_DB_POOL_MAX_SIZE", 50)),
             "timeout": 10,
         }
+    # The statements of `runs.sql` (the transitions' hand-built ones, bound by the server) are
+    # prepared on their connection the first time they are sent; the ORM's own statements carry
+    # their parameters in their text and are never prepared. A pooler in transaction mode
+    # between safestop and PostgreSQL must keep prepared statements per server connection
+    # (PgBouncer 1.21+: max_prepared_statements), or SAFESTOP_DB_PREPARED_STATEMENTS=0 turns
+    # preparing off (docs/OPERATIONS.md).
+    if env_bool("SAFESTOP_DB_PREPARED_STATEMENTS", True):
+        database.setdefault("OPTIONS", {})["prepare_threshold"] = 0
     database.setdefault("TEST", {})
     # One test database per test session (the pid of pytest), so two suites on one machine never
     # share (or drop) each other's; SAFESTOP_TEST_DB_NAME names it instead.

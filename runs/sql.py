@@ -9,6 +9,9 @@ ORM path for SQLite, the embedded database of `make run`.
 An instance written by `insert` goes through no `pre_save`/`post_save` signal: use it only for
 models no receiver listens to (StopRequest, LedgerEntry). `save_fields` asks: a model with a
 receiver is saved by the ORM.
+
+Each statement is also prepared on its connection the first time it is sent (`cursor`):
+PostgreSQL parses and plans it once per connection, not once per call.
 """
 
 from __future__ import annotations
@@ -27,6 +30,37 @@ Converter = Callable[[Any, Any, Any], Any]
 def prepared_statements() -> bool:
     """Whether the statements of this module (PostgreSQL SQL) serve this database."""
     return connection.vendor == "postgresql"
+
+
+def cursor() -> Any:
+    """A cursor for this module's statements: its parameters bound by the server (psycopg's
+    `Cursor`), not spliced into the text as the ORM's cursors do, so that psycopg prepares each
+    statement on its connection the first time it is sent (`prepare_threshold`,
+    console/settings.py) and PostgreSQL neither parses nor plans it again. Parsing and planning
+    were most of PostgreSQL's own CPU in a permit and in a result (2.2-2.7 ms each, 1.1-1.2 ms
+    prepared), which the caller waits for with the run row locked (docs/BENCHMARKS.md). Wrapped
+    as `connection.cursor()` wraps the ORM's: the same execute wrappers, the same query log."""
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        return connection._prepare_cursor(  # type: ignore[attr-defined]
+            _bound_cursor_class()(connection.connection)
+        )
+
+
+@functools.cache
+def _bound_cursor_class() -> type:
+    # The PostgreSQL backend's module, loaded only where it serves (not under SQLite).
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class BoundCursor(ServerBindingCursor):  # type: ignore[misc,valid-type]
+        def _send_query_prepared(self, name: bytes, pgq: Any, **kwargs: Any) -> None:
+            # psycopg keeps the statement only when it sends its text: Django's query log
+            # (`last_executed_query`) reads it from there.
+            self._query = pgq
+            super()._send_query_prepared(name, pgq, **kwargs)  # type: ignore[misc]
+
+    return BoundCursor
 
 
 def field_of(model: type[models.Model], name: str) -> models.Field[Any, Any]:
@@ -79,9 +113,9 @@ def saved_as(instance: models.Model, pk: Any) -> None:
 
 def insert(instance: models.Model) -> None:
     """Insert one new instance in one statement, and set its primary key."""
-    with connection.cursor() as cursor:
-        cursor.execute(insert_statement(type(instance)), insert_params(instance))
-        row = cursor.fetchone()
+    with cursor() as bound:
+        bound.execute(insert_statement(type(instance)), insert_params(instance))
+        row = bound.fetchone()
     saved_as(instance, row[0])
 
 
@@ -118,9 +152,9 @@ def save_fields(instance: models.Model, names: Sequence[str]) -> None:
     if _saved_by_the_orm(model):
         instance.save(update_fields=list(names))
         return
-    with connection.cursor() as cursor:
-        cursor.execute(update_statement(model, tuple(names)), _save_params(instance, names))
-        updated = cursor.rowcount
+    with cursor() as bound:
+        bound.execute(update_statement(model, tuple(names)), _save_params(instance, names))
+        updated = bound.rowcount
     if updated == 0:
         _not_saved()
 
@@ -268,9 +302,9 @@ class OnceCompiled:
     def rows(self, *args: Any) -> list[dict[str, Any]]:
         if not prepared_statements():
             return list(self._build(*args))
-        with connection.cursor() as cursor:
-            cursor.execute(*self.statement(*args))
-            fetched = cursor.fetchall()
+        with cursor() as bound:
+            bound.execute(*self.statement(*args))
+            fetched = bound.fetchall()
         return self.converted(fetched)
 
     def statement(self, *args: Any) -> tuple[str, list[Any]]:
@@ -322,13 +356,13 @@ def pipelined(*statements: tuple[str, list[Any]]) -> list[list[tuple[Any, ...]]]
     mode, which runs them in order, each seeing what the ones before it wrote): a transition
     holds the run lock while its statements wait on their round trips."""
     with ExitStack() as cursors:
-        opened = [cursors.enter_context(connection.cursor()) for _ in statements]
+        opened = [cursors.enter_context(cursor()) for _ in statements]
         with connection.wrap_database_errors:
             with connection.connection.pipeline():
-                for cursor, (statement, params) in zip(opened, statements, strict=True):
-                    cursor.execute(statement, params)
+                for each, (statement, params) in zip(opened, statements, strict=True):
+                    each.execute(statement, params)
             # The pipeline's end waited for every result: each cursor holds its own now.
-            return [_fetched(cursor) for cursor in opened]
+            return [_fetched(each) for each in opened]
 
 
 def rows_of_each(
@@ -345,9 +379,9 @@ def rows_of_each(
     return [read.converted(rows) for (read, _args), rows in zip(reads, fetched, strict=True)]
 
 
-def _fetched(cursor: Any) -> list[tuple[Any, ...]]:
+def _fetched(done: Any) -> list[tuple[Any, ...]]:
     # A statement that returns no rows (an UPDATE) has no result to fetch.
-    return cursor.fetchall() if cursor.description is not None else []
+    return done.fetchall() if done.description is not None else []
 
 
 class _Slot:

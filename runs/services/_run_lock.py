@@ -11,8 +11,6 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection
-
 from runs import hooks, sql
 from runs.errors import NotFound
 from runs.models import Run, Team
@@ -47,7 +45,7 @@ def run_lock_statement() -> str:
 
 
 def _lock_run_prepared(run_id: str) -> Run:
-    with connection.cursor() as cursor:
+    with sql.cursor() as cursor:
         cursor.execute(run_lock_statement(), [run_id])
         return run_from_lock_row(run_id, cursor.fetchone())
 
