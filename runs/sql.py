@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from django.db import DatabaseError, connection, models
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import post_save, pre_save
 
 Converter = Callable[[Any, Any, Any], Any]
@@ -32,19 +33,22 @@ def prepared_statements() -> bool:
     return connection.vendor == "postgresql"
 
 
-def cursor() -> Any:
+def cursor(db: BaseDatabaseWrapper | None = None) -> Any:
     """A cursor for this module's statements: its parameters bound by the server (psycopg's
     `Cursor`), not spliced into the text as the ORM's cursors do, so that psycopg prepares each
     statement on its connection the first time it is sent (`prepare_threshold`,
     console/settings.py) and PostgreSQL neither parses nor plans it again. Parsing and planning
     were most of PostgreSQL's own CPU in a permit and in a result (2.2-2.7 ms each, 1.1-1.2 ms
     prepared), which the caller waits for with the run row locked (docs/BENCHMARKS.md). Wrapped
-    as `connection.cursor()` wraps the ORM's: the same execute wrappers, the same query log."""
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        return connection._prepare_cursor(  # type: ignore[attr-defined]
-            _bound_cursor_class()(connection.connection)
+    as `connection.cursor()` wraps the ORM's: the same execute wrappers, the same query log.
+    `db`: this thread's connection, when the caller has it at hand."""
+    if db is None:
+        db = connections[DEFAULT_DB_ALIAS]
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        return db._prepare_cursor(  # type: ignore[attr-defined]
+            _bound_cursor_class()(db.connection)
         )
 
 
@@ -355,10 +359,11 @@ def pipelined(*statements: tuple[str, list[Any]]) -> list[list[tuple[Any, ...]]]
     """Each statement's rows, the statements sent in one round trip (PostgreSQL's pipeline
     mode, which runs them in order, each seeing what the ones before it wrote): a transition
     holds the run lock while its statements wait on their round trips."""
+    db = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` looks the thread's up again
     with ExitStack() as cursors:
-        opened = [cursors.enter_context(cursor()) for _ in statements]
-        with connection.wrap_database_errors:
-            with connection.connection.pipeline():
+        opened = [cursors.enter_context(cursor(db)) for _ in statements]
+        with db.wrap_database_errors:
+            with db.connection.pipeline():
                 for each, (statement, params) in zip(opened, statements, strict=True):
                     each.execute(statement, params)
             # The pipeline's end waited for every result: each cursor holds its own now.
@@ -380,8 +385,12 @@ def rows_of_each(
 
 
 def _fetched(done: Any) -> list[tuple[Any, ...]]:
-    # A statement that returns no rows (an UPDATE) has no result to fetch.
-    return done.fetchall() if done.description is not None else []
+    # A statement that returns no rows (an UPDATE) has no result to fetch. Asked through
+    # `description`, psycopg builds a column object for each of the result's columns (the run
+    # lock answers about sixty) only for the answer to be compared with None: an eighth of a
+    # permit's CPU. The result's column count says the same.
+    result = done.pgresult
+    return done.fetchall() if result is not None and result.nfields else []
 
 
 class _Slot:
