@@ -5,6 +5,7 @@ over many calls of one run, one after another, in-process (no HTTP, no gateway).
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python bench/profile_permit.py
     #   PROFILE_PERMIT_CALLS=300
     #   PROFILE_PERMIT_CPROFILE=1 also prints where a permit's and a result's CPU goes
+    #   PROFILE_PERMIT_SORT=tottime orders that profile by own time (default: cumulative)
 
 Runs on a test database of its own (SAFESTOP_TEST_DB_NAME, default
 `test_safestop_profile_permit`). Prints the p50 and p95 wall time of each, with the 1-minute load
