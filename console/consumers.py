@@ -133,7 +133,7 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
     # Access changes announced but not yet re-read: frames wait meanwhile.
     _access_pending = 0
     # Frames handed over before `accept()` went out or while an access change is re-read:
-    # sent (if the socket may still see them) once neither holds; see `forward`.
+    # sent (if the socket may still see them) once neither holds; see `_held`.
     _waiting: list[tuple[dict[str, Any], Frame]]
     _releasing = False
     _access_tasks: set[asyncio.Task[None]]

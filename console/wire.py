@@ -17,11 +17,11 @@ fan-out). Here:
    them to Twisted's buffer as `transport.write` would. Either way the bytes land after
    everything written before them (the accept, earlier frames) and before anything written
    later (a close), so frames keep their order with the socket's other sends;
-3. a socket whose connection negotiated permessage-deflate (daphne does not offer it, but a
-   deployment could) or is not plain TCP (TLS terminated in daphne) goes through autobahn's
-   `sendPreparedMessage`, which compresses or frames per socket as it must;
+3. a socket whose connection negotiated permessage-deflate (daphne's factory declines browsers'
+   offers unless configured otherwise) or is not plain TCP (TLS terminated in daphne) goes
+   through autobahn's `sendPreparedMessage`, which compresses or frames per socket as it must;
 4. anything else (channels' test communicators, another ASGI server) has no wire and gets the
-   `websocket.send` message through its ASGI `send`, as before.
+   `websocket.send` message through its ASGI `send`.
 
 A socket that is slow or gone does not hold the others: a partial `send()` leaves the rest in
 Twisted's buffer for the reactor; an error is handed to Twisted the same way, whose next write
