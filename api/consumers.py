@@ -32,6 +32,7 @@ ORM work only through `database_sync_to_async`; the consumer calls services, nev
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import timezone
 
 from api.permissions import plausible_run_id
 from api.ratelimit import bearer_failure_record, bearer_guessing_wait, denial_record
@@ -55,6 +57,9 @@ CLOSE_BAD_TOKEN = 4401
 CLOSE_NO_SUCH_RUN = 4404
 CLOSE_TOKEN_GUESSING = 4429
 ROUTE = "ws/agent/runs/<run_id>/"
+
+# Deliveries being recorded after their grace (a reference each, so none is collected early).
+_RECORDING: set[asyncio.Future[None]] = set()
 
 # The same logger and level as a refused HTTP request (api.errors): one line, no traceback.
 refusals = logging.getLogger("safestop.refusals")
@@ -121,12 +126,14 @@ def _authorise(raw_token: str, run_id: str, client_ip: str) -> Verdict:
     return Verdict(token, None)
 
 
-def _acknowledge_if_token_active(token: ApiToken | None, run_id: str) -> Run | None:
+def _acknowledge_if_token_active(
+    token: ApiToken | None, run_id: str, delivered: services.SignalDelivery | None
+) -> Run | None:
     """The worker's ack moves the run, so the token is re-checked first, in the same DB hop."""
     if token is None or not ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).exists():
         return None
     return services.run_acknowledge_stop(
-        run_id=run_id, actor=Actor.for_token(token), via="websocket"
+        run_id=run_id, actor=Actor.for_token(token), via="websocket", delivered=delivered
     )
 
 
@@ -141,11 +148,19 @@ def _token_from_scope(scope: dict[str, Any]) -> str:
     return (query.get("token") or [""])[0]
 
 
+# How long a signal's delivery waits for the worker's ack to record it. Both SDKs ack at once,
+# so the ack records it in its own transaction; a worker that does not is recorded after this.
+DELIVERY_RECORD_GRACE_SECONDS = 0.5
+
+
 class AgentRunConsumer(AsyncJsonWebsocketConsumer):
     run_id: str = ""
     group: str = ""
     token_group: str = ""
     token: ApiToken | None = None
+    # The signal written to this socket whose delivery is not recorded yet, and its timer.
+    unrecorded: services.SignalDelivery | None = None
+    record_timer: asyncio.TimerHandle | None = None
 
     async def connect(self) -> None:
         self.run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
@@ -171,6 +186,7 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
             await self._deliver(signal, record=stopping)
 
     async def disconnect(self, code: int) -> None:
+        await self._record_delivery()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.token_group:
@@ -191,8 +207,39 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
     async def _deliver(self, signal: dict[str, Any], *, record: bool) -> None:
         await self.send_json({**signal, "type": "cancel_requested", "run_id": self.run_id})
         if record:
+            # Not recorded here, in a transaction of its own: the worker's ack, a few
+            # milliseconds behind, records it (`run_acknowledge_stop`). This one would sit on
+            # this socket's database thread ahead of the ack, and the worker's drained answer
+            # waits for the ack's run lock.
+            await self._record_delivery()  # an earlier signal's, if still pending
+            self.unrecorded = services.SignalDelivery(
+                stop_epoch=int(signal["stop_epoch"]), at=timezone.now()
+            )
+            self.record_timer = asyncio.get_running_loop().call_later(
+                DELIVERY_RECORD_GRACE_SECONDS, self._record_delivery_soon
+            )
+
+    def _record_delivery_soon(self) -> None:
+        self.record_timer = None
+        if self.unrecorded is not None:
+            recording = asyncio.ensure_future(self._record_delivery())
+            _RECORDING.add(recording)
+            recording.add_done_callback(_RECORDING.discard)
+
+    def _take_delivery(self) -> services.SignalDelivery | None:
+        """The pending delivery, for the caller to record."""
+        if self.record_timer is not None:
+            self.record_timer.cancel()
+            self.record_timer = None
+        delivered, self.unrecorded = self.unrecorded, None
+        return delivered
+
+    async def _record_delivery(self, delivered: services.SignalDelivery | None = None) -> None:
+        """Record the pending delivery now (no ack came, or the socket closes)."""
+        delivered = delivered or self._take_delivery()
+        if delivered is not None:
             await database_sync_to_async(services.stop_signal_delivered)(
-                run_id=self.run_id, stop_epoch=int(signal["stop_epoch"])
+                run_id=self.run_id, stop_epoch=delivered.stop_epoch, at=delivered.at
             )
 
     async def receive(
@@ -208,14 +255,17 @@ class AgentRunConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
         if kind == "ack":
+            delivered = self._take_delivery()
             try:
                 run = await database_sync_to_async(_acknowledge_if_token_active)(
-                    self.token, self.run_id
+                    self.token, self.run_id, delivered
                 )
             except DomainError as error:
+                await self._record_delivery(delivered)
                 await self._error(error.code, error.detail)
                 return
             if run is None:
+                await self._record_delivery(delivered)
                 # Revoked (or expired) since connect, and the revocation's message has not
                 # reached us yet: a state change needs a live token, so nothing moved.
                 await self.close(code=CLOSE_BAD_TOKEN)

@@ -224,7 +224,9 @@ def main() -> None:
             **principals,
         )  # type: ignore[arg-type]
         # Order: what needs a quiet machine first; the Celery worker joins for the end-to-end parts.
-        if "stop" in only:
+        # BENCH_STOP_PARTS=end_to_end: only the end-to-end stop (its 100 stops, ~2 minutes).
+        stop_parts = os.environ.get("BENCH_STOP_PARTS", "server,end_to_end").split(",")
+        if "stop" in only and "server" in stop_parts:
             from bench import bench_stop
 
             section_rows, sections["stop: run_stop"] = _run_section(
@@ -274,7 +276,9 @@ def main() -> None:
                 "idle (production shape, no runs)", lambda: bench_idle.run(stack)
             )
             rows += section_rows
-        if "stop" in only:
+        if "stop" in only and "end_to_end" in stop_parts:
+            from bench import bench_stop
+
             section_rows, sections["stop: end to end"] = _run_section(
                 "stop (end to end, Celery worker running)",
                 lambda: bench_stop.bench_stop_end_to_end(stack),

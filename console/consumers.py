@@ -3,9 +3,11 @@
 They are thin: authorise, join groups, forward `run.updated` messages as small JSON frames.
 The page decides what to refetch (see static/console/console.js); no HTML and no ORM work
 happens per message. Run and team frames come through the process's one feed per group
-(console/consumers_fanout.py): the message is received, decoded and turned into a
-`websocket.send` once per process, and each socket only filters and writes it (`forward`). Every route is wrapped by `console.routing.browser_only` (Origin check +
-session), and each consumer refuses an anonymous user before accepting.
+(console/consumers_fanout.py): the message is received, decoded and made into one frame once
+per process, and each socket only filters and writes it (`offer`; under daphne the frame's
+bytes go straight to the socket, console/wire.py). Every route is wrapped by
+`console.routing.browser_only` (Origin check + session), and each consumer refuses an anonymous
+user before accepting.
 
 Access is not only checked at connect. Every socket also joins its user's `user_<id>` group:
 a membership saved or deleted, or a change of the user's is_active / is_staff / is_superuser,
@@ -57,6 +59,7 @@ from console.realtime import (
     team_group,
     user_group,
 )
+from console.wire import WIRE, Frame, SocketWire
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +123,18 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
     user_id: int
     # The key of the session the socket connected with (the session cookie's).
     session_key: str | None = None
+    # Under daphne: writes frames to this socket without its ASGI send (console/wire.py).
+    # Every other send (accept, close) still goes through ASGI; both reach the socket in the
+    # order they are made, since daphne writes an ASGI send before the `await` returns.
+    wire: SocketWire | None = None
     # Set once access is revoked: nothing more is forwarded while the close goes out.
     revoked = False
     accepted = False
     # Access changes announced but not yet re-read: frames wait meanwhile.
     _access_pending = 0
     # Frames handed over before `accept()` went out or while an access change is re-read:
-    # sent (if the socket may still see them) once neither holds; see `forward`.
-    _waiting: list[tuple[dict[str, Any], dict[str, Any]]]
+    # sent (if the socket may still see them) once neither holds; see `_held`.
+    _waiting: list[tuple[dict[str, Any], Frame]]
     _releasing = False
     _access_tasks: set[asyncio.Task[None]]
     _recheck_task: asyncio.Task[None] | None = None
@@ -139,6 +146,7 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4401)
             return
         self.user_id = user.pk
+        self.wire = self.scope.get(WIRE)
         self.session_key = getattr(self.scope.get("session"), "session_key", None)
         self.joined = set()
         self.fed = set()
@@ -233,33 +241,51 @@ class _BrowserConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_updated(self, event: dict[str, Any]) -> None:
         """A frame sent to this socket's own channel (not through a feed): forwarded the same."""
-        await self.forward(
-            event, {"type": "websocket.send", "text": event.get("frame") or browser_frame(event)}
-        )
+        await self.forward(event, Frame(event.get("frame") or browser_frame(event)))
 
-    async def forward(self, event: dict[str, Any], outgoing: dict[str, Any]) -> None:
-        """A change this socket's groups carry; `outgoing` is the one `websocket.send` message
-        its feed built for every socket of the process (console/consumers_fanout.py)."""
+    def offer(self, event: dict[str, Any], frame: Frame) -> bool:
+        """A change this socket's groups carry, in its feed's synchronous pass over the
+        process's sockets (console/consumers_fanout.py); `frame` is the same object for all.
+        False when the frame must go through the ASGI send: the feed then awaits `forward`."""
+        if self.wire is None:
+            return False
+        if not self._held(event, frame) and self.may_see(event):
+            self.wire.write(frame)
+        return True
+
+    async def forward(self, event: dict[str, Any], frame: Frame) -> None:
+        """`offer` for a socket without a wire."""
+        if not self._held(event, frame) and self.may_see(event):
+            await self._write(frame)
+
+    def _held(self, event: dict[str, Any], frame: Frame) -> bool:
+        """Not to be written now: revoked (never), or kept until the socket is open and its
+        access settled (`_release`)."""
         if self.revoked:
-            return
+            return True
         if not self.accepted or self._access_pending or self._releasing:
             # Judged later, against the access as it is then; a socket that falls this far
             # behind loses the oldest, and the page refetches at the `seq` gap.
             if len(self._waiting) >= _MAX_WAITING:
                 del self._waiting[0]
-            self._waiting.append((event, outgoing))
-            return
-        if self.may_see(event):
-            await self.base_send(outgoing)
+            self._waiting.append((event, frame))
+            return True
+        return False
+
+    async def _write(self, frame: Frame) -> None:
+        if self.wire is not None:
+            self.wire.write(frame)
+        else:
+            await self.base_send(frame.outgoing)
 
     async def _release(self) -> None:
         """Send what waited, in order, once the socket is open and its access settled."""
         self._releasing = True
         try:
             while self._waiting and self.accepted and not self._access_pending:
-                event, outgoing = self._waiting.pop(0)
+                event, frame = self._waiting.pop(0)
                 if not self.revoked and self.may_see(event):
-                    await self.base_send(outgoing)
+                    await self._write(frame)
         finally:
             self._releasing = False
         if self.revoked:

@@ -9,11 +9,15 @@ the same work per change, and the last viewer waited for all of it (docs/BENCHMA
 fan-out).
 
 Here a process joins each group once, through a `GroupFeed` whose one task receives the
-message, takes the frame the publisher encoded once (`console.realtime.browser_frame`), builds
-one `websocket.send` message, and hands that same object to each local socket that may see it
-(`_BrowserConsumer.forward`): per socket only the access filter and the write remain. The
-frames' contract is unchanged — one frame per change, in commit order, carrying its `seq` —
-so a page that sees a gap still refetches, and nothing is rendered per viewer.
+message, takes the frame the publisher encoded once (`console.realtime.browser_frame`), makes
+one `console.wire.Frame` of it, and offers that same object to each local socket in one
+synchronous pass (`_BrowserConsumer.offer`): per socket only the access filter and the write
+remain, and under daphne the write is the frame's bytes, framed once per process, put straight
+on the socket (console/wire.py) — no coroutine, no ASGI `send` per socket. A socket without a
+wire (channels' test communicators) declines the offer and is awaited afterwards through its
+ASGI `send` (`forward`). The frames' contract is unchanged — one frame per change, in commit
+order, carrying its `seq` — so a page that sees a gap still refetches, and nothing is rendered
+per viewer.
 
 A feed lives on the event loop that made it (daphne's one loop; a test's own loop) and ends
 when its last socket leaves. The user's group (`access.changed`) is a feed too: were it the
@@ -30,12 +34,15 @@ import weakref
 from typing import Any, Protocol
 
 from console.realtime import ACCESS_CHANGED, browser_frame
+from console.wire import Frame
 
 logger = logging.getLogger(__name__)
 
 
 class FeedMember(Protocol):
-    async def forward(self, event: dict[str, Any], outgoing: dict[str, Any]) -> None: ...
+    def offer(self, event: dict[str, Any], frame: Frame) -> bool: ...
+
+    async def forward(self, event: dict[str, Any], frame: Frame) -> None: ...
 
     def access_message(self, event: dict[str, Any]) -> None: ...
 
@@ -77,14 +84,20 @@ class GroupFeed:
             return
         # Encoded by the publisher once per change; a message from an older publisher (a
         # rolling deploy) is encoded here, still once per process.
-        outgoing = {
-            "type": "websocket.send",
-            "text": message.get("frame") or browser_frame(message),
-        }
+        frame = Frame(message.get("frame") or browser_frame(message))
+        declined = []
         for member in list(self.members):
             try:
-                await member.forward(message, outgoing)
+                if not member.offer(message, frame):
+                    declined.append(member)
             except Exception:  # one broken socket must not starve the others of the change
+                logger.exception("feed %s: a socket's write failed", self.group)
+        # After the synchronous pass, so that no socket waits on another's ASGI send. Each
+        # socket still gets this change before the next: `_read` awaits this delivery first.
+        for member in declined:
+            try:
+                await member.forward(message, frame)
+            except Exception:
                 logger.exception("feed %s: a socket's write failed", self.group)
 
     async def close(self) -> None:

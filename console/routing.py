@@ -1,4 +1,5 @@
-"""Browser websocket routes: session auth + Origin check on every pattern."""
+"""Browser websocket routes: session auth + Origin check on every pattern, and under daphne a
+direct frame writer per socket (console/wire.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from django.urls import path
 
 import console.converters  # noqa: F401  (registers <run_id:...>)
 from console.consumers import RunConsumer, TeamRunsConsumer
+from console.wire import with_wire
 
 
 def browser_only(app: Any) -> Any:
-    return AllowedHostsOriginValidator(AuthMiddlewareStack(app))
+    # `with_wire` outermost: it must see the ASGI `send` daphne made, before the session
+    # middleware wraps it (console/wire.py).
+    return with_wire(AllowedHostsOriginValidator(AuthMiddlewareStack(app)))
 
 
 websocket_urlpatterns: list[Any] = [

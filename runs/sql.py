@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, models
 from django.db.models.signals import post_save, pre_save
+from psycopg.pq import ExecStatus
 
 Converter = Callable[[Any, Any, Any], Any]
 
@@ -346,8 +347,13 @@ def rows_of_each(
 
 
 def _fetched(cursor: Any) -> list[tuple[Any, ...]]:
-    # A statement that returns no rows (an UPDATE) has no result to fetch.
-    return cursor.fetchall() if cursor.description is not None else []
+    # A statement that returns no rows (an UPDATE) has no result to fetch. Asked of the result
+    # itself, as psycopg's `description` does, without building the `Column` objects each
+    # access of `description` makes (a tenth of a drained answer's CPU).
+    result = cursor.pgresult
+    if result is None or not (result.nfields or result.status == ExecStatus.TUPLES_OK):
+        return []
+    return cursor.fetchall()
 
 
 class _Slot:

@@ -67,6 +67,7 @@ from runs.services.leases import (
     lease_release,
 )
 from runs.services.lifecycle import (
+    SignalDelivery,
     StopOutcome,
     run_acknowledge_stop,
     run_drained,
@@ -169,6 +170,7 @@ __all__ = [
     "permit_request",
     "resolution_apply",
     "run_acknowledge_stop",
+    "SignalDelivery",
     "run_close",
     "run_close_locked",
     "run_create",

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from runs import hooks, notify, sql
@@ -257,24 +258,64 @@ def _drain_without_live_lease(run: Run, stop_request: StopRequest, *, now: datet
     settle_locked(run, actor=Actor.system(), now=now)
 
 
-def run_acknowledge_stop(*, run_id: str, actor: Actor, via: str = "websocket") -> Run:
-    """The worker noticed the signal: cancel_requested → draining."""
+@dataclass(frozen=True)
+class SignalDelivery:
+    """A stop signal written to a worker's socket: the stop's epoch, and when (the consumer's
+    clock at the write, not the time the row is updated)."""
+
+    stop_epoch: int
+    at: datetime
+
+
+def run_acknowledge_stop(
+    *,
+    run_id: str,
+    actor: Actor,
+    via: str = "websocket",
+    delivered: SignalDelivery | None = None,
+) -> Run:
+    """The worker noticed the signal: cancel_requested → draining.
+
+    `delivered`: the signal this socket wrote, recorded here (`signal_delivered_at`) instead of
+    in a transaction of its own before the ack — a worker that drains at once sends its
+    drained right behind its ack, and that transaction was one more on the ack's way to the run
+    lock the drained answer waits for. Recorded whatever the run's state: the ack may come
+    after the drained."""
     with locked_run_for_ack(run_id) as opening:
         run = opening.run
+        stop_request = opening.stop_request
+        delivered_at = _delivery_time(stop_request, delivered)
         if run.status == RunStatus.CANCEL_REQUESTED:
             # The stop request's update, the run's and the ledger entry: one round trip.
             writes = sql.Deferred()
             acknowledge_stop_locked(
                 run,
-                opening.stop_request or current_stop_request(run),
+                stop_request or current_stop_request(run),
                 actor=actor,
                 now=timezone.now(),
                 via=via,
                 head=opening.ledger_head,
                 writes=writes,
+                delivered_at=delivered_at,
             )
             writes.send()
+        elif stop_request is not None and delivered_at is not None:
+            stop_request.signal_delivered_at = delivered_at
+            sql.save_fields(stop_request, ("signal_delivered_at",))
     return run
+
+
+def _delivery_time(
+    stop_request: StopRequest | None, delivered: SignalDelivery | None
+) -> datetime | None:
+    """When `delivered` is news for `stop_request`: the same stop, and earlier than what is
+    recorded (a drained that came first records its own time, later than the socket's write)."""
+    if delivered is None or stop_request is None:
+        return None
+    if stop_request.epoch_after != delivered.stop_epoch:
+        return None
+    recorded = stop_request.signal_delivered_at
+    return delivered.at if recorded is None or delivered.at < recorded else None
 
 
 def acknowledge_stop_locked(
@@ -286,11 +327,13 @@ def acknowledge_stop_locked(
     via: str,
     head: ChainHead | None = None,
     writes: sql.Deferred | None = None,
+    delivered_at: datetime | None = None,
 ) -> None:
     """`head`: the run chain's head when the caller has just read it under the same lock.
-    `writes`: hold the writes back, for the caller's next round trip (`runs.sql.Deferred`)."""
+    `writes`: hold the writes back, for the caller's next round trip (`runs.sql.Deferred`).
+    `delivered_at`: when the signal reached the worker, if not recorded yet (else: now)."""
     stop_request.acknowledged_at = now
-    stop_request.signal_delivered_at = stop_request.signal_delivered_at or now
+    stop_request.signal_delivered_at = stop_request.signal_delivered_at or delivered_at or now
     fields = ("acknowledged_at", "signal_delivered_at")
     if writes is None:
         sql.save_fields(stop_request, fields)
@@ -308,11 +351,15 @@ def acknowledge_stop_locked(
     )
 
 
-def stop_signal_delivered(*, run_id: str, stop_epoch: int) -> None:
-    """The push reached a worker's socket: record when (stop-quality: time to the worker)."""
+def stop_signal_delivered(*, run_id: str, stop_epoch: int, at: datetime | None = None) -> None:
+    """The push reached a worker's socket: record when (stop-quality: time to the worker), the
+    earliest time known. `at`: the time of the write to the socket, when it was a while ago."""
+    at = at or timezone.now()
     StopRequest.objects.filter(
-        run_id=run_id, epoch_after=stop_epoch, signal_delivered_at__isnull=True
-    ).update(signal_delivered_at=timezone.now())
+        Q(signal_delivered_at__isnull=True) | Q(signal_delivered_at__gt=at),
+        run_id=run_id,
+        epoch_after=stop_epoch,
+    ).update(signal_delivered_at=at)
 
 
 def run_drained(

@@ -11,8 +11,11 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from api import consumers
 from api.models import Denial
 from console.asgi import application
+from runs import services
+from runs.actors import Actor
 from runs.models import Run, StopRequest
 from tests.support.api import stop
 from tests.support.scenarios import make_run, make_running
@@ -79,6 +82,82 @@ async def test_the_worker_acks_over_the_socket(team, agent_token):
     }
     assert (await database_sync_to_async(Run.objects.get)(pk=run.pk)).status == "draining"
     await socket.disconnect()
+
+
+def _stop_request(run) -> StopRequest:
+    return StopRequest.objects.get(run=run)
+
+
+async def test_the_ack_records_the_signals_delivery_in_its_own_transaction(
+    team, agent_token, monkeypatch
+):
+    # No transaction of its own before the ack (it would hold up the ack, and the drained
+    # answer behind it): with a grace no test waits out, only the ack can have recorded it.
+    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 60)
+    run, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    await database_sync_to_async(stop)(run)
+    await socket.receive_json_from(timeout=3)
+    assert (await database_sync_to_async(_stop_request)(run)).signal_delivered_at is None
+    await socket.send_json_to({"type": "ack"})
+    assert (await socket.receive_json_from(timeout=3))["status"] == "draining"
+    recorded = await database_sync_to_async(_stop_request)(run)
+    # The time of the write to the socket, not of the ack's transaction.
+    assert recorded.requested_at < recorded.signal_delivered_at < recorded.acknowledged_at
+    await socket.disconnect()
+
+
+async def test_an_ack_after_the_drained_records_the_earlier_delivery(
+    team, agent_token, monkeypatch
+):
+    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 60)
+    run, lease = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    await database_sync_to_async(stop)(run)
+    frame = await socket.receive_json_from(timeout=3)
+    await database_sync_to_async(services.run_drained)(
+        run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=Actor.system("test")
+    )
+    before = await database_sync_to_async(_stop_request)(run)
+    # The drained acknowledges with its own time: it knows nothing of the socket's write.
+    assert before.acknowledged_at is not None
+    await socket.send_json_to({"type": "ack", "stop_epoch": frame["stop_epoch"]})
+    assert (await socket.receive_json_from(timeout=3))["status"] == "stopped_cleanly"
+    after = await database_sync_to_async(_stop_request)(run)
+    # The socket's write came first: the earliest time known is kept.
+    assert after.requested_at < after.signal_delivered_at < before.signal_delivered_at
+    assert after.acknowledged_at == before.acknowledged_at
+    await socket.disconnect()
+
+
+async def test_without_an_ack_the_delivery_is_recorded_after_the_grace(
+    team, agent_token, monkeypatch
+):
+    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 0.05)
+    run, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    await database_sync_to_async(stop)(run)
+    await socket.receive_json_from(timeout=3)
+    recorded = None
+    for _ in range(60):
+        recorded = await database_sync_to_async(_stop_request)(run)
+        if recorded.signal_delivered_at:
+            break
+        await asyncio.sleep(0.05)
+    assert recorded is not None and recorded.signal_delivered_at is not None
+    assert recorded.acknowledged_at is None and recorded.signal_delivered_at > recorded.requested_at
+    await socket.disconnect()
+
+
+async def test_a_socket_closed_before_its_ack_records_the_delivery(team, agent_token, monkeypatch):
+    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 60)
+    run, _ = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    await database_sync_to_async(stop)(run)
+    await socket.receive_json_from(timeout=3)
+    await socket.disconnect()
+    recorded = await database_sync_to_async(_stop_request)(run)
+    assert recorded.signal_delivered_at is not None and recorded.acknowledged_at is None
 
 
 async def test_connecting_to_a_run_already_stopping_gets_the_signal_at_once(team, agent_token):

@@ -20,6 +20,7 @@ from django.test import Client
 from console import consumers_fanout, realtime
 from console.asgi import application
 from console.consumers_fanout import GroupFeed, feed_join, feed_leave, feed_sizes
+from console.wire import Frame
 from tests.support.live_sockets import ORIGIN
 from tests.support.scenarios import new_run
 
@@ -45,9 +46,12 @@ class Member:
         self.handed: list[dict[str, Any]] = []
         self.access: list[dict[str, Any]] = []
 
-    async def forward(self, event: dict[str, Any], outgoing: dict[str, Any]) -> None:
+    def offer(self, event: dict[str, Any], frame: Frame) -> bool:
+        return False  # no wire: through `forward`, as a socket outside daphne
+
+    async def forward(self, event: dict[str, Any], frame: Frame) -> None:
         if self.sees:
-            self.handed.append(outgoing)
+            self.handed.append(frame.outgoing)
 
     def access_message(self, event: dict[str, Any]) -> None:
         self.access.append(event)
@@ -83,7 +87,7 @@ async def test_a_process_joins_a_group_once_and_builds_one_message_per_change():
 
 async def test_a_broken_socket_does_not_starve_the_others():
     class Broken(Member):
-        async def forward(self, event: dict[str, Any], outgoing: dict[str, Any]) -> None:
+        async def forward(self, event: dict[str, Any], frame: Frame) -> None:
             raise ConnectionError("reset")
 
     layer = get_channel_layer(realtime.VIEWER_LAYER)

@@ -17,6 +17,7 @@ import pytest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from handoff.models import StopPacket
 from handoff.packets import stop_packet_snapshot
@@ -247,3 +248,41 @@ def test_an_ack_waits_for_at_most_its_round_trips_and_moves_the_run(team, monkey
     # A second ack finds the run draining already and changes nothing.
     services.run_acknowledge_stop(run_id=run.pk, actor=AGENT)
     assert LedgerEntry.objects.filter(run=run, action="run.draining").count() == 1
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["postgresql", "orm-as-on-sqlite"])
+def test_an_ack_records_the_signals_delivery_in_the_same_round_trips(team, monkeypatch, prepared):
+    monkeypatch.setattr(sql, "prepared_statements", lambda: prepared)
+    run, lease = running(team)
+    outcome = services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
+    written = timezone.now()
+    round_trips = RoundTrips(monkeypatch)
+
+    with connection.execute_wrapper(round_trips):
+        services.run_acknowledge_stop(
+            run_id=run.pk,
+            actor=AGENT,
+            delivered=services.SignalDelivery(
+                stop_epoch=outcome.stop_request.epoch_after, at=written
+            ),
+        )
+
+    if prepared:
+        assert round_trips.count <= ACK_ROUND_TRIPS
+    stop_request = StopRequest.objects.get(run=run)
+    assert stop_request.signal_delivered_at == written < stop_request.acknowledged_at
+
+
+def test_a_delivery_of_another_stop_is_not_recorded_by_the_ack(team):
+    run, lease = running(team)
+    outcome = services.run_stop(run_id=run.pk, reason="user_stop", actor=REVIEWER)
+    services.run_acknowledge_stop(
+        run_id=run.pk,
+        actor=AGENT,
+        delivered=services.SignalDelivery(
+            stop_epoch=outcome.stop_request.epoch_after - 1, at=timezone.now()
+        ),
+    )
+    stop_request = StopRequest.objects.get(run=run)
+    # An older stop's signal says nothing of this one: the ack's own time stands.
+    assert stop_request.signal_delivered_at == stop_request.acknowledged_at

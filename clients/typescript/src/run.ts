@@ -418,9 +418,9 @@ export class AgentRun {
   }
 
   /**
-   * Stop listening, send queued events, then say `drained` if the run was stopped, else
-   * release the lease. Safe to call twice. Never throws: the server's drain deadline and
-   * lease expiry settle a worker that could not say goodbye.
+   * Send queued events, then say `drained` if the run was stopped, else release the lease;
+   * stop listening. Safe to call twice. Never throws: the server's drain deadline and lease
+   * expiry settle a worker that could not say goodbye.
    */
   finish(): Promise<void> {
     this.finishing ??= this.finishOnce();
@@ -428,11 +428,13 @@ export class AgentRun {
   }
 
   private async finishOnce(): Promise<void> {
-    this.heartbeat?.stop();
-    await this.listener?.stop();
-    await this.flush();
-    if (this.leaseId === undefined || this.epoch === undefined) return;
+    // After a stop, `drained` goes before the listeners stop: closing the push socket waits
+    // for the server's closing handshake, time the run's `stopped_cleanly` would wait for.
+    // A release stops listening first, so no stop signal arrives for a lease given back.
+    if (!this.signal.aborted) await this.stopListening();
     try {
+      await this.flush();
+      if (this.leaseId === undefined || this.epoch === undefined) return;
       if (this.signal.aborted) {
         if (!this.drainedSent) await this.drained();
       } else {
@@ -444,7 +446,14 @@ export class AgentRun {
       } else {
         this.logger.warn(`safestop: could not finish lease on ${this.runId}: ${String(error)}`);
       }
+    } finally {
+      await this.stopListening();
     }
+  }
+
+  private async stopListening(): Promise<void> {
+    this.heartbeat?.stop();
+    await this.listener?.stop();
   }
 
   /** Tell the server this worker has stopped all work for the run (sent by `finish()` after a stop). */

@@ -158,7 +158,25 @@ describe("a stop", () => {
     await assert.rejects(run.step("later", "Later", () => (ranAfterStop = true)), RunStoppedError);
     assert.equal(ranAfterStop, false);
 
-    await run.finish();
+    // `drained` goes out while the push socket is still open: closing it first would make the
+    // run's stopped_cleanly wait for the server's closing handshake.
+    const internals = run as unknown as {
+      client: { drained: (...args: unknown[]) => Promise<unknown> };
+      listener?: { connected: boolean };
+    };
+    const sendDrained = internals.client.drained;
+    let listeningWhenDrained: boolean | undefined;
+    internals.client.drained = (...args: unknown[]) => {
+      listeningWhenDrained = internals.listener?.connected;
+      return sendDrained.apply(internals.client, args);
+    };
+    try {
+      await run.finish();
+    } finally {
+      internals.client.drained = sendDrained;
+    }
+    assert.equal(listeningWhenDrained, true);
+    assert.equal(internals.listener?.connected, false, "the listener stops after the drained");
     await runStatus(runId, "stopped_cleanly");
     const packet = await reviewer.stopPacket(runId);
     assert.ok(packet["acknowledged_at"], "the stop was acknowledged");
