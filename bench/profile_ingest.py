@@ -7,8 +7,9 @@ Builds its own database (`BENCH_DB_NAME`, default `safestop_profile`) and Redis 
 (`BENCH_REDIS_DB`, default 11), a team, an agent token and a leased run, then sends single
 events (started / completed in turn, as bench/bench_ingest.py does) through Django's test
 client — the whole middleware chain, DRF, the service and the commit with its on-commit
-publish — under cProfile, and prints the functions by cumulative time (`--sort tottime`, or
-both with `--sort both`) and the mean time per request. Before that, the same requests without
+publish, and, as under daphne, the connection back to the pool after each request and
+checked on its way out for the next — under cProfile, and prints the functions by cumulative
+time (`--sort tottime`, or both with `--sort both`) and the mean time per request. Before that, the same requests without
 the profiler give this process's CPU time per request (`time.process_time`: the machine is
 shared, and CPU time is what the load weighs on least; PostgreSQL's and Redis' CPU is not in
 it). Figures only, for finding the hot path; the rates are bench_ingest.py's.
@@ -68,6 +69,8 @@ def _leased_run() -> tuple[str, int, str]:
 def _send(
     client: object, run_id: str, epoch: int, raw: str, start: int, count: int, batch: int
 ) -> None:
+    from django.db import close_old_connections
+
     from bench.bench_ingest import batch_events, single_event
 
     for number in range(start, start + count):
@@ -80,6 +83,9 @@ def _send(
         )
         if response.status_code != 200 or response.json()["rejected"]:
             raise RuntimeError(f"{response.status_code}: {response.content[:300]!r}")
+        # What daphne does at the end of every request (the test client does not): the
+        # connection goes back to the pool, and the next request takes one out, checked.
+        close_old_connections()
 
 
 def main() -> None:

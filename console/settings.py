@@ -183,19 +183,23 @@ def sqlite_database(name: str) -> dict[str, Any]:
 
 
 def postgres_database(url: str) -> dict[str, Any]:
-    # CONN_HEALTH_CHECKS: with a pool, Django hands psycopg_pool its check callback
-    # (ConnectionPool.check_connection). A connection the server dropped (a restart, a failover,
-    # pg_terminate_backend) stays in the pool looking idle; checked on the way out, it is
-    # replaced, so the next request gets a live one instead of an error.
+    # A connection the server dropped (a restart, a failover, pg_terminate_backend) stays in
+    # the pool looking idle; checked on the way out, it is replaced, so the next request gets a
+    # live one instead of an error. The pool's check is the backend's (`console.postgresql`:
+    # its socket first, a query only when the socket is not quiet); CONN_HEALTH_CHECKS would
+    # add psycopg_pool's, a round trip before every request's first statement, so it is on only
+    # without the pool (where it checks nothing either: CONN_MAX_AGE is 0).
+    pooled = env_bool("SAFESTOP_DB_POOL", True)
     database: dict[str, Any] = dict(
-        dj_database_url.parse(url, conn_max_age=0, conn_health_checks=True)
+        dj_database_url.parse(url, conn_max_age=0, conn_health_checks=not pooled)
     )
+    database["ENGINE"] = "console.postgresql"
     # One psycopg pool per process. Without it every request and every websocket handshake
     # opens (and closes) a PostgreSQL connection: ~10 ms of a ~25 ms single-event request on
     # the bench machine (docs/BENCHMARKS.md). CONN_MAX_AGE stays 0, as Django requires with a
     # pool. max_size is a cap, not a reservation: threads that each hold a connection (the race
     # tests run 20 at once) must not wait for one another.
-    if env_bool("SAFESTOP_DB_POOL", True):
+    if pooled:
         database.setdefault("OPTIONS", {})["pool"] = {
             "min_size": 1,
             "max_size": int(os.environ.get("SAFESTOP_DB_POOL_MAX_SIZE", 50)),

@@ -4,10 +4,13 @@ killed before handing it out, and a database that truly cannot be reached is a 5
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 from django.db import OperationalError, connection
 from django.test import Client
+from psycopg_pool import ConnectionPool
 
 from tests.support.api import url
 from tests.support.scenarios import running
@@ -16,39 +19,82 @@ from tests.support.scenarios import running
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _terminate_every_other_backend() -> int:
-    """`pg_terminate_backend` on every connection to the test database but this one: what a
-    PostgreSQL restart or a failover does to the pool."""
+def _admin() -> psycopg.Connection[Any]:
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
     params.pop("prepare_threshold", None)
-    with psycopg.connect(**params, autocommit=True) as admin:
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _terminate_every_other_backend() -> int:
+    """`pg_terminate_backend` on every connection to the test database but this one: what a
+    PostgreSQL restart or a failover does to the pool. Each call returns once its backend has
+    exited (the timeout argument), so the pool holds connections the server has dropped."""
+    with _admin() as admin:
         rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         ).fetchall()
     return len(rows)
 
 
-def test_requests_after_pg_terminate_backend_succeed(team, agent_token, bob):
-    run, _lease = running(team)
-    # A pool of its own: threads of earlier tests may still hold (leak) connections of the
-    # shared one, and a pool at max_size with every idle connection killed waits, not checks.
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+@pytest.fixture
+def queries_sent(monkeypatch):
+    """The statements psycopg sends outside Django's cursors (a pool's check is one), and the
+    outcome of each psycopg_pool `check_connection` (the check that is a round trip)."""
+    sent: dict[str, list[str]] = {"queries": [], "full checks": []}
+    execute = psycopg.Connection.execute
+    check = ConnectionPool.check_connection
+
+    def counted(self, query, *args, **kwargs):
+        sent["queries"].append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    def counted_check(conn):
+        try:
+            check(conn)
+        except psycopg.Error:
+            sent["full checks"].append("failed")
+            raise
+        sent["full checks"].append("passed")
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted_check))
+    return sent
+
+
+@pytest.fixture
+def one_connection_pool():
+    """A pool of its own, holding one connection (min_size) while nothing else asks."""
     connection.close()
     connection.close_pool()
-    api, console = Client(), Client()
-    console.force_login(bob)
-    assert api.get(url(run), **agent_token.header).status_code == 200
-    assert console.get(f"/runs/{run.pk}/").status_code == 200
-    connection.close()  # the test's own connection goes back to the pool too
 
-    assert _terminate_every_other_backend() >= 1
 
-    response = api.get(url(run), **agent_token.header)
-    assert response.status_code == 200, response.content[:300]
-    assert response.json()["id"] == run.pk
-    assert console.get(f"/runs/{run.pk}/").status_code == 200
+def test_a_pooled_connection_is_handed_out_without_a_query(one_connection_pool, queries_sent):
+    pid = _backend_pid()
+    connection.close()  # back to the pool, idle
+
+    assert _backend_pid() == pid  # the same connection, from the pool
+    # its socket was quiet: no round trip to check it
+    assert queries_sent == {"queries": [], "full checks": []}
+
+
+def test_a_connection_the_server_dropped_is_replaced_before_use(one_connection_pool, queries_sent):
+    pid = _backend_pid()
+    connection.close()
+    with _admin() as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid]).fetchone()[0]
+
+    assert _backend_pid() != pid
+    # its socket said something: psycopg_pool's check ran, and the pool replaced it
+    assert queries_sent["full checks"] == ["failed"]
 
 
 def _unreachable(*args, **kwargs):

@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend, with the pool's check of a connection made without a query."""

@@ -1,0 +1,64 @@
+"""Django's PostgreSQL backend; a pooled connection is checked before use without a round trip.
+
+A connection the server dropped (a restart, a failover, `pg_terminate_backend`) stays in the pool
+looking idle; checked on the way out, it is replaced, so the request gets a live one instead of
+an error. Django's own check (CONN_HEALTH_CHECKS with a pool) is psycopg_pool's
+`check_connection`: an empty query and its answer, one round trip before every request's first
+statement — a single event's fourth, beside its two pipelines and its COMMIT
+(docs/BENCHMARKS.md). A dropped connection says so on its socket instead: the server writes its
+FATAL and closes, so the socket polls readable, where an idle connection has nothing to read.
+The query still runs, and decides, when the socket is not quiet (the server's goodbye, an
+asynchronous notice, a TLS record).
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any
+
+import psycopg
+from django.db.backends.postgresql import base
+from psycopg_pool import ConnectionPool
+
+# Anything but silence on an idle connection's socket: data, end of stream, an error, a hang-up.
+_NOT_QUIET = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP | select.POLLNVAL
+# Connections tried before giving up: more dead ones in a row than this means the server is
+# refusing, and the request's answer is the outage's 503 (`console.middleware.ErrorAnswers`).
+_ATTEMPTS = 3
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        connection = super().get_new_connection(conn_params)
+        if self.pool is None:
+            return connection
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                connection_check(connection)
+                return connection
+            except psycopg.Error:
+                # Closed, the pool drops it and opens a new one in its place.
+                connection.close()
+                self.pool.putconn(connection)
+                if attempt == _ATTEMPTS:
+                    raise
+            connection = super().get_new_connection(conn_params)
+        raise AssertionError("unreachable")
+
+
+def connection_check(connection: Any) -> None:
+    """Raise `psycopg.Error` for a connection the server dropped."""
+    if connection.closed or connection.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    if not socket_quiet(connection):
+        ConnectionPool.check_connection(connection)
+
+
+def socket_quiet(connection: Any) -> bool:
+    """Nothing to read, no hang-up: what an idle connection's socket says. A poll, not I/O."""
+    try:
+        poller = select.poll()
+        poller.register(connection.fileno(), _NOT_QUIET)
+        return not poller.poll(0)
+    except (OSError, ValueError, psycopg.Error):
+        return False  # no socket to ask: the query decides
