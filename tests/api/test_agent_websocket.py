@@ -88,16 +88,23 @@ def _stop_request(run) -> StopRequest:
     return StopRequest.objects.get(run=run)
 
 
+async def _signalled(team, agent_token, monkeypatch, *, grace: float):
+    """A running run whose worker's socket has just received its stop signal, with the
+    consumer's grace for recording the delivery set to `grace`: (run, lease, socket, frame)."""
+    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", grace)
+    run, lease = await database_sync_to_async(make_running)(team)
+    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
+    await database_sync_to_async(stop)(run)
+    frame = await socket.receive_json_from(timeout=3)
+    return run, lease, socket, frame
+
+
 async def test_the_ack_records_the_signals_delivery_in_its_own_transaction(
     team, agent_token, monkeypatch
 ):
     # No transaction of its own before the ack (it would hold up the ack, and the drained
     # answer behind it): with a grace no test waits out, only the ack can have recorded it.
-    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 60)
-    run, _ = await database_sync_to_async(make_running)(team)
-    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
-    await database_sync_to_async(stop)(run)
-    await socket.receive_json_from(timeout=3)
+    run, _, socket, _ = await _signalled(team, agent_token, monkeypatch, grace=60)
     assert (await database_sync_to_async(_stop_request)(run)).signal_delivered_at is None
     await socket.send_json_to({"type": "ack"})
     assert (await socket.receive_json_from(timeout=3))["status"] == "draining"
@@ -110,11 +117,7 @@ async def test_the_ack_records_the_signals_delivery_in_its_own_transaction(
 async def test_an_ack_after_the_drained_records_the_earlier_delivery(
     team, agent_token, monkeypatch
 ):
-    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 60)
-    run, lease = await database_sync_to_async(make_running)(team)
-    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
-    await database_sync_to_async(stop)(run)
-    frame = await socket.receive_json_from(timeout=3)
+    run, lease, socket, frame = await _signalled(team, agent_token, monkeypatch, grace=60)
     await database_sync_to_async(services.run_drained)(
         run_id=run.pk, lease_token=lease.token, epoch=lease.epoch, actor=Actor.system("test")
     )
@@ -133,11 +136,7 @@ async def test_an_ack_after_the_drained_records_the_earlier_delivery(
 async def test_without_an_ack_the_delivery_is_recorded_after_the_grace(
     team, agent_token, monkeypatch
 ):
-    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 0.05)
-    run, _ = await database_sync_to_async(make_running)(team)
-    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
-    await database_sync_to_async(stop)(run)
-    await socket.receive_json_from(timeout=3)
+    run, _, socket, _ = await _signalled(team, agent_token, monkeypatch, grace=0.05)
     recorded = None
     for _ in range(60):
         recorded = await database_sync_to_async(_stop_request)(run)
@@ -150,11 +149,7 @@ async def test_without_an_ack_the_delivery_is_recorded_after_the_grace(
 
 
 async def test_a_socket_closed_before_its_ack_records_the_delivery(team, agent_token, monkeypatch):
-    monkeypatch.setattr(consumers, "DELIVERY_RECORD_GRACE_SECONDS", 60)
-    run, _ = await database_sync_to_async(make_running)(team)
-    socket = await open_socket(f"/ws/agent/runs/{run.pk}/", bearer(agent_token))
-    await database_sync_to_async(stop)(run)
-    await socket.receive_json_from(timeout=3)
+    run, _, socket, _ = await _signalled(team, agent_token, monkeypatch, grace=60)
     await socket.disconnect()
     recorded = await database_sync_to_async(_stop_request)(run)
     assert recorded.signal_delivered_at is not None and recorded.acknowledged_at is None
