@@ -77,7 +77,7 @@ def readable_time(value: str) -> str:
 
 
 # Actions that may need a person; anything else returns before any work is done.
-_WATCHED = frozenset(
+WATCHED_ACTIONS = frozenset(
     {
         "approval.requested",
         "approval.escalated",
@@ -94,7 +94,7 @@ _WATCHED = frozenset(
 
 def event_for_entry(entry: LedgerEntry, run: Run | None) -> Notice | None:
     """The notice a ledger entry calls for, or None (the common case, decided without a query)."""
-    if entry.action not in _WATCHED or run is None:
+    if entry.action not in WATCHED_ACTIONS or run is None:
         return None
     notice = _notice_for(entry, run)
     if notice is None:

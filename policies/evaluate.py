@@ -49,6 +49,7 @@ from policies.reads import (
     CheckReads,
     check_reads_of,
     policy_set_version,
+    policy_version_statement,
     read_for_checks,
     read_for_checks_statement,
     save_facts,
@@ -337,6 +338,19 @@ class Checks(PolicyChecks):
 
     def read(self, run_id: str) -> tuple[str, list[Any]] | None:
         return read_for_checks_statement(run_id) if sql.prepared_statements() else None
+
+    def quiet(self, read: Sequence[Any] | None) -> bool:
+        # The row of `read_for_checks_statement`: the policy set's version first.
+        return read is not None and not read[0]
+
+    def version_read(self, run_id: str) -> tuple[str, list[Any]] | None:
+        return policy_version_statement(run_id) if sql.prepared_statements() else None
+
+    def events_quiet(self, team_id: int, version: Sequence[Any] | None) -> bool:
+        if version is None:
+            return False
+        # Never had a policy, or none of its policies is evaluated at a batch.
+        return not version[0] or not team_policies(team_id, version[0]).batch
 
     def permit(
         self,

@@ -93,6 +93,22 @@ def read_for_checks(run: Run) -> CheckReads:
     return check_reads_of(run, row)
 
 
+@functools.cache
+def _version_statement() -> str:
+    run, versions = sql.table(Run), sql.table(PolicySetVersion)
+    team = f"SELECT {run}.{sql.column(Run, 'team')} FROM {run} WHERE {run}.{sql.column(Run, 'id')} = %s"
+    return (
+        f"SELECT (SELECT {versions}.{sql.column(PolicySetVersion, 'version')} FROM {versions} "
+        f"WHERE {versions}.{sql.column(PolicySetVersion, 'team_id')} = ({team}))"
+    )
+
+
+def policy_version_statement(run_id: str) -> tuple[str, list[Any]]:
+    """One row: the version of the run's team's policy set, NULL for a team that never had a
+    policy (`runs.hooks.PolicyChecks.version_read`)."""
+    return _version_statement(), [run_id]
+
+
 def read_for_checks_statement(run_id: str) -> tuple[str, list[Any]]:
     """`read_for_checks`' statement (PostgreSQL), for a caller that sends it in a pipeline of
     its own and hands the row to `check_reads_of` (`runs.hooks.PolicyChecks.read`)."""

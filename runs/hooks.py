@@ -106,12 +106,23 @@ Deadline = Callable[[], datetime | None]
 """When an app's periodic work is next due, or None."""
 
 _entry_listeners: list[EntryAppended] = []
+# Per listener, the actions it may act on; None: any.
+_listened_actions: dict[EntryAppended, frozenset[str] | None] = {}
 _periodic_steps: dict[str, PeriodicStep] = {}
 
 
-def on_entry_appended(listener: EntryAppended) -> None:
+def on_entry_appended(listener: EntryAppended, *, actions: frozenset[str] | None = None) -> None:
+    """`actions`: the only actions the listener may write anything for. A transition whose
+    entry no listener may act on sends its COMMIT with its last writes (`entry_listened`)."""
     if listener not in _entry_listeners:
         _entry_listeners.append(listener)
+    _listened_actions[listener] = actions
+
+
+def entry_listened(action: str) -> bool:
+    """Whether a listener may write something when an entry of `action` is appended: then the
+    transition must leave its transaction open after the entry's INSERT, for what it writes."""
+    return any(actions is None or action in actions for actions in _listened_actions.values())
 
 
 def entry_appended(entry: LedgerEntry, run: Run | None) -> None:
@@ -174,6 +185,21 @@ class PolicyChecks:
         events batch after its writes) and passes the row on as `read`. None: each check reads
         for itself."""
         return None
+
+    def quiet(self, read: Sequence[Any] | None) -> bool:
+        """Whether `tool_result` given this `read` row writes nothing (the team never had a
+        policy): the result may then send its COMMIT with its own writes."""
+        return True
+
+    def version_read(self, run_id: str) -> tuple[str, list[Any]] | None:
+        """A statement whose one row says which policies the run's team has, for an events
+        batch to send with its opening (`events_quiet`). None: it cannot be told beforehand."""
+        return None
+
+    def events_quiet(self, team_id: int, version: Sequence[Any] | None) -> bool:
+        """Whether `events` writes nothing for any batch of the team whose `version_read` row
+        this is: no policy of the team looks at events."""
+        return True
 
     def permit(
         self,

@@ -24,6 +24,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import post_save, pre_save
+from django.db.transaction import TransactionManagementError
 from psycopg.pq import ExecStatus
 
 Converter = Callable[[Any, Any, Any], Any]
@@ -356,19 +357,86 @@ class OnceCompiledInstance(OnceCompiled):
         return self._model.from_db(connection.alias, self._names, [row[n] for n in self._names])
 
 
-def pipelined(*statements: tuple[str, list[Any]]) -> list[list[tuple[Any, ...]]]:
+def pipelined(
+    *statements: tuple[str, list[Any]], commit: bool = False
+) -> list[list[tuple[Any, ...]]]:
     """Each statement's rows, the statements sent in one round trip (PostgreSQL's pipeline
     mode, which runs them in order, each seeing what the ones before it wrote): a transition
-    holds the run lock while its statements wait on their round trips."""
+    holds the run lock while its statements wait on their round trips.
+
+    `commit`: these are the transaction's last statements; its COMMIT goes in the same round
+    trip when the transaction allows it (`commits_with_last_pipeline`). Nothing may run on the
+    connection after them until the transaction's block ends (`refuse_statements_after_commit`)."""
     db = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` looks the thread's up again
+    folded = commit and commits_with_last_pipeline(db)
     with ExitStack() as cursors:
         opened = [cursors.enter_context(cursor(db)) for _ in statements]
         with db.wrap_database_errors:
             with db.connection.pipeline():
                 for each, (statement, params) in zip(opened, statements, strict=True):
                     each.execute(statement, params)
+                if folded:
+                    send_commit(db)
             # The pipeline's end waited for every result: each cursor holds its own now.
-            return [_fetched(each) for each in opened]
+            fetched = [_fetched(each) for each in opened]
+    if folded:
+        refuse_statements_after_commit(db)
+    return fetched
+
+
+def commits_with_last_pipeline(db: BaseDatabaseWrapper) -> bool:
+    """Whether a transition's last pipeline may carry its transaction's COMMIT: on PostgreSQL,
+    in the outermost block of a durable `transaction.atomic` (not a savepoint, not a test's
+    wrapping transaction), with no error met.
+
+    Why it is safe: PostgreSQL runs a pipeline's statements in order and skips every one after
+    a failed one until the pipeline's end, so a failed write is never followed by the COMMIT;
+    the error reaches `atomic`, which rolls back as before. A COMMIT that succeeded leaves the
+    connection idle: `atomic`'s own commit is then a no-op in psycopg (`Connection.commit`
+    sends nothing outside a transaction), and its on-commit hooks run as before. This saves a
+    round trip on which the run lock is held, in every permit, result and single event."""
+    return (
+        db.vendor == "postgresql"
+        and db.in_atomic_block
+        and len(db.atomic_blocks) == 1
+        and getattr(db.atomic_blocks[0], "durable", False)  # not in django-stubs
+        and not db.needs_rollback
+        and not db.savepoint_ids
+    )
+
+
+def send_commit(db: BaseDatabaseWrapper) -> None:
+    # Django's own cursor binds on the client: COMMIT is not prepared on the connection.
+    with db.cursor() as plain:
+        plain.execute("COMMIT")
+
+
+class StatementAfterCommit(TransactionManagementError):
+    """A statement was sent in a transaction block whose COMMIT already went with its last
+    pipeline: it would have run in a transaction of its own."""
+
+
+def refuse_statements_after_commit(db: BaseDatabaseWrapper) -> None:
+    """Until the committed block ends, a statement on this connection raises instead of
+    silently starting a second transaction that `atomic` would then commit. Every caller of
+    `pipelined(commit=True)` is tested for sending nothing after; this keeps it so."""
+    block = db.atomic_blocks[0]
+
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if db.atomic_blocks and db.atomic_blocks[0] is block:
+            raise StatementAfterCommit(
+                f"{sql[:80]!r} was sent after its transaction's COMMIT (sql.pipelined(commit=True))"
+            )
+        _forget(refuse)  # the block ended without its on-commit hooks (an error after COMMIT)
+        return execute(sql, params, many, context)
+
+    def _forget(wrapper: Any) -> None:
+        if wrapper in db.execute_wrappers:
+            db.execute_wrappers.remove(wrapper)
+
+    # First in the list: `connection.execute_wrapper(...)` blocks pop their own from its end.
+    db.execute_wrappers.insert(0, refuse)
+    db.on_commit(lambda: _forget(refuse))
 
 
 def rows_of_each(

@@ -43,7 +43,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from runs import notify, sql
+from runs import hooks, notify, sql
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -334,9 +334,11 @@ def apply_tool_result(
     actor: Actor,
     now: datetime,
     ledger_head: ChainHead | None = None,
+    last_write: bool = False,
 ) -> None:
     """Record a reported outcome on `record` under the run lock. `ledger_head`: the run chain's
-    head when the caller has just read it under the same lock (`_result_sql.locked_run_for_result`)."""
+    head when the caller has just read it under the same lock (`_result_sql.locked_run_for_result`).
+    `last_write`: the caller writes nothing after this; its COMMIT may go with these writes."""
     after_stop = run.stop_epoch > record.permit_epoch
     keeps_state = record.execution_state == ExecutionState.SUCCEEDED or record.resolved
     if keeps_state:
@@ -386,7 +388,12 @@ def apply_tool_result(
         run=run, actor=actor, action="tool.result", payload=payload, head=ledger_head
     )
     # The record and the run's counters in one statement, with the entry in one round trip.
-    write_result(run, record, entry=entry)
+    write_result(
+        run,
+        record,
+        entry=entry,
+        commit=last_write and entry is not None and not hooks.entry_listened("tool.result"),
+    )
     if entry is None:
         ledger_append(run=run, actor=actor, action="tool.result", payload=payload, head=ledger_head)
     notify.run_changed(run, kind="tool.result")

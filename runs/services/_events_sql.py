@@ -1,11 +1,14 @@
 """An events batch's reads in one round trip and its writes in another, as statements built once.
 
-On PostgreSQL a batch costs three round trips whatever its size (docs/BENCHMARKS.md): BEGIN, the
+On PostgreSQL a batch costs two round trips whatever its size (docs/BENCHMARKS.md): BEGIN, the
 run lock (with the caller's token re-read in the same statement), the batch's receipts and its
-steps go in one pipeline (`open_batch`); the rows it writes (steps, receipts, artifacts,
-checkpoints, usage, the run's changed fields), one statement per table over its rows as one
-JSON parameter (`json_to_recordset`), and the team policies' read after them, in a second
-(`EventBatch.flush`); then the commit. The statements' text is built once per process from the
+steps and the version of the team's policies go in one pipeline (`open_batch`); the rows it
+writes (steps, receipts, artifacts, checkpoints, usage, the run's changed fields), one
+statement per table over its rows as one JSON parameter (`json_to_recordset`), and the COMMIT
+after them, in a second (`EventBatch.flush`). When a policy of the team looks at batches, or
+the batch's spend is to be charged, the policies' read goes after the writes instead, and the
+COMMIT in a third round trip after what the checks write. Every row is read once a pipeline
+has ended: a fetch inside one waits for a round trip of its own. The statements' text is built once per process from the
 models' `_meta` (`runs.sql`). Other databases (the embedded SQLite) take the ORM path, one
 statement at a time, with the same rules.
 """
@@ -20,7 +23,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import Exists, OuterRef, Q
 
 from runs import sql
@@ -130,21 +133,42 @@ def _steps_statement() -> str:
     )
 
 
+@dataclass(frozen=True)
+class BatchOpening:
+    run: Run
+    # Each event id already received → its outcome.
+    seen: dict[str, str]
+    # The steps the batch names and the run's last one.
+    found: list[Step]
+    # The first row of `open_batch`'s `also` statement; None without one.
+    also: Sequence[Any] | None = None
+
+
 def open_batch(
-    run_id: str, ids: list[str], keys: set[str], token_check: TokenCheck | None
-) -> tuple[Run, dict[str, str], list[Step]]:
+    run_id: str,
+    ids: list[str],
+    keys: set[str],
+    token_check: TokenCheck | None,
+    also: Statement | None = None,
+) -> BatchOpening:
     """The run, locked; the outcomes of the batch's event ids already received; the steps the
-    batch names and the run's last one. Call it first in the batch's durable transaction."""
+    batch names and the run's last one; the row of `also`, a read sent after them (PostgreSQL
+    only). Call it first in the batch's durable transaction."""
     if sql.prepared_statements():
-        return _open_pipelined(run_id, ids, keys, token_check)
-    return _open_orm(run_id, ids, keys, token_check)
+        return _open_pipelined(run_id, ids, keys, token_check, also)
+    run, seen, found = _open_orm(run_id, ids, keys, token_check)
+    return BatchOpening(run, seen, found)
 
 
 def _open_pipelined(
-    run_id: str, ids: list[str], keys: set[str], token_check: TokenCheck | None
-) -> tuple[Run, dict[str, str], list[Step]]:
+    run_id: str,
+    ids: list[str],
+    keys: set[str],
+    token_check: TokenCheck | None,
+    also: Statement | None,
+) -> BatchOpening:
     """One round trip: BEGIN, the run lock, then (the lock held, so a fresh snapshot) the
-    receipts and steps. PostgreSQL runs a pipeline's statements in order."""
+    receipts, the steps and `also`. PostgreSQL runs a pipeline's statements in order."""
     lock_params: list[Any] = [run_id]
     if token_check is not None:
         lock_params += [token_check.token_id, token_check.role]
@@ -153,22 +177,28 @@ def _open_pipelined(
         connection.cursor() as lock,
         connection.cursor() as receipts,
         connection.cursor() as steps,
+        connection.cursor() as read,
         connection.wrap_database_errors,
-        connection.connection.pipeline(),
     ):
-        lock.execute(_lock_statement(token_check is not None), lock_params)
-        if ids:
-            receipts.execute(_receipts_statement(), [run_id, ids])
-        if key_list:
-            steps.execute(_steps_statement(), [run_id, key_list, run_id])
+        with connection.connection.pipeline():
+            lock.execute(_lock_statement(token_check is not None), lock_params)
+            if ids:
+                receipts.execute(_receipts_statement(), [run_id, ids])
+            if key_list:
+                steps.execute(_steps_statement(), [run_id, key_list, run_id])
+            if also is not None:
+                read.execute(*also)
+        # Read once the pipeline has ended: a fetch inside it would wait for its own round trip
+        # (a flush) before the pipeline's sync waits for another.
         row = lock.fetchone()
         seen = dict(receipts.fetchall()) if ids else {}
         step_rows = steps.fetchall() if key_list else []
+        also_row = read.fetchone() if also is not None else None
     if row is None:
         _missing(run_id, token_check)
     run = Run.from_db(connection.alias, _RUN_FIELDS, row)
     found = [Step.from_db(connection.alias, _STEP_FIELDS, step) for step in step_rows]
-    return run, seen, found
+    return BatchOpening(run, seen, found, also_row)
 
 
 def _open_orm(
@@ -299,16 +329,19 @@ class EventBatch:
     def receipt(self, event_id: str, event_type: str, epoch: int, outcome: str, code: str) -> None:
         self.receipts.append((self.run.pk, event_id, event_type, epoch, outcome, code, self.now))
 
-    def flush(self, *, touch: bool = False, read: Statement | None = None) -> Sequence[Any] | None:
+    def flush(
+        self, *, touch: bool = False, read: Statement | None = None, commit: bool = False
+    ) -> Sequence[Any] | None:
         """Write what the batch holds; `touch`: bump the run's change sequence too. `read`: a
         statement sent after the writes (so it sees them) in the same round trip; its first
-        row is returned (None without one)."""
+        row is returned (None without one). `commit`: these are the transaction's last
+        statements, its COMMIT may go with them (`sql.pipelined`)."""
         if touch:
             self.run.change_seq += 1
             self.run_fields.update(("change_seq", "updated_at"))
             self.run.updated_at = self.now
         if sql.prepared_statements():
-            row = self._flush_pipelined(read)
+            row = self._flush_pipelined(read, commit=commit)
         else:
             self._flush_orm()
             row = _read_one(read) if read is not None else None
@@ -335,7 +368,7 @@ class EventBatch:
         if self.run_fields:
             self.run.save(update_fields=sorted(self.run_fields))
 
-    def _flush_pipelined(self, read: Statement | None) -> Sequence[Any] | None:
+    def _flush_pipelined(self, read: Statement | None, *, commit: bool) -> Sequence[Any] | None:
         statements = [
             statement
             for statement in (
@@ -353,11 +386,17 @@ class EventBatch:
             statements.append(read)
         if not statements:
             return None
-        cursors = [connection.cursor() for _ in statements]
+        db = connections[DEFAULT_DB_ALIAS]
+        folded = commit and sql.commits_with_last_pipeline(db)
+        cursors = [db.cursor() for _ in statements]
         try:
-            with connection.wrap_database_errors, connection.connection.pipeline():
-                for cursor, (statement, params) in zip(cursors, statements, strict=True):
-                    cursor.execute(statement, params)
+            with db.wrap_database_errors:
+                with db.connection.pipeline():
+                    for cursor, (statement, params) in zip(cursors, statements, strict=True):
+                        cursor.execute(statement, params)
+                    if folded:
+                        sql.send_commit(db)
+                # Read once the pipeline has ended (one round trip, not a flush's and a sync's).
                 if self._new:
                     # The first statement is the steps' INSERT ... RETURNING id, seq.
                     by_seq = {step.seq: step for step in self._new}
@@ -368,6 +407,8 @@ class EventBatch:
         finally:
             for cursor in cursors:
                 cursor.close()
+        if folded:
+            sql.refuse_statements_after_commit(db)
         return row
 
 

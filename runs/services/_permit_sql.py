@@ -1,4 +1,4 @@
-"""A permit in three round trips: its opening, its writes, its commit; statements built once.
+"""A permit in two round trips: its opening, then its writes and its commit; statements built once.
 
 A permit read the live lease, looked for a record of the same `tool_call_id`, read the team's
 approval rules, found the running step, inserted the record, bumped the run's counters, read
@@ -10,7 +10,8 @@ Here the opening is one pipeline (`runs.sql.pipelined`): BEGIN, the run lock, th
 held, and READ COMMITTED taking a new snapshot per statement — the permit's reads in one
 statement and the row the team's policies check against (`hooks.PolicyChecks.read`). The
 writes are a second pipeline: the record with the run's counters in one statement, and the
-ledger entry, hashed beforehand (`runs.ledger.ledger_entry_pending`). Rules are only read in
+ledger entry, hashed beforehand (`runs.ledger.ledger_entry_pending`), and the COMMIT, unless the
+call is held (its approval is written after). Rules are only read in
 full when the team has an enabled one, the team's spend only when it has a budget, and a
 `tool_call_id` asked before takes the ORM path (a retry is rare).
 On SQLite (`make run`) each read and write goes through the ORM, one by one.
@@ -169,11 +170,17 @@ def _write_statement() -> str:
 
 
 def write_permit(
-    run: Run, record: ExecutionRecord, *, now: datetime, entry: PendingEntry | None
+    run: Run,
+    record: ExecutionRecord,
+    *,
+    now: datetime,
+    entry: PendingEntry | None,
+    commit: bool = False,
 ) -> None:
     """Insert `record` (its pk is set) and write the run's counters (already set on `run`,
     but for `updated_at`, set here), with the permit's ledger `entry` in the same round trip.
-    Call it under the run lock, in the permit's transaction."""
+    Call it under the run lock, in the permit's transaction. `commit`: nothing is written after
+    these, the COMMIT may go in the same round trip (`sql.pipelined`)."""
     run.updated_at = now
     if not sql.prepared_statements():
         record.save(force_insert=True)
@@ -185,7 +192,7 @@ def write_permit(
     ]
     params += [run.pk, *sql.insert_params(record)]
     written, *entries = sql.pipelined(
-        (_write_statement(), params), *([entry.statement()] if entry else [])
+        (_write_statement(), params), *([entry.statement()] if entry else []), commit=commit
     )
     sql.saved_as(record, written[0][0])
     if entry is not None:

@@ -1,4 +1,5 @@
-"""A tool result in three round trips: its opening, its writes, its commit; statements built once.
+"""A tool result in two round trips: its opening, then its writes and its commit; statements built
+once.
 
 A result read its execution record, saved it (every column), read the ledger head, appended,
 and bumped the run's counters: five ORM statements, each compiled again on every call, each a
@@ -10,7 +11,9 @@ Here the opening is one pipeline (`runs.sql.pipelined`): BEGIN, the run lock, th
 held, READ COMMITTED taking a new snapshot per statement — the record and the ledger head in
 one statement, and the row the team's policies check against (`hooks.PolicyChecks.read`:
 nothing the result writes is in it). The writes are a second pipeline: the record and the
-run's counters in one statement, and the ledger entry, hashed beforehand. On SQLite
+run's counters in one statement, and the ledger entry, hashed beforehand, with the COMMIT when
+the team never had a policy (whose facts the result would write after) and the run is not
+`stopped_dirty` (which the result may settle). On SQLite
 (`make run`) each read and write goes through the ORM, one by one.
 
 No `pre_save`/`post_save` signal is sent for the record or the run: no receiver listens to
@@ -121,10 +124,13 @@ def _write_statement() -> str:
     return f"WITH moved AS ({moved}) {saved}"
 
 
-def write_result(run: Run, record: ExecutionRecord, *, entry: PendingEntry | None) -> None:
+def write_result(
+    run: Run, record: ExecutionRecord, *, entry: PendingEntry | None, commit: bool = False
+) -> None:
     """Save every column of `record` (as `record.save()` does) and the run's `change_seq` (already
     bumped on `run`) with its `updated_at`, with the result's ledger `entry` in the same round
-    trip. Call it under the run lock, in the result's transaction."""
+    trip. Call it under the run lock, in the result's transaction. `commit`: nothing is written
+    after these, the COMMIT may go in the same round trip (`sql.pipelined`)."""
     if not sql.prepared_statements():
         record.save()
         run.save(update_fields=list(RUN_FIELDS))
@@ -142,7 +148,7 @@ def write_result(run: Run, record: ExecutionRecord, *, entry: PendingEntry | Non
     ]
     params.append(record.pk)
     _written, *entries = sql.pipelined(
-        (_write_statement(), params), *([entry.statement()] if entry else [])
+        (_write_statement(), params), *([entry.statement()] if entry else []), commit=commit
     )
     if entry is not None:
         entry.written(entries[0][0][0])

@@ -2,7 +2,7 @@
 run's own suspend / complete / fail. One transaction and one run lock per batch; every event
 answered.
 
-What each event does is here; how the batch reads and writes its rows (three round trips on
+What each event does is here; how the batch reads and writes its rows (two round trips on
 PostgreSQL whatever its size) is `_events_sql`.
 """
 
@@ -113,10 +113,14 @@ def events_ingest(
     """
     ids = [str(event.get("event_id", "")) for event in events]
     keys = _step_keys(events)
+    checks = hooks.policies()
     with transaction.atomic(durable=True):
-        run, seen, found = open_batch(run_id, ids, keys, token_check)
+        opening = open_batch(run_id, ids, keys, token_check, also=checks.version_read(run_id))
+        run, seen = opening.run, opening.seen
+        # No policy of the team looks at events: nothing is checked after the batch's writes.
+        quiet = checks.events_quiet(run.team_id, opening.also)
         now = timezone.now()
-        batch = EventBatch(run, keys, found, now)
+        batch = EventBatch(run, keys, opening.found, now)
         answers: list[EventAnswer] = []
         stale = 0
         for event_id, event in zip(ids, events, strict=True):
@@ -152,13 +156,14 @@ def events_ingest(
             exhausted_spend_budget(run) if batch.spent and run.status == RunStatus.RUNNING else ""
         )
         note = budget_note(run, budget) if budget else ""
-        checks = hooks.policies()
         # What the team's policies read goes with the batch's writes, after them: one round
         # trip, where it was one more of its own (docs/BENCHMARKS.md, single events).
-        read = (
-            checks.read(run.pk) if touch and not note and run.status == RunStatus.RUNNING else None
-        )
-        checked = batch.flush(touch=touch, read=read)
+        checked_after = not quiet and run.status == RunStatus.RUNNING
+        read = checks.read(run.pk) if touch and not note and checked_after else None
+        # Nothing is written after the batch's rows when no spend is to be charged and no
+        # policy checks them: the COMMIT goes in the same round trip.
+        last = not checked_after and not batch.spent and not batch.cost_usd
+        checked = batch.flush(touch=touch, read=read, commit=last)
         if touch:
             notify.run_changed(run, kind="events")
         note = note or _charge_team_budget(run, batch, now)
@@ -171,7 +176,7 @@ def events_ingest(
                 now=now,
             )
         # The team's policies see the batch's facts written, in this same transaction.
-        if run.status == RunStatus.RUNNING:
+        if run.status == RunStatus.RUNNING and not quiet:
             checks.events(run, _accepted_types(events, answers), now=now, read=checked)
     return answers
 

@@ -28,6 +28,7 @@ from runs.models import (
     ExecutionState,
     RecoveryPolicy,
     Run,
+    RunStatus,
     SideEffect,
     SideEffectState,
     StopReason,
@@ -286,7 +287,10 @@ def _create_permit(
     entry = ledger_entry_pending(
         run=run, actor=actor, action=action, payload=payload, head=reads.ledger_head
     )
-    write_permit(run, record, now=now, entry=entry)  # with the entry, in one round trip
+    # With the entry, in one round trip; with the COMMIT too when nothing is written after:
+    # not a held call (its approval is), not an entry a ledger listener writes for.
+    last = not held and entry is not None and not hooks.entry_listened(action)
+    write_permit(run, record, now=now, entry=entry, commit=last)
     if entry is None:
         ledger_append(run=run, actor=actor, action=action, payload=payload, head=reads.ledger_head)
     notify.run_changed(run, kind=action)
@@ -323,6 +327,12 @@ def tool_result_report(
         apply_tool_result(
             run,
             record,
+            # Nothing is written after the result's own writes: no policy to count it, no dirty
+            # stop it could settle.
+            last_write=(
+                hooks.policies().quiet(opening.checks_read)
+                and run.status != RunStatus.STOPPED_DIRTY
+            ),
             execution_state=execution_state,
             operation_id=operation_id,
             observation=observation,

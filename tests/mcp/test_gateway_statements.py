@@ -190,8 +190,9 @@ def test_a_tools_call_costs_its_permit_and_its_result_only(
     # itself asks nothing of the database per call (its token, its tools, its run are known).
     assert tally.by_service.get("the gateway", 0) == 0, tally.statements
     assert set(tally.by_service) == {"permit_request", "tool_result_report"}
-    # One transaction each.
+    # One transaction each, whose COMMIT went with its writes (no round trip of its own).
     assert tally.commits == 6
+    assert tally.statements.count("COMMIT") == 6
     # A call's result is committed before the session's next permit starts: policies that
     # count a run's failures in a row see every one of them.
     order = sorted(tally.spans, key=lambda span: span[1])
@@ -203,7 +204,7 @@ def test_a_tools_call_costs_its_permit_and_its_result_only(
     # budget, ledger head; the result: the record, ledger head); one write (the record with the
     # run's counters); the ledger entry. The policies' own statements (`policies_*`) are theirs
     # to count (tests/policies/test_cost_of_checking.py).
-    ours = [sql for sql in tally.statements if '"policies_' not in sql]
+    ours = [sql for sql in tally.statements if '"policies_' not in sql and sql != "COMMIT"]
     assert len(ours) == 3 * (4 + 4), ours
     assert sum(sql.lstrip().startswith("SELECT") for sql in ours) == 3 * (2 + 2), ours
     # A team without a budget has no spend to read: no statement names its budget row alone.

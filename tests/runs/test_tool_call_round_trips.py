@@ -1,7 +1,8 @@
-"""A tool call's permit and its result each wait for three round trips to PostgreSQL: the opening
-(BEGIN, the run lock, what the transition decides on and the team policies' row, one pipeline),
-the writes (the record with the run's counters and the ledger entry, one pipeline) and COMMIT.
-The MCP gateway asks both for every `tools/call` (docs/BENCHMARKS.md). Counted, never timed;
+"""A tool call's permit and its result each wait for two round trips to PostgreSQL: the opening
+(BEGIN, the run lock, what the transition decides on and the team policies' row, one pipeline)
+and the writes (the record with the run's counters and the ledger entry) with the COMMIT in a
+second one, when nothing is written after them. The MCP gateway asks both for every
+`tools/call` (docs/BENCHMARKS.md). Counted on the wire (libpq's protocol trace), never timed;
 each test also checks what the statements must still do.
 """
 
@@ -13,7 +14,7 @@ from policies.models import RunFacts
 from policies.reads import read_for_checks_statement
 from runs import sql
 from runs.ledger import ledger_verify
-from runs.models import ExecutionRecord, LedgerEntry, RunStatus
+from runs.models import Approval, ExecutionRecord, LedgerEntry, RunStatus
 from tests.support.policies import permit, policy, result
 from tests.support.round_trips import RoundTrips
 from tests.support.scenarios import make_running, reload
@@ -22,8 +23,8 @@ from tests.support.scenarios import make_running, reload
 # COMMIT would not happen.
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The two pipelines and the COMMIT (BEGIN goes in the first pipeline).
-ROUND_TRIPS = 3
+# The two pipelines, the COMMIT in the second.
+ROUND_TRIPS = 2
 
 
 def _counted(monkeypatch: pytest.MonkeyPatch, call) -> RoundTrips:
@@ -42,11 +43,14 @@ def test_a_permit_and_a_result_wait_for_three_round_trips_each(team, monkeypatch
     answered = _counted(monkeypatch, lambda: result(run, "c1", "failed"))
 
     policies_read, _ = read_for_checks_statement(run.pk)
+    # The permit's policies write their facts before its own writes, which carry the COMMIT;
+    # the result's write them after its own, so its COMMIT is a round trip of its own.
+    assert (asked.pipelines, asked.commits, asked.waits) == (2, 0, ROUND_TRIPS + 1)
+    assert (answered.pipelines, answered.commits, answered.waits) == (2, 1, ROUND_TRIPS + 2)
     for trips in (asked, answered):
-        assert (trips.pipelines, trips.commits) == (2, 1), trips.alone
         # The facts' upsert is the one statement of its own (a team with policies only).
         assert [s for s in trips.alone if "policies_runfacts" not in s] == [], trips.alone
-        assert trips.count == ROUND_TRIPS + 1
+        assert trips.count == trips.waits
         assert policies_read in trips.in_pipelines
         assert sum(s.startswith('INSERT INTO "runs_ledgerentry"') for s in trips.in_pipelines) == 1
     record = ExecutionRecord.objects.get(run=run, tool_call_id="c1")
@@ -60,13 +64,29 @@ def test_a_permit_and_a_result_wait_for_three_round_trips_each(team, monkeypatch
     assert ledger_verify(run_id=run.pk)[1] is None
 
 
-def test_a_team_without_policies_waits_for_three_round_trips(team, monkeypatch):
+def test_a_team_without_policies_waits_for_two_round_trips(team, monkeypatch):
     run, _ = make_running(team)
     permit(run, "warm")
     asked = _counted(monkeypatch, lambda: permit(run, "c1"))
     answered = _counted(monkeypatch, lambda: result(run, "c1", "succeeded"))
-    assert asked.count == answered.count == ROUND_TRIPS
-    assert asked.alone == answered.alone == []
+    for trips in (asked, answered):
+        # On the wire: BEGIN went with the opening's statements, COMMIT with the writes.
+        assert (trips.count, trips.waits, trips.commits) == (ROUND_TRIPS, ROUND_TRIPS, 0)
+        assert trips.alone == []
+        assert trips.in_pipelines[-1] == "COMMIT"
+    record = ExecutionRecord.objects.get(run=run, tool_call_id="c1")
+    assert record.execution_state == "succeeded"
+    assert ledger_verify(run_id=run.pk)[1] is None
+
+
+def test_a_held_call_commits_after_its_approval_is_written(team, monkeypatch):
+    run, _ = make_running(team)
+    asked = _counted(monkeypatch, lambda: permit(run, "c1", needs_approval=True))
+    assert asked.commits == 1
+    assert "COMMIT" not in asked.in_pipelines
+    record = ExecutionRecord.objects.get(run=run, tool_call_id="c1")
+    assert record.execution_state == "awaiting_approval"
+    assert Approval.objects.get(execution_record=record).status == "waiting"
 
 
 def test_a_policy_sees_the_results_facts_read_with_the_opening(team):
