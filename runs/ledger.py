@@ -248,6 +248,12 @@ class PendingEntry:
     def statement(self) -> tuple[str, list[Any]]:
         return sql.insert_statement(LedgerEntry), sql.insert_params(self.entry)
 
+    @property
+    def listened(self) -> bool:
+        """A ledger listener may write for this entry (in `written`): its transaction must stay
+        open after the entry's INSERT."""
+        return hooks.entry_listened(self.entry.action)
+
     def written(self, pk: int) -> None:
         sql.saved_as(self.entry, pk)
         if self.run is not None:

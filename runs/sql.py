@@ -17,8 +17,8 @@ PostgreSQL parses and plans it once per connection, not once per call.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models
@@ -365,26 +365,35 @@ def pipelined(
     holds the run lock while its statements wait on their round trips.
 
     `commit`: these are the transaction's last statements; its COMMIT goes in the same round
-    trip when the transaction allows it (`commits_with_last_pipeline`). Nothing may run on the
-    connection after them until the transaction's block ends (`refuse_statements_after_commit`)."""
+    trip when the transaction allows it (`_commits_with_last_pipeline`). Nothing may run on the
+    connection after them until the transaction's block ends (`_refuse_statements_after_commit`)."""
     db = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` looks the thread's up again
-    folded = commit and commits_with_last_pipeline(db)
     with ExitStack() as cursors:
         opened = [cursors.enter_context(cursor(db)) for _ in statements]
         with db.wrap_database_errors:
-            with db.connection.pipeline():
+            with pipeline(db, commit=commit):
                 for each, (statement, params) in zip(opened, statements, strict=True):
                     each.execute(statement, params)
-                if folded:
-                    send_commit(db)
             # The pipeline's end waited for every result: each cursor holds its own now.
-            fetched = [_fetched(each) for each in opened]
+            return [_fetched(each) for each in opened]
+
+
+@contextmanager
+def pipeline(db: BaseDatabaseWrapper, *, commit: bool = False) -> Iterator[None]:
+    """`db`'s psycopg pipeline; with `commit`, the statements sent in it are the transaction's
+    last, and its COMMIT goes at the pipeline's end when the transaction allows it
+    (`_commits_with_last_pipeline`). Read the cursors' rows once the block has ended: a fetch
+    inside it waits for a round trip of its own (a flush) before the pipeline's sync."""
+    folded = commit and _commits_with_last_pipeline(db)
+    with db.connection.pipeline():
+        yield
+        if folded:
+            _send_commit(db)
     if folded:
-        refuse_statements_after_commit(db)
-    return fetched
+        _refuse_statements_after_commit(db)
 
 
-def commits_with_last_pipeline(db: BaseDatabaseWrapper) -> bool:
+def _commits_with_last_pipeline(db: BaseDatabaseWrapper) -> bool:
     """Whether a transition's last pipeline may carry its transaction's COMMIT: on PostgreSQL,
     in the outermost block of a durable `transaction.atomic` (not a savepoint, not a test's
     wrapping transaction), with no error met.
@@ -405,7 +414,7 @@ def commits_with_last_pipeline(db: BaseDatabaseWrapper) -> bool:
     )
 
 
-def send_commit(db: BaseDatabaseWrapper) -> None:
+def _send_commit(db: BaseDatabaseWrapper) -> None:
     # Django's own cursor binds on the client: COMMIT is not prepared on the connection.
     with db.cursor() as plain:
         plain.execute("COMMIT")
@@ -416,7 +425,7 @@ class StatementAfterCommit(TransactionManagementError):
     pipeline: it would have run in a transaction of its own."""
 
 
-def refuse_statements_after_commit(db: BaseDatabaseWrapper) -> None:
+def _refuse_statements_after_commit(db: BaseDatabaseWrapper) -> None:
     """Until the committed block ends, a statement on this connection raises instead of
     silently starting a second transaction that `atomic` would then commit. Every caller of
     `pipelined(commit=True)` is tested for sending nothing after; this keeps it so."""

@@ -43,7 +43,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from runs import hooks, notify, sql
+from runs import notify, sql
 from runs.actors import Actor
 from runs.errors import (
     IllegalTransition,
@@ -388,12 +388,7 @@ def apply_tool_result(
         run=run, actor=actor, action="tool.result", payload=payload, head=ledger_head
     )
     # The record and the run's counters in one statement, with the entry in one round trip.
-    write_result(
-        run,
-        record,
-        entry=entry,
-        commit=last_write and entry is not None and not hooks.entry_listened("tool.result"),
-    )
+    write_result(run, record, entry=entry, commit=last_write)
     if entry is None:
         ledger_append(run=run, actor=actor, action="tool.result", payload=payload, head=ledger_head)
     notify.run_changed(run, kind="tool.result")

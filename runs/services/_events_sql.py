@@ -180,7 +180,7 @@ def _open_pipelined(
         connection.cursor() as read,
         connection.wrap_database_errors,
     ):
-        with connection.connection.pipeline():
+        with sql.pipeline(connection):
             lock.execute(_lock_statement(token_check is not None), lock_params)
             if ids:
                 receipts.execute(_receipts_statement(), [run_id, ids])
@@ -188,8 +188,7 @@ def _open_pipelined(
                 steps.execute(_steps_statement(), [run_id, key_list, run_id])
             if also is not None:
                 read.execute(*also)
-        # Read once the pipeline has ended: a fetch inside it would wait for its own round trip
-        # (a flush) before the pipeline's sync waits for another.
+        # Read once the pipeline has ended (`sql.pipeline`).
         row = lock.fetchone()
         seen = dict(receipts.fetchall()) if ids else {}
         step_rows = steps.fetchall() if key_list else []
@@ -387,15 +386,12 @@ class EventBatch:
         if not statements:
             return None
         db = connections[DEFAULT_DB_ALIAS]
-        folded = commit and sql.commits_with_last_pipeline(db)
         cursors = [db.cursor() for _ in statements]
         try:
             with db.wrap_database_errors:
-                with db.connection.pipeline():
+                with sql.pipeline(db, commit=commit):
                     for cursor, (statement, params) in zip(cursors, statements, strict=True):
                         cursor.execute(statement, params)
-                    if folded:
-                        sql.send_commit(db)
                 # Read once the pipeline has ended (one round trip, not a flush's and a sync's).
                 if self._new:
                     # The first statement is the steps' INSERT ... RETURNING id, seq.
@@ -407,8 +403,6 @@ class EventBatch:
         finally:
             for cursor in cursors:
                 cursor.close()
-        if folded:
-            sql.refuse_statements_after_commit(db)
         return row
 
 

@@ -179,8 +179,9 @@ def write_permit(
 ) -> None:
     """Insert `record` (its pk is set) and write the run's counters (already set on `run`,
     but for `updated_at`, set here), with the permit's ledger `entry` in the same round trip.
-    Call it under the run lock, in the permit's transaction. `commit`: nothing is written after
-    these, the COMMIT may go in the same round trip (`sql.pipelined`)."""
+    Call it under the run lock, in the permit's transaction. `commit`: the caller writes nothing
+    after these; the COMMIT may go in the same round trip (`sql.pipelined`), unless a ledger
+    listener writes for the entry."""
     run.updated_at = now
     if not sql.prepared_statements():
         record.save(force_insert=True)
@@ -192,7 +193,9 @@ def write_permit(
     ]
     params += [run.pk, *sql.insert_params(record)]
     written, *entries = sql.pipelined(
-        (_write_statement(), params), *([entry.statement()] if entry else []), commit=commit
+        (_write_statement(), params),
+        *([entry.statement()] if entry else []),
+        commit=commit and not (entry and entry.listened),
     )
     sql.saved_as(record, written[0][0])
     if entry is not None:

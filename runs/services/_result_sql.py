@@ -129,8 +129,9 @@ def write_result(
 ) -> None:
     """Save every column of `record` (as `record.save()` does) and the run's `change_seq` (already
     bumped on `run`) with its `updated_at`, with the result's ledger `entry` in the same round
-    trip. Call it under the run lock, in the result's transaction. `commit`: nothing is written
-    after these, the COMMIT may go in the same round trip (`sql.pipelined`)."""
+    trip. Call it under the run lock, in the result's transaction. `commit`: the caller writes
+    nothing after these; the COMMIT may go in the same round trip (`sql.pipelined`), unless a
+    ledger listener writes for the entry."""
     if not sql.prepared_statements():
         record.save()
         run.save(update_fields=list(RUN_FIELDS))
@@ -148,7 +149,9 @@ def write_result(
     ]
     params.append(record.pk)
     _written, *entries = sql.pipelined(
-        (_write_statement(), params), *([entry.statement()] if entry else []), commit=commit
+        (_write_statement(), params),
+        *([entry.statement()] if entry else []),
+        commit=commit and not (entry and entry.listened),
     )
     if entry is not None:
         entry.written(entries[0][0][0])

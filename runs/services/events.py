@@ -162,7 +162,7 @@ def events_ingest(
         read = checks.read(run.pk) if touch and not note and checked_after else None
         # Nothing is written after the batch's rows when no spend is to be charged and no
         # policy checks them: the COMMIT goes in the same round trip.
-        last = not checked_after and not batch.spent and not batch.cost_usd
+        last = not checked_after and not batch.spent
         checked = batch.flush(touch=touch, read=read, commit=last)
         if touch:
             notify.run_changed(run, kind="events")

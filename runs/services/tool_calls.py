@@ -287,10 +287,9 @@ def _create_permit(
     entry = ledger_entry_pending(
         run=run, actor=actor, action=action, payload=payload, head=reads.ledger_head
     )
-    # With the entry, in one round trip; with the COMMIT too when nothing is written after:
-    # not a held call (its approval is), not an entry a ledger listener writes for.
-    last = not held and entry is not None and not hooks.entry_listened(action)
-    write_permit(run, record, now=now, entry=entry, commit=last)
+    # With the entry, in one round trip; with the COMMIT too unless the call is held (its
+    # approval is written after).
+    write_permit(run, record, now=now, entry=entry, commit=not held)
     if entry is None:
         ledger_append(run=run, actor=actor, action=action, payload=payload, head=reads.ledger_head)
     notify.run_changed(run, kind=action)
