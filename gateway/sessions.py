@@ -82,6 +82,33 @@ class InFlight:
     decision: asyncio.Future[dict[str, Any]] | None = None
 
 
+class _ProgressAfterPermit:
+    """A read forwarded beside its permit: its progress notifications wait for the permit, so
+    the client hears nothing of a call safestop may yet refuse."""
+
+    def __init__(self, progress: Callable[[float, float | None, str | None], Awaitable[None]]):
+        self._progress = progress
+        self._kept: list[tuple[float, float | None, str | None]] = []
+        self._granted = False
+
+    async def send(self, progress: float, total: float | None, message: str | None) -> None:
+        if self._granted:
+            await self._progress(progress, total, message)
+        else:
+            self._kept.append((progress, total, message))
+
+    async def release(self) -> None:
+        while self._kept:
+            await self._progress(*self._kept.pop(0))
+        self._granted = True
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # A read forwarded beside a permit that was refused: nobody awaits its answer.
+    if not task.cancelled():
+        task.exception()
+
+
 def _stop_text(facts: StopFacts | None) -> str:
     if facts is None:
         return "The run was stopped; no further tool calls are allowed."
@@ -140,6 +167,9 @@ class GatewaySession:
     _news: News = field(default_factory=lambda: News(NEWS_DELAY_SECONDS))
     _reports: set[asyncio.Task[Any]] = field(default_factory=set)
     _channel: str = ""
+    # Whether the session's last permit said nothing could hold a call (the team has no
+    # approval rule and never had a policy): the next read then goes beside its permit.
+    _reads_beside_permit: bool = False
 
     @property
     def team_id(self) -> int:
@@ -363,10 +393,45 @@ class GatewaySession:
             raise RpcError(-32600, f"request id {rpc_id!r} is already in flight in this session")
         self.in_flight[tool_call_id] = call
         try:
+            if side_effect == SideEffect.NONE and self._reads_beside_permit:
+                return await self._read_beside_permit(call, arguments, progress)
             arguments = await self._permit(call, arguments)
-            return await self._forward(call, name, arguments, progress)
+            return await self._forward(call, arguments, progress)
         finally:
             self.in_flight.pop(tool_call_id, None)
+
+    async def _read_beside_permit(
+        self, call: InFlight, arguments: dict[str, Any] | None, progress: Any
+    ) -> dict[str, Any]:
+        """Forward a read at once and ask its permit meanwhile; answer only once it is granted.
+
+        A read changes nothing upstream (its tool says `readOnlyHint`), so what may run before
+        its permit is what a draining run lets finish anyway (DESIGN §2): the client sees the
+        answer only if the permit was granted, so only if no stop came first, and a refused or
+        held call is cancelled upstream like any call in flight at a stop. Only while nothing
+        could hold the call (`_reads_beside_permit`): where a rule or a policy might, nothing
+        runs before its permit. The call then takes the longer of the permit and the upstream,
+        not their sum.
+        """
+        started = time.monotonic()
+        kept = _ProgressAfterPermit(progress) if progress is not None else None
+        call.task = asyncio.create_task(
+            self.link.call_tool(call.tool, arguments, kept.send if kept else None)
+        )
+        call.task.add_done_callback(_retrieve)
+        try:
+            final = await self._permit(call, arguments)
+        except BaseException:
+            call.task.cancel()  # the SDK sends notifications/cancelled upstream
+            raise
+        if final != arguments:
+            # Held after all (a rule added since the last permit) and approved with a reviewer's
+            # edit: the answer to the arguments as first asked is not the one to give.
+            call.task.cancel()
+            return await self._forward(call, final, progress)
+        if kept is not None:
+            await kept.release()
+        return await self._forward(call, final, progress, running=call.task, started=started)
 
     async def _permit(
         self, call: InFlight, arguments: dict[str, Any] | None
@@ -397,6 +462,7 @@ class GatewaySession:
         except DomainError as error:
             raise RpcError(-32602, f"safestop refused the call: {error.detail}") from error
         self._news.later(events)
+        self._reads_beside_permit = not record.holds_possible
         if record.execution_state != ExecutionState.AWAITING_APPROVAL:
             return arguments
         call.approval_id = record.approval.pk
@@ -441,10 +507,21 @@ class GatewaySession:
             stopping.cancel()
 
     async def _forward(
-        self, call: InFlight, name: str, arguments: dict[str, Any] | None, progress: Any
+        self,
+        call: InFlight,
+        arguments: dict[str, Any] | None,
+        progress: Any,
+        *,
+        running: asyncio.Task[dict[str, Any]] | None = None,
+        started: float | None = None,
     ) -> dict[str, Any]:
-        started = time.monotonic()
-        call.task = asyncio.create_task(self.link.call_tool(name, arguments, progress))
+        """The call at the upstream (`running`: already forwarded, at `started`), its answer to
+        the client and its result recorded."""
+        if running is None:
+            started = time.monotonic()
+            running = asyncio.create_task(self.link.call_tool(call.tool, arguments, progress))
+        assert started is not None
+        call.task = running
         try:
             result = await asyncio.shield(call.task)
         except asyncio.CancelledError:

@@ -187,8 +187,9 @@ class PolicyChecks:
         return None
 
     def quiet(self, read: Sequence[Any] | None) -> bool:
-        """Whether `tool_result` given this `read` row writes nothing (the team never had a
-        policy): the result may then send its COMMIT with its own writes."""
+        """Whether the team's policies have nothing to say given this `read` row (the team never
+        had a policy): `tool_result` writes nothing, so the result may send its COMMIT with its
+        own writes, and no permit can be held or stopped by a policy."""
         return True
 
     def version_read(self, run_id: str) -> tuple[str, list[Any]] | None:

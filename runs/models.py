@@ -384,6 +384,11 @@ class ExecutionRecordQuerySet(models.QuerySet["ExecutionRecord"]):
 class ExecutionRecord(models.Model):
     """One tool call: intent written before it runs (the permit), result after."""
 
+    # Not a column: what `permit_request` learnt writing this record's permit. False when the
+    # team has no approval rule and never had a policy, so nothing could have held the call;
+    # the MCP gateway then forwards a session's next read beside its permit (DESIGN §15).
+    holds_possible = True
+
     run = models.ForeignKey(
         Run,
         on_delete=models.CASCADE,

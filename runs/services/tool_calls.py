@@ -187,6 +187,9 @@ def permit_request(
                     actor=actor,
                 )
                 hold_for_approval(run, gate, record, ask=ask, actor=actor, now=now)
+                record.holds_possible = reads.rules_exist or not hooks.policies().quiet(
+                    opening.checks_read
+                )
                 return record, True
     assert refusal is not None
     if isinstance(refusal, BudgetExhausted):

@@ -5,7 +5,7 @@
 - `crash(seconds)`: a write whose process exits mid-call (an upstream that dies);
 - `status(service)`: a read.
 Each call appends a line to the file named by WRITER_LOG (when set), so a test can tell
-whether a write reached the server.
+whether a call reached the server.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ async def crash(seconds: float = 0.2) -> str:
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 async def status(service: str) -> str:
     """Read a service's status."""
+    _log(f"status {service}")
     return f"{service} is up"
 
 

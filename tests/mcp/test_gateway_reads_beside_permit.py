@@ -1,0 +1,228 @@
+"""A read goes to the upstream beside its permit, and is answered only once the permit is granted
+(DESIGN §15): while nothing could hold the call (no approval rule, never a policy), the call
+takes the longer of the two, not their sum.
+
+The permit is made to wait by holding the run's row lock from the test (the lock every permit
+and every stop takes first), so what reaches the upstream meanwhile can be seen in its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from django.db import connection, transaction
+
+from gateway.sessions import _ProgressAfterPermit
+from runs import services
+from runs.actors import Actor
+from runs.models import Approval, ExecutionRecord, Run
+from runs.services import approval_rule_create
+from tests.mcp.conftest import mcp_session
+from tests.mcp.scenarios import db, eventually, reviewer_post, session_run_id
+from tests.support.stack import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _read(path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def _lock_waiters() -> int:
+    """Backends waiting for a lock (here: for the run's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+class RunRowLock:
+    """The run's row lock, held by a thread of its own between `take` and `release`."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._locked, self._release = threading.Event(), threading.Event()
+        self._holder = threading.Thread(target=self._hold, daemon=True)
+
+    def _hold(self) -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk=self.run_id)
+                self._locked.set()
+                self._release.wait(30)
+        finally:
+            connection.close()
+
+    def take(self) -> None:
+        self._holder.start()
+        assert self._locked.wait(10), "the test could not lock the run's row"
+
+    def release(self) -> None:
+        self._release.set()
+        self._holder.join(10)
+
+
+@asynccontextmanager
+async def run_row_locked(run_id: str) -> AsyncIterator[RunRowLock]:
+    lock = RunRowLock(run_id)
+    await asyncio.to_thread(lock.take)
+    try:
+        yield lock
+    finally:
+        await asyncio.to_thread(lock.release)
+
+
+def test_a_read_reaches_the_upstream_while_its_permit_waits(
+    live_stack, slow_writer, agent_token, writer_log
+) -> None:
+    async def scenario() -> tuple[str, bool, str]:
+        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
+            await session.initialize()
+            # The session's first permit tells it that nothing could hold a call.
+            await session.call_tool("status", {"service": "warm"})
+            run_id = await session_run_id()
+            async with run_row_locked(run_id) as lock:
+                call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
+                await eventually(lambda: "status billing" in _read(writer_log), "the read")
+                await asyncio.sleep(0.3)
+                answered_early = call.done()
+                await asyncio.to_thread(lock.release)
+            result = await asyncio.wait_for(call, 30)
+            return result.content[0].text, answered_early, run_id
+
+    text, answered_early, run_id = asyncio.run(scenario())
+    assert not answered_early  # the upstream answered, the client waited for the permit
+    assert text == "billing is up"
+    calls = ExecutionRecord.objects.filter(run_id=run_id).order_by("id")
+    assert [(c.arguments, c.side_effect, c.execution_state) for c in calls] == [
+        ({"service": "warm"}, "none", "succeeded"),
+        ({"service": "billing"}, "none", "succeeded"),
+    ]
+
+
+def test_a_stop_that_commits_first_refuses_the_read_forwarded_beside_it(
+    live_stack, slow_writer, agent_token, writer_log
+) -> None:
+    async def scenario() -> tuple[object, str]:
+        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
+            await session.initialize()
+            await session.call_tool("status", {"service": "warm"})
+            run_id = await session_run_id()
+            async with run_row_locked(run_id) as lock:
+                # The stop queues for the row first, then the read's permit behind it.
+                stop = asyncio.create_task(db(lambda: _stop(run_id)))
+                await eventually(lambda: _lock_waiters() >= 1, "the stop to wait for the lock")
+                call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
+                await eventually(lambda: "status billing" in _read(writer_log), "the read")
+                await eventually(lambda: _lock_waiters() >= 2, "the permit to wait behind it")
+                await asyncio.to_thread(lock.release)
+            await stop
+            return await asyncio.wait_for(call, 30), run_id
+
+    result, run_id = asyncio.run(scenario())
+    # The upstream answered, but the permit came after the stop: the model reads the refusal.
+    assert result.is_error is True
+    assert "The run was stopped by" in result.content[0].text
+    assert "billing is up" not in result.content[0].text
+    records = ExecutionRecord.objects.filter(run_id=run_id)
+    assert [r.arguments for r in records] == [{"service": "warm"}]  # never permitted
+    wait_until(lambda: Run.objects.get(pk=run_id).status == "stopped_cleanly", 20)
+
+
+def test_a_team_with_a_rule_forwards_nothing_before_its_permit(
+    live_stack, slow_writer, agent_token, writer_log, team
+) -> None:
+    # A rule that holds another tool: a status read is never held, but a rule exists, so the
+    # gateway does not guess which calls it would hold.
+    approval_rule_create(
+        team_id=team.pk,
+        actor=Actor.system("test"),
+        name="deploys need a person",
+        tool_glob="deploy",
+    )
+
+    async def scenario() -> tuple[str, bool]:
+        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
+            await session.initialize()
+            await session.call_tool("status", {"service": "warm"})
+            run_id = await session_run_id()
+            async with run_row_locked(run_id) as lock:
+                call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
+                await eventually(lambda: _lock_waiters() >= 1, "the permit to wait")
+                await asyncio.sleep(0.5)
+                reached_early = "status billing" in _read(writer_log)
+                await asyncio.to_thread(lock.release)
+            result = await asyncio.wait_for(call, 30)
+            return result.content[0].text, reached_early
+
+    text, reached_early = asyncio.run(scenario())
+    assert not reached_early
+    assert text == "billing is up"
+
+
+def test_a_read_held_by_a_rule_added_meanwhile_runs_the_reviewers_arguments(
+    live_stack, slow_writer, agent_token, reviewer_token, writer_log, team
+) -> None:
+    async def scenario() -> str:
+        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
+            await session.initialize()
+            await session.call_tool("status", {"service": "warm"})
+            # The session's last permit said nothing could hold a call; a rule comes after it.
+            await db(
+                lambda: approval_rule_create(
+                    team_id=team.pk,
+                    actor=Actor.system("test"),
+                    name="status needs a person",
+                    tool_glob="status",
+                )
+            )
+            call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
+            approval = await eventually(_waiting_approval, "the held call's approval")
+            await asyncio.sleep(0.3)
+            assert not call.done()  # held: the early answer is not given
+            answer = await reviewer_post(
+                live_stack.url,
+                reviewer_token,
+                f"/api/v1/approvals/{approval.pk}/decide/",
+                {"decision": "approve", "message": "", "arguments": {"service": "ledger"}},
+            )
+            assert answer.status_code == 200, answer.text
+            result = await asyncio.wait_for(call, 30)
+            return result.content[0].text
+
+    assert asyncio.run(scenario()) == "ledger is up"  # the reviewer's arguments, run again
+    log = _read(writer_log)
+    assert "status billing" in log  # forwarded beside its permit before the rule held it
+    assert "status ledger" in log
+
+
+def test_progress_waits_for_the_permit_and_keeps_its_order() -> None:
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        heard.append((value, total, message))
+
+    async def scenario() -> None:
+        kept = _ProgressAfterPermit(progress)
+        await kept.send(1, 3, "one")
+        await kept.send(2, 3, None)
+        assert heard == []  # nothing before the permit
+        await kept.release()
+        await kept.send(3, 3, "three")
+
+    asyncio.run(scenario())
+    assert heard == [(1, 3, "one"), (2, 3, None), (3, 3, "three")]
+
+
+def _stop(run_id: str) -> None:
+    services.run_stop(run_id=run_id, reason="user_stop", actor=Actor.system("reviewer-bot"))
+
+
+def _waiting_approval() -> Approval | None:
+    return Approval.objects.filter(status="waiting").first()
