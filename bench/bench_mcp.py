@@ -14,9 +14,13 @@ tool, sequential calls, one client, the `mcp` SDK's client everywhere:
    Run 3 also reads daphne's own CPU time (`/proc`), divided by the calls (and run 2 the
    node server's): on a shared machine the wall-clock figures measure the queue for its cores,
    the CPU time does not.
+   `echo` is a read (`readOnlyHint`) and the bench's team has no approval rule and no policy,
+   so each call goes upstream beside its permit (DESIGN §15).
 4. 2 and 3 again with a pause between calls (`PAUSE_SECONDS`, standing for the model's turn):
    back to back, a call's permit waits for the previous call's result to be recorded (the
    session's lane keeps them in order, `gateway/lane.py`); paced, it does not.
+4b. 3 again with an approval rule on the team (for a tool never called): nothing goes upstream
+   before its permit, as for every write — the permit's time and the call's add up.
 5. stop → the client's pending call answers — a reviewer's `POST .../cancel/` while
    `trigger-long-running-operation` runs, until the call in flight returns its tool error
    (cancelled upstream, drained); one new session per stop.
@@ -27,10 +31,12 @@ Part of `make bench` (`bench/run_all.py --only mcp` runs it alone).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +96,6 @@ async def _direct_stdio(count: int) -> list[float]:
 
 
 def _http_session(url: str, token: str = "") -> Any:
-    import contextlib
-
     import httpx2
     from mcp.client.session import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -140,6 +144,23 @@ async def _stop_latency(base_url: str, token: str, reviewer_token: str, count: i
             if answer.status_code != 202 or not result.is_error:
                 raise RuntimeError(f"the stop did not reach the call: {answer.text}")
     return samples
+
+
+@contextlib.contextmanager
+def _a_rule_on_the_team(team_id: int) -> Iterator[None]:
+    """An approval rule for a tool nobody calls: the team then has a rule, so the gateway
+    forwards nothing before its permit."""
+    from runs.actors import Actor
+    from runs.services import approval_rule_create, approval_rule_delete
+
+    actor = Actor.system("bench")
+    rule = approval_rule_create(
+        team_id=team_id, actor=actor, name="bench: never matches", tool_glob="never-called-*"
+    )
+    try:
+        yield
+    finally:
+        approval_rule_delete(rule_id=rule.pk, actor=actor)
 
 
 def _py_spy(pid: int) -> subprocess.Popen[bytes] | None:
@@ -226,6 +247,10 @@ def run(stack: Any) -> list[Row]:
                 pause=PAUSE_SECONDS,
             )
         )
+        with _a_rule_on_the_team(stack.team_id):
+            serial, _ = asyncio.run(
+                _over_http(f"{stack.base_url}/mcp/everything/", count, stack.agent_token)
+            )
         stops = asyncio.run(
             _stop_latency(stack.base_url, stack.agent_token, stack.reviewer_token, stack.n(20, 5))
         )
@@ -236,6 +261,7 @@ def run(stack: Any) -> list[Row]:
     over_http = p50 - _p50(direct_http)
     over_stdio = p50 - _p50(direct_stdio)
     over_paced = _p50(paced) - _p50(paced_direct)
+    over_serial = _p50(serial) - _p50(direct_http)
     section = "mcp gateway"
     note = (
         f"added p50: {over_http:.2f} ms over direct HTTP, {over_stdio:.2f} ms over direct stdio; "
@@ -262,6 +288,12 @@ def run(stack: Any) -> list[Row]:
             f"echo through the gateway, {PAUSE_SECONDS * 1000:g} ms between calls",
             paced,
             note=f"added p50: {over_paced:.2f} ms over direct HTTP with the same pause",
+        ),
+        latency_row(
+            section,
+            "echo through the gateway, a team with an approval rule (permit, then the call)",
+            serial,
+            note=f"added p50: {over_serial:.2f} ms over direct HTTP (what a write pays)",
         ),
         latency_row(section, "stop → the pending call answers", stops),
         Row(

@@ -102,7 +102,7 @@ class Lane:
 
     def __init__(self) -> None:
         self._jobs: list[_Job] = []
-        self._runner: asyncio.Task[None] | None = None
+        self._busy = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -110,28 +110,35 @@ class Lane:
         self, fn: Callable[..., Any], /, *args: Any, held: bool = False, **kwargs: Any
     ) -> asyncio.Future[Any]:
         """Queue `fn(*args, **kwargs)`; the future answers its result — with `held`, the pair
-        (result, the run-change events it committed, not yet published)."""
-        future = asyncio.get_running_loop().create_future()
+        (result, the run-change events it committed, not yet published).
+
+        An idle lane hands the job to a thread at once, before the caller goes on: a read sent
+        upstream beside its permit then has its permit started first."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._jobs.append(_Job(functools.partial(fn, *args, **kwargs), future, held))
-        if self._runner is None:
+        if not self._busy:
+            self._busy = True
             self._idle.clear()
-            self._runner = asyncio.create_task(self._run(), name="mcp-db-lane")
+            self._hop(loop)
         return future
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._jobs:
-                jobs, self._jobs = self._jobs, []
-                await sync_to_async(_run_jobs, thread_sensitive=False, executor=_DB_THREADS)(
-                    jobs, loop
-                )
-        finally:
-            for job in self._jobs:  # only when this task was cancelled (the loop is closing)
-                job.future.cancel()
-            self._jobs = []
-            self._runner = None
-            self._idle.set()
+    def _hop(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Straight to the executor (no task, no `sync_to_async` wrapper): the jobs carry no
+        # context of the request, and each job answers its own future from the thread.
+        jobs, self._jobs = self._jobs, []
+        hop = loop.run_in_executor(_DB_THREADS, _run_jobs, jobs, loop)
+        hop.add_done_callback(lambda _: self._next(loop))
+
+    def _next(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._jobs and not loop.is_closed():
+            self._hop(loop)
+            return
+        for job in self._jobs:  # only when the loop is closing
+            job.future.cancel()
+        self._jobs = []
+        self._busy = False
+        self._idle.set()
 
     async def idle(self) -> None:
         """Until every job asked so far is done."""
