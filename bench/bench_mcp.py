@@ -21,8 +21,10 @@ tool, sequential calls, one client, the `mcp` SDK's client everywhere:
    session's lane keeps them in order, `gateway/lane.py`); paced, it does not.
 4b. 2 and 3 paced and taken in turns, one direct call then one through the gateway (the order
    swapped every other pair), so that both see the machine as it is at that moment.
-4c. 3 again with an approval rule on the team (for a tool never called): nothing goes upstream
-   before its permit, as for every write — the permit's time and the call's add up.
+4c. 4b with a read that takes 20 ms at the upstream (server-everything's long-running
+   operation, one step): its permit is done before it answers.
+4d. 3 and 4c again with an approval rule on the team (for a tool never called): nothing goes
+   upstream before its permit, as for every write — the permit's time and the call's add up.
 5. stop → the client's pending call answers — a reviewer's `POST .../cancel/` while
    `trigger-long-running-operation` runs, until the call in flight returns its tool error
    (cancelled upstream, drained); one new session per stop.
@@ -48,6 +50,10 @@ from bench.common import ROOT, Row, free_port, latency_row, wait_for_port
 
 EVERYTHING = ROOT / "tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 NODE = shutil.which("node") or "node"
+# A read that takes its time at the upstream, as most real tools do (a file, an HTTP API):
+# server-everything's long-running operation, one step of 20 ms. Its permit, asked beside it,
+# is done before it answers.
+SLOW_READ = ("trigger-long-running-operation", {"duration": 0.02, "steps": 1})
 # The paced rows' pause between two calls: a model's turn is far longer, this is enough for the
 # gateway's bookkeeping of one call (the result's record) to finish before the next.
 PAUSE_SECONDS = 0.05
@@ -63,22 +69,35 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _echo(index: int | str) -> tuple[str, dict[str, Any]]:
+    return "echo", {"message": f"m{index}"}
+
+
+def _slow_read(index: int | str) -> tuple[str, dict[str, Any]]:
+    return SLOW_READ
+
+
 async def _timed_calls(
-    session: Any, count: int, warmup: int = 20, cpu_pid: int | None = None, pause: float = 0.0
+    session: Any,
+    count: int,
+    warmup: int = 20,
+    cpu_pid: int | None = None,
+    pause: float = 0.0,
+    call: Any = _echo,
 ) -> tuple[list[float], float | None]:
     """The calls' wall times (ms), and the CPU time `cpu_pid` spent per call (ms) over them.
 
     `pause` (seconds) between calls stands for the model's turn between two tool calls; without
     it the calls are back to back, each one's bookkeeping competing with the next."""
     for _ in range(warmup):
-        await session.call_tool("echo", {"message": "warm"})
+        await session.call_tool(*call("warm"))
     cpu_before = _cpu_seconds(cpu_pid) if cpu_pid else 0.0
     samples = []
     for index in range(count):
         if pause:
             await asyncio.sleep(pause)
         started = time.perf_counter()
-        await session.call_tool("echo", {"message": f"m{index}"})
+        await session.call_tool(*call(index))
         samples.append((time.perf_counter() - started) * 1000)
     cpu = (_cpu_seconds(cpu_pid) - cpu_before) * 1000 / count if cpu_pid else None
     return samples, cpu
@@ -115,14 +134,19 @@ def _http_session(url: str, token: str = "") -> Any:
 
 
 async def _over_http(
-    url: str, count: int, token: str = "", cpu_pid: int | None = None, pause: float = 0.0
+    url: str,
+    count: int,
+    token: str = "",
+    cpu_pid: int | None = None,
+    pause: float = 0.0,
+    call: Any = _echo,
 ) -> tuple[list[float], float | None]:
     async with _http_session(url, token) as session:
-        return await _timed_calls(session, count, cpu_pid=cpu_pid, pause=pause)
+        return await _timed_calls(session, count, cpu_pid=cpu_pid, pause=pause, call=call)
 
 
 async def _interleaved(
-    direct_url: str, gateway_url: str, token: str, count: int, pause: float
+    direct_url: str, gateway_url: str, token: str, count: int, pause: float, call: Any = _echo
 ) -> tuple[list[float], list[float]]:
     """Direct and gateway calls taken in turns (the order swapped every other pair), `pause`
     before each: both see the same machine. Separate blocks of 1,000 calls each are minutes
@@ -130,15 +154,15 @@ async def _interleaved(
     of the same code (docs/BENCHMARKS.md)."""
     async with _http_session(direct_url) as direct, _http_session(gateway_url, token) as gateway:
         for _ in range(20):
-            await direct.call_tool("echo", {"message": "warm"})
-            await gateway.call_tool("echo", {"message": "warm"})
+            await direct.call_tool(*call("warm"))
+            await gateway.call_tool(*call("warm"))
         samples: dict[str, list[float]] = {"direct": [], "gateway": []}
         for index in range(count):
             order = [("direct", direct), ("gateway", gateway)]
             for name, session in order if index % 2 == 0 else order[::-1]:
                 await asyncio.sleep(pause)
                 started = time.perf_counter()
-                await session.call_tool("echo", {"message": f"m{index}"})
+                await session.call_tool(*call(index))
                 samples[name].append((time.perf_counter() - started) * 1000)
         return samples["direct"], samples["gateway"]
 
@@ -280,9 +304,28 @@ def run(stack: Any) -> list[Row]:
                 PAUSE_SECONDS,
             )
         )
+        slow_direct, slow_gateway = asyncio.run(
+            _interleaved(
+                f"http://127.0.0.1:{port}/mcp",
+                f"{stack.base_url}/mcp/everything/",
+                stack.agent_token,
+                stack.n(300, 50),
+                PAUSE_SECONDS,
+                call=_slow_read,
+            )
+        )
         with _a_rule_on_the_team(stack.team_id):
             serial, _ = asyncio.run(
                 _over_http(f"{stack.base_url}/mcp/everything/", count, stack.agent_token)
+            )
+            slow_serial, _ = asyncio.run(
+                _over_http(
+                    f"{stack.base_url}/mcp/everything/",
+                    stack.n(300, 50),
+                    stack.agent_token,
+                    pause=PAUSE_SECONDS,
+                    call=_slow_read,
+                )
             )
         stops = asyncio.run(
             _stop_latency(stack.base_url, stack.agent_token, stack.reviewer_token, stack.n(20, 5))
@@ -296,6 +339,8 @@ def run(stack: Any) -> list[Row]:
     over_paced = _p50(paced) - _p50(paced_direct)
     over_serial = _p50(serial) - _p50(direct_http)
     over_turns = _p50(turns_gateway) - _p50(turns_direct)
+    over_slow = _p50(slow_gateway) - _p50(slow_direct)
+    over_slow_serial = _p50(slow_serial) - _p50(slow_direct)
     section = "mcp gateway"
     note = (
         f"added p50: {over_http:.2f} ms over direct HTTP, {over_stdio:.2f} ms over direct stdio; "
@@ -348,6 +393,19 @@ def run(stack: Any) -> list[Row]:
             "echo through the gateway, a team with an approval rule (permit, then the call)",
             serial,
             note=f"added p50: {over_serial:.2f} ms over direct HTTP (what a write pays)",
+        ),
+        latency_row(section, "a 20 ms read, direct HTTP, in turns with the gateway", slow_direct),
+        latency_row(
+            section,
+            "a 20 ms read through the gateway, in turns with direct (beside its permit)",
+            slow_gateway,
+            note=f"added p50: {over_slow:.2f} ms over the direct calls taken in turns",
+        ),
+        latency_row(
+            section,
+            "a 20 ms read through the gateway, a team with an approval rule (permit first)",
+            slow_serial,
+            note=f"added p50: {over_slow_serial:.2f} ms over the direct calls above",
         ),
         latency_row(section, "stop → the pending call answers", stops),
         Row(
