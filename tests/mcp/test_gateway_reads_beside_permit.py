@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 from django.db import connection, transaction
+from mcp.client.session import ClientSession
 
 from gateway.sessions import _ProgressAfterPermit
 from runs import services
@@ -78,15 +79,21 @@ async def run_row_locked(run_id: str) -> AsyncIterator[RunRowLock]:
         await asyncio.to_thread(lock.release)
 
 
+@asynccontextmanager
+async def warm_session(live_stack, agent_token) -> AsyncIterator[tuple[ClientSession, str]]:
+    """A session on the writer upstream after one read: the session's first permit has told it
+    whether anything could hold a call (here nothing, unless the test made a rule)."""
+    async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
+        await session.initialize()
+        await session.call_tool("status", {"service": "warm"})
+        yield session, await session_run_id()
+
+
 def test_a_read_reaches_the_upstream_while_its_permit_waits(
     live_stack, slow_writer, agent_token, writer_log
 ) -> None:
     async def scenario() -> tuple[str, bool, str]:
-        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
-            await session.initialize()
-            # The session's first permit tells it that nothing could hold a call.
-            await session.call_tool("status", {"service": "warm"})
-            run_id = await session_run_id()
+        async with warm_session(live_stack, agent_token) as (session, run_id):
             async with run_row_locked(run_id) as lock:
                 call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
                 await eventually(lambda: "status billing" in _read(writer_log), "the read")
@@ -110,10 +117,7 @@ def test_a_stop_that_commits_first_refuses_the_read_forwarded_beside_it(
     live_stack, slow_writer, agent_token, writer_log
 ) -> None:
     async def scenario() -> tuple[object, str]:
-        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
-            await session.initialize()
-            await session.call_tool("status", {"service": "warm"})
-            run_id = await session_run_id()
+        async with warm_session(live_stack, agent_token) as (session, run_id):
             async with run_row_locked(run_id) as lock:
                 # The stop queues for the row first, then the read's permit behind it.
                 stop = asyncio.create_task(db(lambda: _stop(run_id)))
@@ -148,10 +152,7 @@ def test_a_team_with_a_rule_forwards_nothing_before_its_permit(
     )
 
     async def scenario() -> tuple[str, bool]:
-        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
-            await session.initialize()
-            await session.call_tool("status", {"service": "warm"})
-            run_id = await session_run_id()
+        async with warm_session(live_stack, agent_token) as (session, run_id):
             async with run_row_locked(run_id) as lock:
                 call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
                 await eventually(lambda: _lock_waiters() >= 1, "the permit to wait")
@@ -170,9 +171,7 @@ def test_a_read_held_by_a_rule_added_meanwhile_runs_the_reviewers_arguments(
     live_stack, slow_writer, agent_token, reviewer_token, writer_log, team
 ) -> None:
     async def scenario() -> str:
-        async with mcp_session(f"{live_stack.url}/mcp/writer/", agent_token.raw) as session:
-            await session.initialize()
-            await session.call_tool("status", {"service": "warm"})
+        async with warm_session(live_stack, agent_token) as (session, _):
             # The session's last permit said nothing could hold a call; a rule comes after it.
             await db(
                 lambda: approval_rule_create(
