@@ -7,8 +7,10 @@ types (`mcp_types`) validating every client request before it goes upstream:
   run, leased for the session's life, and a connection to the upstream; the answer carries
   the session id. Other requests need the id (missing: 400; unknown, ended or another team's:
   404 — the same answer, so a token cannot probe other teams' sessions).
-- `tools/call` answers as an SSE stream (progress from the upstream, keep-alive comments while
-  a call waits for a reviewer, then the answer); the other requests answer as JSON.
+- `tools/call` answers as JSON when nothing had to be sent before its answer, else as an SSE
+  stream opened by the first thing that had to go (progress from the upstream, a keep-alive
+  comment while the call waits for a reviewer, a stop notice), then the answer on it; the
+  other requests answer as JSON.
 - Notifications and responses answer 202. `notifications/cancelled` from the client cancels
   that call upstream (the call is then recorded failed or unknown, like a stop's). A response
   answers a request the upstream sent the client (`sampling/createMessage`,
@@ -470,32 +472,41 @@ async def _request(
 
 
 async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: Any) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache"),
-                (b"mcp-session-id", session.id.encode()),
-            ],
-        }
-    )
+    """Answer a `tools/call`: plain JSON when nothing had to be sent before the answer, an SSE
+    stream from the first thing that did (a progress notification, a keepalive while a reviewer
+    decides, a stop notice, an upstream's request to the client).
+
+    The stream is opened only when needed: the SDK clients read a JSON answer for much less than
+    an SSE stream (docs/BENCHMARKS.md, MCP gateway), and most calls answer before anything else.
+    """
     open_stream = True
+    streaming = False
 
     async def event(data: dict[str, Any] | None, comment: str = "") -> bool:
-        nonlocal open_stream
+        nonlocal open_stream, streaming
         if not open_stream:
             return False
         try:
+            if not streaming:
+                streaming = True
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [
+                            (b"content-type", b"text/event-stream"),
+                            (b"cache-control", b"no-cache"),
+                            (b"mcp-session-id", session.id.encode()),
+                        ],
+                    }
+                )
             await send(_sse(data, comment))
         except Exception:  # the client left: the call goes on, and is recorded (not a cancel)
             open_stream = False
         return open_stream
 
     params = request.params
-    meta = params.meta
-    token = getattr(meta, "progress_token", None) if meta is not None else None
+    token = _progress_token(params.meta)
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
         if token is None:
@@ -527,9 +538,19 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
     finally:
         ticker.cancel()
         session.call_streams.remove(event)
-    if open_stream:  # the answer ends the stream: one message to the server, not two
-        with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # the client may have left: the call is recorded
+        if not streaming:
+            await _send_json(send, 200, answer, headers=[(b"mcp-session-id", session.id.encode())])
+        elif open_stream:  # the answer ends the stream: one message to the server, not two
             await send({**_sse(answer), "more_body": False})
+
+
+def _progress_token(meta: Any) -> Any:
+    """The client's `_meta.progressToken`: the SDK's types give `_meta` as a dict (snake_case
+    keys) in mcp 2.x, as an object before."""
+    if isinstance(meta, dict):
+        return meta.get("progress_token", meta.get("progressToken"))
+    return getattr(meta, "progress_token", None) if meta is not None else None
 
 
 def _sse(data: dict[str, Any] | None, comment: str = "") -> dict[str, Any]:
