@@ -103,6 +103,22 @@ class _ProgressAfterPermit:
         self._granted = True
 
 
+def _settle_granted(granted: asyncio.Future[bool], holds_possible: bool) -> None:
+    if not granted.done():
+        granted.set_result(holds_possible)
+
+
+def _granted_on(
+    loop: asyncio.AbstractEventLoop, granted: asyncio.Future[bool]
+) -> Callable[[bool], None]:
+    """`permit_request`'s `on_granted`, called on the lane's thread: answers `granted` on `loop`."""
+
+    def tell(holds_possible: bool) -> None:
+        loop.call_soon_threadsafe(_settle_granted, granted, holds_possible)
+
+    return tell
+
+
 def _retrieve(task: asyncio.Task[Any]) -> None:
     # A read forwarded beside a permit that was refused: nobody awaits its answer.
     if not task.cancelled():
@@ -412,6 +428,11 @@ class GatewaySession:
         could hold the call (`_reads_beside_permit`): where a rule or a policy might, nothing
         runs before its permit. The call then takes the longer of the permit and the upstream,
         not their sum.
+
+        "Granted" is the permit's decision, taken under the run lock (`on_granted`), not its
+        commit: the lock is held until the record commits, so no stop can come in between, and
+        the record's write (a round trip and a COMMIT) is no longer on the read's path. It
+        commits behind the answer, in the session's lane, before the call's result.
         """
         started = time.monotonic()
         kept = _ProgressAfterPermit(progress) if progress is not None else None
@@ -419,27 +440,62 @@ class GatewaySession:
             self.link.call_tool(call.tool, arguments, kept.send if kept else None)
         )
         call.task.add_done_callback(_retrieve)
+        granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        permit = asyncio.ensure_future(self._permit(call, arguments, granted=granted))
         try:
-            final = await self._permit(call, arguments)
+            either: set[asyncio.Future[Any]] = {granted, permit}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if granted.done():
+                final = arguments
+                self._reads_beside_permit = not granted.result()
+                self._committing(permit)
+            else:
+                final = permit.result()  # a refusal raises; a held call answers its decision
         except BaseException:
+            permit.cancel()
             call.task.cancel()  # the SDK sends notifications/cancelled upstream
             raise
-        if final != arguments:
-            # Held after all (a rule added since the last permit) and approved with a reviewer's
-            # edit: the answer to the arguments as first asked is not the one to give.
+        if call.approval_id is not None:
+            # Held after all (a rule added since the session's last permit), then approved: the
+            # early answer is as old as the reviewer's wait, and answers the arguments as first
+            # asked, which the reviewer may have changed. The call runs again, now.
             call.task.cancel()
             return await self._forward(call, final, progress)
         if kept is not None:
             await kept.release()
         return await self._forward(call, final, progress, running=call.task, started=started)
 
+    def _committing(self, permit: asyncio.Future[Any]) -> None:
+        """A permit granted and answered on, whose record is still being written: a drain waits
+        for it as for a result (`_reports_done`). It cannot be refused any more; a failed write
+        (the database gone) is logged, and the call's result then finds no record to report."""
+        self._reports.add(permit)  # type: ignore[arg-type]
+        permit.add_done_callback(self._reports.discard)  # type: ignore[arg-type]
+        permit.add_done_callback(self._log_unwritten)
+
+    def _log_unwritten(self, permit: asyncio.Future[Any]) -> None:
+        if not permit.cancelled() and permit.exception() is not None:
+            logger.error(
+                "MCP session %s: a granted permit was not written",
+                self.id[:12],
+                exc_info=permit.exception(),
+            )
+
     async def _permit(
-        self, call: InFlight, arguments: dict[str, Any] | None
+        self,
+        call: InFlight,
+        arguments: dict[str, Any] | None,
+        granted: asyncio.Future[bool] | None = None,
     ) -> dict[str, Any] | None:
+        """The call's permit (a held call: its reviewer's decision); the arguments to run.
+        `granted`: answered with `holds_possible` as soon as the permit is decided, before its
+        record is written (`permit_request`'s `on_granted`)."""
+        loop = asyncio.get_running_loop()
         try:
             (record, _), events = await self._lane.submit(
                 services.permit_request,
                 held=True,
+                on_granted=None if granted is None else _granted_on(loop, granted),
                 run_id=self.run_id,
                 epoch=self.epoch,
                 actor=self.caller.actor,

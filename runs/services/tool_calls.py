@@ -4,6 +4,7 @@ the result (accepted after a stop, as a fact).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -84,6 +85,7 @@ def permit_request(
     epoch: int,
     actor: Actor,
     request: PermitRequest | None = None,
+    on_granted: Callable[[bool], None] | None = None,
     **fields: Any,
 ) -> tuple[ExecutionRecord, bool]:
     """Grant a start permit for one tool call, or refuse it. Returns (record, created).
@@ -102,6 +104,12 @@ def permit_request(
     different asks racing for one id exactly one gets the permit.
 
     `request`, or its fields as keywords (`tool_call_id=..., tool=..., ...`).
+
+    `on_granted(holds_possible)` is called once the permit is decided — granted, not held — and
+    before its record is written: the run lock is held until the record commits, so nothing
+    can stop the run in between. For the MCP gateway's reads beside their permit (DESIGN §15),
+    whose answer needs the decision, not its commit. `holds_possible`: the team has an enabled
+    approval rule or ever had a policy (`ExecutionRecord.holds_possible`).
     """
     if request is None:
         request = PermitRequest(**fields)
@@ -177,6 +185,11 @@ def permit_request(
                         rules_exist=reads.rules_exist,
                     ),
                 )
+                holds_possible = reads.rules_exist or not hooks.policies().quiet(
+                    opening.checks_read
+                )
+                if gate is None and on_granted is not None:
+                    on_granted(holds_possible)
                 record = _create_permit(
                     run,
                     request,
@@ -187,9 +200,7 @@ def permit_request(
                     actor=actor,
                 )
                 hold_for_approval(run, gate, record, ask=ask, actor=actor, now=now)
-                record.holds_possible = reads.rules_exist or not hooks.policies().quiet(
-                    opening.checks_read
-                )
+                record.holds_possible = holds_possible
                 return record, True
     assert refusal is not None
     if isinstance(refusal, BudgetExhausted):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 from django.db import connection, transaction
@@ -20,7 +20,7 @@ from mcp.client.session import ClientSession
 from gateway.sessions import _ProgressAfterPermit
 from runs import services
 from runs.actors import Actor
-from runs.models import Approval, ExecutionRecord, Run
+from runs.models import Approval, ExecutionRecord, LedgerEntry, Run
 from runs.services import approval_rule_create
 from tests.mcp.conftest import mcp_session
 from tests.mcp.scenarios import db, eventually, reviewer_post, session_run_id
@@ -43,18 +43,19 @@ def _lock_waiters() -> int:
         return int(cursor.fetchone()[0])
 
 
-class RunRowLock:
-    """The run's row lock, held by a thread of its own between `take` and `release`."""
+class HeldLock:
+    """A lock `lock()` takes in a transaction of its own, on a thread of its own, held between
+    `take` and `release`."""
 
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
+    def __init__(self, lock: Callable[[], object]) -> None:
+        self.lock = lock
         self._locked, self._release = threading.Event(), threading.Event()
         self._holder = threading.Thread(target=self._hold, daemon=True)
 
     def _hold(self) -> None:
         try:
             with transaction.atomic():
-                Run.objects.select_for_update().get(pk=self.run_id)
+                self.lock()
                 self._locked.set()
                 self._release.wait(30)
         finally:
@@ -62,7 +63,7 @@ class RunRowLock:
 
     def take(self) -> None:
         self._holder.start()
-        assert self._locked.wait(10), "the test could not lock the run's row"
+        assert self._locked.wait(10), "the test could not take its lock"
 
     def release(self) -> None:
         self._release.set()
@@ -70,13 +71,30 @@ class RunRowLock:
 
 
 @asynccontextmanager
-async def run_row_locked(run_id: str) -> AsyncIterator[RunRowLock]:
-    lock = RunRowLock(run_id)
-    await asyncio.to_thread(lock.take)
+async def held(lock: Callable[[], object]) -> AsyncIterator[HeldLock]:
+    holder = HeldLock(lock)
+    await asyncio.to_thread(holder.take)
     try:
-        yield lock
+        yield holder
     finally:
-        await asyncio.to_thread(lock.release)
+        await asyncio.to_thread(holder.release)
+
+
+def run_row_locked(run_id: str) -> AbstractAsyncContextManager[HeldLock]:
+    """The run's row lock: the lock every permit and every stop takes first."""
+    return held(lambda: Run.objects.select_for_update().get(pk=run_id))
+
+
+def ledger_writes_locked() -> AbstractAsyncContextManager[HeldLock]:
+    """No row can be added to the ledger meanwhile; reading it goes on (EXCLUSIVE conflicts with
+    an INSERT's ROW EXCLUSIVE, not with a SELECT's ACCESS SHARE). A permit then takes its
+    decision, and waits to write its record and ledger entry."""
+
+    def lock() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {LedgerEntry._meta.db_table} IN EXCLUSIVE MODE")
+
+    return held(lock)
 
 
 @asynccontextmanager
@@ -110,6 +128,49 @@ def test_a_read_reaches_the_upstream_while_its_permit_waits(
     assert [(c.arguments, c.side_effect, c.execution_state) for c in calls] == [
         ({"service": "warm"}, "none", "succeeded"),
         ({"service": "billing"}, "none", "succeeded"),
+    ]
+
+
+def test_a_read_is_answered_once_its_permit_is_decided_not_written(
+    live_stack, slow_writer, agent_token
+) -> None:
+    """The permit's decision, under the run lock, is what the answer waits for; the record commits
+    behind it, before the call's result."""
+
+    async def scenario() -> tuple[str, list, str]:
+        async with warm_session(live_stack, agent_token) as (session, run_id):
+            await eventually(
+                lambda: ExecutionRecord.objects.filter(
+                    run_id=run_id, execution_state="succeeded"
+                ).exists(),
+                "the warm call's result",
+            )
+            async with ledger_writes_locked():
+                result = await asyncio.wait_for(
+                    session.call_tool("status", {"service": "billing"}), 20
+                )
+                written = await db(
+                    lambda: list(
+                        ExecutionRecord.objects.filter(run_id=run_id).values_list(
+                            "arguments", flat=True
+                        )
+                    )
+                )
+            return result.content[0].text, written, run_id
+
+    text, written_meanwhile, run_id = asyncio.run(scenario())
+    assert text == "billing is up"
+    assert written_meanwhile == [{"service": "warm"}]  # answered before its record committed
+    wait_until(
+        lambda: (
+            ExecutionRecord.objects.filter(run_id=run_id, execution_state="succeeded").count() == 2
+        ),
+        timeout=20,
+    )
+    calls = ExecutionRecord.objects.filter(run_id=run_id).order_by("id")
+    assert [(c.arguments, c.execution_state) for c in calls] == [
+        ({"service": "warm"}, "succeeded"),
+        ({"service": "billing"}, "succeeded"),
     ]
 
 
@@ -199,6 +260,40 @@ def test_a_read_held_by_a_rule_added_meanwhile_runs_the_reviewers_arguments(
     log = _read(writer_log)
     assert "status billing" in log  # forwarded beside its permit before the rule held it
     assert "status ledger" in log
+
+
+def test_a_read_held_meanwhile_and_approved_as_asked_runs_again(
+    live_stack, slow_writer, agent_token, reviewer_token, writer_log, team
+) -> None:
+    """Approved with the arguments as asked, a held read still runs afresh: its early answer is
+    as old as the reviewer's wait."""
+
+    async def scenario() -> str:
+        async with warm_session(live_stack, agent_token) as (session, _):
+            await db(
+                lambda: approval_rule_create(
+                    team_id=team.pk,
+                    actor=Actor.system("test"),
+                    name="status needs a person",
+                    tool_glob="status",
+                )
+            )
+            call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
+            approval = await eventually(_waiting_approval, "the held call's approval")
+            await eventually(lambda: "status billing" in _read(writer_log), "the early read")
+            answer = await reviewer_post(
+                live_stack.url,
+                reviewer_token,
+                f"/api/v1/approvals/{approval.pk}/decide/",
+                {"decision": "approve", "message": ""},
+            )
+            assert answer.status_code == 200, answer.text
+            result = await asyncio.wait_for(call, 30)
+            return result.content[0].text
+
+    assert asyncio.run(scenario()) == "billing is up"
+    # Once beside its permit, once after the reviewer's approval.
+    assert _read(writer_log).count("status billing") == 2
 
 
 def test_progress_waits_for_the_permit_and_keeps_its_order() -> None:
