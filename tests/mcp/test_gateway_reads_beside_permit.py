@@ -200,6 +200,42 @@ def test_a_stop_that_commits_first_refuses_the_read_forwarded_beside_it(
     wait_until(lambda: Run.objects.get(pk=run_id).status == "stopped_cleanly", 20)
 
 
+def test_a_stop_after_the_decision_finds_the_answered_read_in_flight(
+    live_stack, slow_writer, agent_token
+) -> None:
+    """Answered on its permit's decision, the read's record is not yet written; a stop asked
+    then waits for the run lock, which the permit keeps until its record commits, and finds the
+    read as work in flight: drained with its result, the run stopped cleanly."""
+
+    async def scenario() -> tuple[str, str, bool]:
+        async with warm_session(live_stack, agent_token) as (session, run_id):
+            await eventually(
+                lambda: ExecutionRecord.objects.filter(
+                    run_id=run_id, execution_state="succeeded"
+                ).exists(),
+                "the warm call's result",
+            )
+            async with ledger_writes_locked():
+                result = await asyncio.wait_for(
+                    session.call_tool("status", {"service": "billing"}), 20
+                )
+                stop = asyncio.create_task(db(lambda: _stop(run_id)))
+                await eventually(lambda: _lock_waiters() >= 2, "the stop to wait for the run")
+                stopped_meanwhile = stop.done()
+            await asyncio.wait_for(stop, 30)
+            return result.content[0].text, run_id, stopped_meanwhile
+
+    text, run_id, stopped_meanwhile = asyncio.run(scenario())
+    assert text == "billing is up"
+    assert not stopped_meanwhile  # the stop came after the permit's commit, not between
+    wait_until(lambda: Run.objects.get(pk=run_id).status == "stopped_cleanly", 20)
+    calls = ExecutionRecord.objects.filter(run_id=run_id).order_by("id")
+    assert [(c.arguments, c.permit_epoch, c.execution_state) for c in calls] == [
+        ({"service": "warm"}, calls[0].permit_epoch, "succeeded"),
+        ({"service": "billing"}, calls[0].permit_epoch, "succeeded"),
+    ]
+
+
 def test_a_team_with_a_rule_forwards_nothing_before_its_permit(
     live_stack, slow_writer, agent_token, writer_log, team
 ) -> None:
