@@ -489,17 +489,7 @@ async def _tools_call(session: GatewaySession, send: Any, rpc_id: Any, request: 
         try:
             if not streaming:
                 streaming = True
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": [
-                            (b"content-type", b"text/event-stream"),
-                            (b"cache-control", b"no-cache"),
-                            (b"mcp-session-id", session.id.encode()),
-                        ],
-                    }
-                )
+                await send(_sse_start(session))
             await send(_sse(data, comment))
         except Exception:  # the client left: the call goes on, and is recorded (not a cancel)
             open_stream = False
@@ -553,6 +543,19 @@ def _progress_token(meta: Any) -> Any:
     return getattr(meta, "progress_token", None) if meta is not None else None
 
 
+def _sse_start(session: GatewaySession) -> dict[str, Any]:
+    """The start of a session's SSE answer (a call's stream, or the session's own)."""
+    return {
+        "type": "http.response.start",
+        "status": 200,
+        "headers": [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            (b"mcp-session-id", session.id.encode()),
+        ],
+    }
+
+
 def _sse(data: dict[str, Any] | None, comment: str = "") -> dict[str, Any]:
     text = f": {comment}\n\n" if data is None else f"event: message\ndata: {json.dumps(data)}\n\n"
     return {"type": "http.response.body", "body": text.encode(), "more_body": True}
@@ -588,17 +591,7 @@ async def _standalone_stream(
             _error_body(None, types.INVALID_REQUEST, "this session's stream is already open"),
         )
         return
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache"),
-                (b"mcp-session-id", session.id.encode()),
-            ],
-        }
-    )
+    await send(_sse_start(session))
     open_stream = True
 
     async def write(data: dict[str, Any] | None, comment: str = "") -> bool:

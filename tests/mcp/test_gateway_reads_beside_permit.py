@@ -107,6 +107,14 @@ async def warm_session(live_stack, agent_token) -> AsyncIterator[tuple[ClientSes
         yield session, await session_run_id()
 
 
+async def warm_result_recorded(run_id: str) -> None:
+    """The warm call's result committed: nothing of the session is left to write meanwhile."""
+    await eventually(
+        lambda: ExecutionRecord.objects.filter(run_id=run_id, execution_state="succeeded").exists(),
+        "the warm call's result",
+    )
+
+
 def test_a_read_reaches_the_upstream_while_its_permit_waits(
     live_stack, slow_writer, agent_token, writer_log
 ) -> None:
@@ -139,12 +147,7 @@ def test_a_read_is_answered_once_its_permit_is_decided_not_written(
 
     async def scenario() -> tuple[str, list, str]:
         async with warm_session(live_stack, agent_token) as (session, run_id):
-            await eventually(
-                lambda: ExecutionRecord.objects.filter(
-                    run_id=run_id, execution_state="succeeded"
-                ).exists(),
-                "the warm call's result",
-            )
+            await warm_result_recorded(run_id)
             async with ledger_writes_locked():
                 result = await asyncio.wait_for(
                     session.call_tool("status", {"service": "billing"}), 20
@@ -209,12 +212,7 @@ def test_a_stop_after_the_decision_finds_the_answered_read_in_flight(
 
     async def scenario() -> tuple[str, str, bool]:
         async with warm_session(live_stack, agent_token) as (session, run_id):
-            await eventually(
-                lambda: ExecutionRecord.objects.filter(
-                    run_id=run_id, execution_state="succeeded"
-                ).exists(),
-                "the warm call's result",
-            )
+            await warm_result_recorded(run_id)
             async with ledger_writes_locked():
                 result = await asyncio.wait_for(
                     session.call_tool("status", {"service": "billing"}), 20
@@ -264,9 +262,20 @@ def test_a_team_with_a_rule_forwards_nothing_before_its_permit(
     assert text == "billing is up"
 
 
-def test_a_read_held_by_a_rule_added_meanwhile_runs_the_reviewers_arguments(
-    live_stack, slow_writer, agent_token, reviewer_token, writer_log, team
+@pytest.mark.parametrize(
+    ("edited", "answer", "reads"),
+    [
+        ({"service": "ledger"}, "ledger is up", ["status billing", "status ledger"]),
+        (None, "billing is up", ["status billing", "status billing"]),
+    ],
+    ids=["edited", "as-asked"],
+)
+def test_a_read_held_by_a_rule_added_meanwhile_runs_afresh_once_approved(
+    live_stack, slow_writer, agent_token, reviewer_token, writer_log, team, edited, answer, reads
 ) -> None:
+    """Its early answer is kept back, and not given even when approved as asked: it is as old
+    as the reviewer's wait. Approved, the call runs again, with the reviewer's arguments."""
+
     async def scenario() -> str:
         async with warm_session(live_stack, agent_token) as (session, _):
             # The session's last permit said nothing could hold a call; a rule comes after it.
@@ -280,56 +289,26 @@ def test_a_read_held_by_a_rule_added_meanwhile_runs_the_reviewers_arguments(
             )
             call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
             approval = await eventually(_waiting_approval, "the held call's approval")
+            await eventually(lambda: "status billing" in _read(writer_log), "the early read")
             await asyncio.sleep(0.3)
             assert not call.done()  # held: the early answer is not given
-            answer = await reviewer_post(
+            decision = {"decision": "approve", "message": ""}
+            if edited is not None:
+                decision["arguments"] = edited
+            decided = await reviewer_post(
                 live_stack.url,
                 reviewer_token,
                 f"/api/v1/approvals/{approval.pk}/decide/",
-                {"decision": "approve", "message": "", "arguments": {"service": "ledger"}},
+                decision,
             )
-            assert answer.status_code == 200, answer.text
+            assert decided.status_code == 200, decided.text
             result = await asyncio.wait_for(call, 30)
             return result.content[0].text
 
-    assert asyncio.run(scenario()) == "ledger is up"  # the reviewer's arguments, run again
-    log = _read(writer_log)
-    assert "status billing" in log  # forwarded beside its permit before the rule held it
-    assert "status ledger" in log
-
-
-def test_a_read_held_meanwhile_and_approved_as_asked_runs_again(
-    live_stack, slow_writer, agent_token, reviewer_token, writer_log, team
-) -> None:
-    """Approved with the arguments as asked, a held read still runs afresh: its early answer is
-    as old as the reviewer's wait."""
-
-    async def scenario() -> str:
-        async with warm_session(live_stack, agent_token) as (session, _):
-            await db(
-                lambda: approval_rule_create(
-                    team_id=team.pk,
-                    actor=Actor.system("test"),
-                    name="status needs a person",
-                    tool_glob="status",
-                )
-            )
-            call = asyncio.create_task(session.call_tool("status", {"service": "billing"}))
-            approval = await eventually(_waiting_approval, "the held call's approval")
-            await eventually(lambda: "status billing" in _read(writer_log), "the early read")
-            answer = await reviewer_post(
-                live_stack.url,
-                reviewer_token,
-                f"/api/v1/approvals/{approval.pk}/decide/",
-                {"decision": "approve", "message": ""},
-            )
-            assert answer.status_code == 200, answer.text
-            result = await asyncio.wait_for(call, 30)
-            return result.content[0].text
-
-    assert asyncio.run(scenario()) == "billing is up"
-    # Once beside its permit, once after the reviewer's approval.
-    assert _read(writer_log).count("status billing") == 2
+    assert asyncio.run(scenario()) == answer
+    # Forwarded beside its permit before the rule held it, then again once approved.
+    log = _read(writer_log).splitlines()  # "pid …", "status warm", then this call's reads
+    assert [line for line in log if line.startswith("status ")][1:] == reads
 
 
 def test_progress_waits_for_the_permit_and_keeps_its_order() -> None:
