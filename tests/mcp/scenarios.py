@@ -14,6 +14,28 @@ from gateway.models import McpSession
 
 T = TypeVar("T")
 
+# A client of the gateway over raw HTTP (no SDK): what it accepts, and the request that opens a
+# session.
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw-http", "version": "0"},
+    },
+}
+
+
+def headers(token: Any, session_id: str = "") -> dict[str, str]:
+    """A raw-HTTP request's headers: the token's bearer, and the session's id once it has one."""
+    out = {**ACCEPT, "Authorization": f"Bearer {token.raw}"}
+    if session_id:
+        out["Mcp-Session-Id"] = session_id
+    return out
+
 
 async def db(fn: Callable[[], T]) -> T:
     """A database read from async test code: in a worker thread whose connection is closed

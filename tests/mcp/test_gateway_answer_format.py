@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.mcp.conftest import mcp_session
-from tests.mcp.test_gateway_bad_input import INITIALIZE, headers
+from tests.mcp.scenarios import INITIALIZE, headers
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -7,28 +7,10 @@ import pytest
 
 from gateway.models import McpSession
 from runs.models import Run
+from tests.mcp.scenarios import ACCEPT, INITIALIZE, headers
 from tests.support.stack import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-ACCEPT = {"Accept": "application/json, text/event-stream"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw-http", "version": "0"},
-    },
-}
-
-
-def headers(token, session_id: str = "") -> dict[str, str]:
-    out = {**ACCEPT, "Authorization": f"Bearer {token.raw}"}
-    if session_id:
-        out["Mcp-Session-Id"] = session_id
-    return out
 
 
 def error_of(answer: httpx.Response) -> dict:
