@@ -13,6 +13,7 @@ from gateway.services import upstream_create
 from runs.actors import Actor
 from runs.models import ExecutionRecord
 from tests.mcp.conftest import EVERYTHING, NODE, mcp_session
+from tests.mcp.scenarios import INITIALIZE
 from tests.support.livestack import start_live_stack
 from tests.support.stack import wait_until
 
@@ -99,16 +100,7 @@ def test_http_upstream_off_the_allow_list_is_refused_at_connect(
 
         answer = httpx.post(
             f"{stack.url}/mcp/everything-http/",
-            json={
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "x", "version": "0"},
-                },
-            },
+            json=INITIALIZE,
             headers={"Authorization": f"Bearer {agent_token.raw}"},
             timeout=30,
         )
